@@ -1,0 +1,59 @@
+#include "core/agoq_log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+static _Atomic(ncclDebugLogger_t) agoq_logger; /* zero: no NCCL logger yet */
+
+void agoq_log_set_logger(ncclDebugLogger_t logger) { atomic_store(&agoq_logger, logger); }
+
+static ncclDebugLogLevel agoq_log_stderr_level(void) {
+  /* Read each time: tools set the variable before the first line and it costs nothing
+   * next to the write itself. */
+  const char* v = getenv("AGOQ_DEBUG");
+  if (v == NULL || *v == '\0') v = getenv("NCCL_DEBUG");
+  if (v == NULL || *v == '\0') return NCCL_LOG_WARN;
+  if (strcasecmp(v, "TRACE") == 0) return NCCL_LOG_TRACE;
+  if (strcasecmp(v, "INFO") == 0) return NCCL_LOG_INFO;
+  if (strcasecmp(v, "VERSION") == 0) return NCCL_LOG_VERSION;
+  if (strcasecmp(v, "NONE") == 0) return NCCL_LOG_NONE;
+  return NCCL_LOG_WARN;
+}
+
+void agoq_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                     const char* fmt, ...) {
+  (void)flags;
+  ncclDebugLogLevel max = agoq_log_stderr_level();
+  if (level == NCCL_LOG_NONE || (level > max && level != NCCL_LOG_ABORT)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char* tag = level == NCCL_LOG_WARN ? "WARN" : level == NCCL_LOG_INFO ? "INFO" : "TRACE";
+  if (level == NCCL_LOG_WARN || level == NCCL_LOG_TRACE)
+    fprintf(stderr, "[%d] %s %s:%d %s\n", (int)getpid(), tag, file, line, msg);
+  else
+    fprintf(stderr, "[%d] %s %s\n", (int)getpid(), tag, msg);
+}
+
+void agoq_log_emit(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                   const char* fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  ncclDebugLogger_t logger = atomic_load(&agoq_logger);
+  /* NCCL's logger is variadic; hand it a preformatted string so a '%' in our text
+   * (an interface name, a path) is never interpreted twice. */
+  if (logger != NULL)
+    logger(level, flags, file, line, "%s", msg);
+  else
+    agoq_log_stderr(level, flags, file, line, "%s", msg);
+}

@@ -1,0 +1,85 @@
+/*
+ * The version-neutral net core. Every exported ncclNetPlugin_vN table is a thin adapter
+ * over these functions (plugin/tables/); nothing here knows which ABI version called.
+ * Semantics follow NCCL's net contract: connect/accept/isend/irecv never block, a NULL
+ * comm or request means "call again", test() polls.
+ */
+#ifndef AGOQ_NET_H
+#define AGOQ_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "abi/agoq_nccl_common.h"
+
+#define AGOQ_PLUGIN_NAME "AGOQ"
+#define AGOQ_NET_MAX_RECVS 8           /* grouped receives per irecv */
+#define AGOQ_NET_MAX_VDEVS 8           /* fused-NIC children we can describe */
+
+/* Device properties in a version-neutral form; adapters copy into ncclNetProperties_vN_t. */
+typedef struct {
+  const char* name;
+  const char* pci_path;  /* NULL for a virtual interface */
+  uint64_t guid;
+  int ptr_support;
+  int reg_is_global;
+  int force_flush;
+  int speed_mbps;
+  int port;
+  float latency_us;
+  int max_comms;
+  int max_recvs;
+  int net_device_type;
+  int net_device_version;
+  int vdev_count;
+  int vdevs[AGOQ_NET_MAX_VDEVS];
+  size_t max_p2p_bytes;
+  size_t max_coll_bytes;
+  int max_multi_request_size;
+  int16_t rail_id;
+  int16_t plane_id;
+} agoq_net_props;
+
+/* Per-communicator hints from NCCL (v11+ setNetAttr); stored in the ctx. */
+typedef struct {
+  uint32_t op;
+  uint32_t algo;
+  uint32_t proto;
+} agoq_net_attr;
+
+/* init: v11+ calls it once per communicator (comm_id = NCCL's commHash, equal on all
+ * ranks); older versions once per process with comm_id 0. Loads and validates AGOQ_*
+ * parameters and discovers interfaces on the first call; an invalid parameter or no
+ * usable interface fails it. *ctx receives a per-communicator context. */
+ncclResult_t agoq_net_init(void** ctx, uint64_t comm_id, int traffic_class,
+                           ncclDebugLogger_t log_fn, ncclProfilerCallback_t prof_fn);
+/* Copes with NULL (failed or absent init). */
+ncclResult_t agoq_net_finalize(void* ctx);
+ncclResult_t agoq_net_devices(int* ndev);
+ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* props);
+ncclResult_t agoq_net_set_attr(void* ctx, const agoq_net_attr* attr);
+
+/* The process-wide context used by ABI versions whose listen/connect carry no ctx
+ * (v6..v10). Created by the first legacy init. */
+void* agoq_net_legacy_ctx(void);
+ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback_t prof_fn);
+
+ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
+ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm);
+ncclResult_t agoq_net_accept(void* listen_comm, void** recv_comm);
+ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
+ncclResult_t agoq_net_reg_mr_dmabuf(void* comm, void* data, size_t size, int type,
+                                    uint64_t offset, int fd, void** mhandle);
+ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle);
+ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+                            void* phandle, void** request);
+ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags,
+                            void** mhandles, void** phandles, void** request);
+ncclResult_t agoq_net_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
+                             void** request);
+ncclResult_t agoq_net_test(void* request, int* done, int* sizes);
+ncclResult_t agoq_net_close_send(void* send_comm);
+ncclResult_t agoq_net_close_recv(void* recv_comm);
+ncclResult_t agoq_net_close_listen(void* listen_comm);
+
+#endif

@@ -1,0 +1,261 @@
+#include "net/agoq_progress.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+
+/* Bytes one stream may move per pass before the worker turns to its other streams. */
+#define AGOQ_STREAM_PASS_BUDGET (4u << 20)
+/* A sleeping worker wakes this often even without events, as a safety net. */
+#define AGOQ_WORKER_POLL_MS 200
+
+typedef struct agoq_worker {
+  pthread_t thread;
+  pthread_mutex_t mu; /* guards the stream list; held by the worker during a pass */
+  agoq_stream* streams;
+  int nstreams;
+  int wake_fd;        /* eventfd: new pieces while asleep, or stop */
+  atomic_bool stop;
+  atomic_bool sleeping;
+  atomic_uint_fast64_t posts; /* bumped on every post: lets the worker skip a stale sleep */
+  struct pollfd* pfds; /* worker-private */
+  int pfds_cap;
+} agoq_worker;
+
+static struct {
+  pthread_mutex_t mu;
+  agoq_worker* workers;
+  int nworkers;
+  unsigned next;
+} agoq_pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void agoq_stream_fail(agoq_stream* s, int err, bool eof) {
+  s->failed = true;
+  ncclResult_t res = (eof || err == ECONNRESET || err == EPIPE) ? ncclRemoteError : ncclSystemError;
+  if (agoq_comm_error_set(s->comm_error, res)) {
+    if (eof)
+      AGOQ_WARN("connection closed by peer %s while receiving payload", s->peer);
+    else
+      AGOQ_WARN("%s on data socket to %s failed: %s", s->is_send ? "send" : "recv", s->peer, strerror(err));
+  }
+}
+
+/* Moves bytes of the stream's pieces until it would block, the ring is empty or the pass
+ * budget is used. Returns whether any byte moved; *blocked tells the caller to poll. */
+static bool agoq_stream_run(agoq_stream* s, bool* blocked) {
+  bool progressed = false;
+  size_t budget = AGOQ_STREAM_PASS_BUDGET;
+  *blocked = false;
+  uint32_t head = atomic_load_explicit(&s->head, memory_order_relaxed);
+  while (head != atomic_load_explicit(&s->tail, memory_order_acquire)) {
+    agoq_piece* p = &s->ring[head % AGOQ_STREAM_RING_SIZE];
+    size_t want = p->len - p->done;
+    ssize_t n = s->is_send ? send(s->fd, p->ptr + p->done, want, MSG_DONTWAIT | MSG_NOSIGNAL)
+                           : recv(s->fd, p->ptr + p->done, want, MSG_DONTWAIT);
+    if (n > 0) {
+      p->done += (size_t)n;
+      progressed = true;
+      if (p->done == p->len) {
+        atomic_fetch_sub_explicit(&p->req->pending_pieces, 1, memory_order_release);
+        atomic_store_explicit(&s->head, ++head, memory_order_release);
+      }
+      if ((size_t)n >= budget) break;
+      budget -= (size_t)n;
+      continue;
+    }
+    if (n == 0 && !s->is_send) {
+      agoq_stream_fail(s, 0, true);
+      break;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      *blocked = true;
+      break;
+    }
+    agoq_stream_fail(s, n < 0 ? errno : EIO, false);
+    break;
+  }
+  return progressed;
+}
+
+static void agoq_worker_sleep(agoq_worker* w, int npoll, uint64_t seen_posts) {
+  atomic_store(&w->sleeping, true);
+  /* A post between our pass and here must not be slept through: the producer bumps
+   * `posts` before reading `sleeping`, we set `sleeping` before re-reading `posts`. */
+  if (atomic_load(&w->posts) == seen_posts) {
+    w->pfds[npoll].fd = w->wake_fd;
+    w->pfds[npoll].events = POLLIN;
+    w->pfds[npoll].revents = 0;
+    int rc = poll(w->pfds, (nfds_t)npoll + 1, AGOQ_WORKER_POLL_MS);
+    if (rc > 0 && (w->pfds[npoll].revents & POLLIN)) {
+      uint64_t drain;
+      ssize_t ignored = read(w->wake_fd, &drain, sizeof drain);
+      (void)ignored;
+    }
+  }
+  atomic_store(&w->sleeping, false);
+}
+
+static void* agoq_worker_main(void* arg) {
+  agoq_worker* w = arg;
+  while (!atomic_load(&w->stop)) {
+    uint64_t seen_posts = atomic_load(&w->posts);
+    bool progressed = false;
+    int npoll = 0;
+    pthread_mutex_lock(&w->mu);
+    if (w->pfds_cap < w->nstreams + 1) {
+      int cap = (w->nstreams + 1) * 2;
+      struct pollfd* grown = realloc(w->pfds, sizeof *grown * (size_t)cap);
+      if (grown != NULL) {
+        w->pfds = grown;
+        w->pfds_cap = cap;
+      }
+    }
+    for (agoq_stream* s = w->streams; s != NULL; s = s->next) {
+      if (s->failed) continue;
+      bool blocked;
+      progressed |= agoq_stream_run(s, &blocked);
+      if (blocked && npoll + 1 < w->pfds_cap) {
+        w->pfds[npoll].fd = s->fd;
+        w->pfds[npoll].events = s->is_send ? POLLOUT : POLLIN;
+        w->pfds[npoll].revents = 0;
+        npoll++;
+      }
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (!progressed && w->pfds_cap > 0) agoq_worker_sleep(w, npoll, seen_posts);
+  }
+  return NULL;
+}
+
+static int agoq_progress_default_threads(void) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  long n = ncpu / 2;
+  if (n < 1) n = 1;
+  if (n > 8) n = 8;
+  return (int)n;
+}
+
+static void agoq_worker_destroy(agoq_worker* w) {
+  if (w->wake_fd >= 0) close(w->wake_fd);
+  pthread_mutex_destroy(&w->mu);
+  free(w->pfds);
+}
+
+static void agoq_pool_stop_locked(void) {
+  for (int i = 0; i < agoq_pool.nworkers; i++) {
+    agoq_worker* w = &agoq_pool.workers[i];
+    atomic_store(&w->stop, true);
+    uint64_t one = 1;
+    ssize_t ignored = write(w->wake_fd, &one, sizeof one);
+    (void)ignored;
+    pthread_join(w->thread, NULL);
+    agoq_worker_destroy(w);
+  }
+  free(agoq_pool.workers);
+  agoq_pool.workers = NULL;
+  agoq_pool.nworkers = 0;
+}
+
+static ncclResult_t agoq_pool_start_locked(void) {
+  ncclResult_t res = ncclSuccess;
+  int n = (int)agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS);
+  if (n == 0) n = agoq_progress_default_threads();
+  AGOQ_CALLOC_GOTO(agoq_pool.workers, n, res, fail);
+  for (int i = 0; i < n; i++) {
+    agoq_worker* w = &agoq_pool.workers[i];
+    pthread_mutex_init(&w->mu, NULL);
+    w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->wake_fd < 0) {
+      AGOQ_WARN("eventfd for progress thread failed: %s", strerror(errno));
+      agoq_worker_destroy(w);
+      res = ncclSystemError;
+      goto fail;
+    }
+    int rc = pthread_create(&w->thread, NULL, agoq_worker_main, w);
+    if (rc != 0) {
+      AGOQ_WARN("cannot start progress thread: %s", strerror(rc));
+      agoq_worker_destroy(w);
+      res = ncclSystemError;
+      goto fail;
+    }
+    agoq_pool.nworkers = i + 1;
+  }
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, "started %d progress thread%s", n, n == 1 ? "" : "s");
+  return ncclSuccess;
+fail:
+  agoq_pool_stop_locked();
+  return res;
+}
+
+ncclResult_t agoq_progress_attach(agoq_stream* s) {
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&agoq_pool.mu);
+  if (agoq_pool.nworkers == 0) AGOQ_CHECK_GOTO(agoq_pool_start_locked(), res, out);
+  agoq_worker* w = &agoq_pool.workers[agoq_pool.next++ % (unsigned)agoq_pool.nworkers];
+  s->worker = w;
+  s->failed = false;
+  pthread_mutex_lock(&w->mu);
+  s->next = w->streams;
+  w->streams = s;
+  w->nstreams++;
+  pthread_mutex_unlock(&w->mu);
+out:
+  pthread_mutex_unlock(&agoq_pool.mu);
+  return res;
+}
+
+void agoq_progress_detach(agoq_stream* s) {
+  agoq_worker* w = s->worker;
+  if (w == NULL) return;
+  pthread_mutex_lock(&w->mu);
+  for (agoq_stream** pp = &w->streams; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == s) {
+      *pp = s->next;
+      w->nstreams--;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+  s->worker = NULL;
+}
+
+bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* req) {
+  uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
+  if (tail - atomic_load_explicit(&s->head, memory_order_acquire) >= AGOQ_STREAM_RING_SIZE) return false;
+  s->ring[tail % AGOQ_STREAM_RING_SIZE] = (agoq_piece){.ptr = ptr, .len = len, .done = 0, .req = req};
+  atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
+  agoq_worker* w = s->worker;
+  atomic_fetch_add(&w->posts, 1);
+  if (atomic_load(&w->sleeping)) {
+    uint64_t one = 1;
+    ssize_t ignored = write(w->wake_fd, &one, sizeof one);
+    (void)ignored;
+  }
+  return true;
+}
+
+void agoq_progress_shutdown(void) {
+  pthread_mutex_lock(&agoq_pool.mu);
+  agoq_pool_stop_locked();
+  pthread_mutex_unlock(&agoq_pool.mu);
+}
+
+int agoq_progress_nworkers(void) {
+  pthread_mutex_lock(&agoq_pool.mu);
+  int n = agoq_pool.nworkers;
+  pthread_mutex_unlock(&agoq_pool.mu);
+  return n;
+}
+
+/* NCCL dlcloses the plugin when its last communicator is gone; threads running our code
+ * after that would crash, so they are stopped before the library is unmapped. */
+__attribute__((destructor)) static void agoq_progress_unload(void) { agoq_progress_shutdown(); }

@@ -1,0 +1,503 @@
+#!/usr/bin/env bash
+# End-to-end check of the plugin inside NCCL on ONE GPU host:
+#   N processes share GPU 0, each with its own NCCL_HOSTID, so NCCL sees N "nodes" and every
+#   byte between ranks goes through the network plugin. AllReduce and SendRecv run with
+#   correctness checks, once through agoq (NCCL_NET=AGOQ) and once through NCCL's own Socket
+#   transport for comparison, both over loopback.
+#
+# usage: tools/gpu-check.sh NCCL_TESTS_SRC OUT_DIR
+#        tools/gpu-check.sh --summarize OUT_DIR     (re-reads OUT_DIR/logs, rewrites summary)
+#   NCCL_TESTS_SRC  an nccl-tests source tree (github.com/NVIDIA/nccl-tests), or "-" for none.
+#                   nccl-tests runs several processes only through MPI: with mpirun and mpi.h
+#                   present it is built with MPI=1 and launched by mpirun; otherwise the runs
+#                   use tools/gpu/nccl_multiproc_check.c, which forks the ranks itself and
+#                   prints the same columns.
+#   OUT_DIR         summary.txt (one screen), results.txt (all result tables), logs.tar.gz
+#                   (every log), and while running logs/.
+#
+# Environment knobs:
+#   AGOQ_GPU_CHECK_LAUNCHER  auto (default) | mpi | driver
+#   AGOQ_GPU_CHECK_NRANKS    processes (default 4)
+#   AGOQ_GPU_CHECK_ARGS      size/iteration arguments (default "-b 8 -e 256M -f 4 -n 20 -w 5")
+#   AGOQ_GPU_CHECK_CONFIGS   transports to run, in order (default "agoq socket"; also
+#                            "socket-tuned": NCCL Socket with 2 threads x 2 sockets)
+#   AGOQ_GPU_CHECK_RUN_TIMEOUT  seconds per run (default 150)
+#   AGOQ_GPU_CHECK_BUDGET    seconds for the whole script; runs that no longer fit are
+#                            skipped and reported (default 540)
+#   AGOQ_GPU_CHECK_KEEP_LOGS=1  keep OUT_DIR/logs next to logs.tar.gz
+#   AGOQ_GPU_CHECK_BUILD_DIR build tree for the plugin (default: <repo>/build-gpu)
+#   AGOQ_GPU_CHECK_SKIP_BUILD=1  use the plugin already built there (the script's own tests)
+#   CUDA_HOME (default /usr/local/cuda), NCCL_HOME (default: searched), MPI_HOME
+#
+# Exit status: 0 when every agoq run loaded the plugin, completed, and had no wrong values;
+# 1 otherwise; 2 for a setup failure (build, no GPU, no NCCL).
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+t_start=$(date +%s)
+
+usage() {
+  sed -n '2,/^set -uo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+}
+
+die() {
+  echo "gpu-check: $*" >&2
+  exit 2
+}
+
+log() {
+  echo "gpu-check: $*"
+}
+
+elapsed() {
+  echo $(($(date +%s) - t_start))
+}
+
+# ---- Argument parsing -----------------------------------------------------------------------
+summarize_only=0
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  usage
+  exit 0
+fi
+if [[ "${1:-}" == --summarize ]]; then
+  (($# == 2)) || { usage >&2; exit 2; }
+  summarize_only=1
+  out_dir=$2
+  [[ -d "$out_dir/logs" ]] || die "$out_dir/logs does not exist (unpack logs.tar.gz there first)"
+else
+  (($# == 2)) || { usage >&2; exit 2; }
+  tests_src=$1
+  out_dir=$2
+fi
+mkdir -p "$out_dir" || die "cannot create $out_dir"
+out_dir=$(cd "$out_dir" && pwd)
+logs=$out_dir/logs
+summary=$out_dir/summary.txt
+
+nranks=${AGOQ_GPU_CHECK_NRANKS:-4}
+sizes_args=${AGOQ_GPU_CHECK_ARGS:--b 8 -e 256M -f 4 -n 20 -w 5}
+configs=${AGOQ_GPU_CHECK_CONFIGS:-agoq socket}
+run_timeout=${AGOQ_GPU_CHECK_RUN_TIMEOUT:-150}
+budget=${AGOQ_GPU_CHECK_BUDGET:-540}
+launcher=${AGOQ_GPU_CHECK_LAUNCHER:-auto}
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+build=${AGOQ_GPU_CHECK_BUILD_DIR:-$repo/build-gpu}
+plugin=$build/lib/libnccl-net-agoq.so
+work=$build/gpu-check
+
+# ---- Summary ------------------------------------------------------------------------------
+# Every run leaves in $logs: <run>.out (launcher output: the result table), <run>.rc,
+# <run>.nccl.*.log (NCCL_DEBUG_FILE per process), and a line "<run> <config> <test>" in
+# runs.txt. The summary is computed from those files alone, so --summarize can redo it.
+
+# Prints "wrong avg_busbw busbw_at_largest_size sizes" for a result table in nccl-tests'
+# columns: size count type redop root time algbw busbw #wrong [time algbw busbw #wrong].
+parse_table() {
+  awk '
+    /^# *Out of bounds values/ { oob = $(NF-1) }
+    /^# *Avg bus bandwidth/    { avg = $NF; if (avg !~ /^[0-9.eE+-]+$/) avg = $(NF-1) }
+    /^ *[0-9]+ +[0-9]+ / {
+      rows++
+      w = ($9 ~ /^[0-9]+$/) ? $9 : 0
+      if (NF >= 13 && $13 ~ /^[0-9]+$/) w += $13
+      if (w > 0) badrows++
+      rowwrong += w
+      last = $8
+      if (NF >= 12 && $12 + 0 > last + 0) last = $12
+    }
+    END {
+      if (oob == "") oob = rowwrong
+      avg = (avg ~ /^[0-9.eE+-]+$/) ? sprintf("%.3f", avg) : "n/a"
+      last = (last ~ /^[0-9.eE+-]+$/) ? sprintf("%.3f", last) : "n/a"
+      printf "%s %s %s %d\n", oob, avg, last, rows
+    }' "$1"
+}
+
+# How the run chose its network, from NCCL's INFO lines.
+network_used() {
+  local run=$1 net
+  net=$(cat "$logs/$run".nccl.*.log "$logs/$run.out" 2>/dev/null |
+        sed -n 's/.*Using network \([A-Za-z0-9_-]*\).*/\1/p' | sort | uniq -c |
+        awk '{printf "%s%sx%s", sep, $2, $1; sep=","}')
+  echo "${net:-unknown}"
+}
+
+agoq_log_lines() {
+  cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep -c 'NET/AGOQ'
+}
+
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    if (a ~ /^[0-9.eE+-]+$/ && b ~ /^[0-9.eE+-]+$/ && b + 0 > 0) printf "%.2f", a / b
+    else printf "n/a" }'
+}
+
+write_summary() {
+  local run config test rc wrong avg last rows net status failed=0
+  local problems=()
+  declare -A avg_of last_of
+  {
+    echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
+    [[ -f "$logs/env.txt" ]] && sed 's/^/  /' "$logs/env.txt"
+    echo
+    printf '%-22s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+      run rc network wrong "avg busbw" "busbw@max" sizes verdict
+    while read -r run config test; do
+      [[ -n "$run" ]] || continue
+      rc=$(cat "$logs/$run.rc" 2>/dev/null || echo "?")
+      read -r wrong avg last rows < <(parse_table "$logs/$run.out")
+      net=$(network_used "$run")
+      status=ok
+      if [[ "$rc" == skipped* ]]; then
+        status="SKIPPED (${rc#skipped })"
+        rc=-
+      elif [[ "$wrong" != 0 ]]; then
+        status="WRONG VALUES (exit $rc)"
+      elif [[ "$rc" == 77 ]]; then
+        status="NO USABLE GPU (exit 77)"
+      elif [[ "$rc" != 0 ]]; then
+        status="FAILED (exit $rc)"
+      elif ((rows == 0)); then
+        status="NO RESULTS"
+      fi
+      if [[ "$config" == agoq ]]; then
+        if [[ "$net" != "AGOQx"* || "$net" == *,* ]]; then
+          [[ "$status" == ok ]] && status="NOT THROUGH AGOQ"
+        fi
+        [[ "$status" == ok ]] || failed=1
+        status="$status; NET/AGOQ log lines: $(agoq_log_lines "$run")"
+      fi
+      printf '%-22s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+        "$run" "$rc" "$net" "$wrong" "$avg" "$last" "$rows" "$status"
+      avg_of[$config.$test]=$avg
+      last_of[$config.$test]=$last
+      [[ "$status" == ok* ]] || problems+=("$run")
+    done <"$logs/runs.txt"
+    # NCCL's own words about plugin loading and failures, for the runs that went wrong.
+    local lines
+    for run in "${problems[@]}"; do
+      lines=$(cat "$logs/$run".nccl.*.log "$logs/$run".out "$logs/$run".rank*.log 2>/dev/null |
+              grep -E 'NET/Plugin|Failed to initialize|NCCL WARN|ERROR' | head -n 4 |
+              cut -c1-150 | sed 's/^/  /')
+      [[ -n "$lines" ]] || continue
+      echo
+      echo "$run, first NET/Plugin / WARN / ERROR lines:"
+      echo "$lines"
+    done
+    echo
+    echo "busbw in GB/s (nccl-tests definitions); busbw@max = at the largest size."
+    local base t
+    for base in socket socket-tuned; do
+      for t in all_reduce sendrecv; do
+        [[ -n "${avg_of[agoq.$t]:-}" && -n "${avg_of[$base.$t]:-}" ]] || continue
+        printf 'ratio agoq/%-12s %-10s avg busbw %s   busbw@max %s\n' "$base" "$t" \
+          "$(ratio "${avg_of[agoq.$t]}" "${avg_of[$base.$t]}")" \
+          "$(ratio "${last_of[agoq.$t]}" "${last_of[$base.$t]}")"
+      done
+    done
+    echo
+    if ((failed)); then
+      echo "VERDICT: FAILED (an agoq run failed, had wrong values, or did not use AGOQ)"
+    else
+      echo "VERDICT: agoq runs correct"
+    fi
+    echo "elapsed: $(elapsed) s; logs: $out_dir/logs.tar.gz"
+  } >"$summary"
+  return "$failed"
+}
+
+pack_logs() {
+  tar -C "$out_dir" -czf "$out_dir/logs.tar.gz.tmp" logs 2>/dev/null &&
+    mv "$out_dir/logs.tar.gz.tmp" "$out_dir/logs.tar.gz"
+  # Only the result tables, in one file, for reading without unpacking.
+  local run config test
+  : >"$out_dir/results.txt"
+  while read -r run config test; do
+    [[ -n "$run" ]] || continue
+    {
+      echo "======== $run ($config, $test), exit $(cat "$logs/$run.rc" 2>/dev/null)"
+      grep -v -e ' NCCL INFO ' -e ' NCCL WARN ' "$logs/$run.out" 2>/dev/null
+      echo
+    } >>"$out_dir/results.txt"
+  done <"$logs/runs.txt"
+}
+
+if ((summarize_only)); then
+  write_summary
+  rc=$?
+  cat "$summary"
+  exit "$rc"
+fi
+
+# ---- Setup --------------------------------------------------------------------------------
+[[ "$tests_src" == - || -d "$tests_src" ]] || die "nccl-tests source '$tests_src' is not a directory"
+[[ "$tests_src" == - ]] || tests_src=$(cd "$tests_src" && pwd)
+rm -rf "$logs"
+mkdir -p "$logs" "$work" || die "cannot create $logs and $work"
+: >"$logs/runs.txt"
+rm -f "$out_dir/logs.tar.gz" "$summary" "$out_dir/results.txt"
+trap 'pack_logs; [[ "${AGOQ_GPU_CHECK_KEEP_LOGS:-0}" == 1 ]] || rm -rf "$logs"' EXIT
+trap 'exit 130' INT TERM
+
+command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: this check needs a GPU host"
+{
+  echo "host: $(uname -srm), $(nproc) CPUs"
+  nvidia-smi --query-gpu=index,name,driver_version,compute_mode,memory.total --format=csv,noheader 2>&1 |
+    sed 's/^/gpu: /'
+  echo "nvcc: $("$cuda_home/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([^,]*\),.*/\1/p')"
+} >"$logs/env.txt"
+cat "$logs/env.txt"
+if grep -q -i 'exclusive' "$logs/env.txt"; then
+  die "GPU compute mode is exclusive: several processes cannot share GPU 0 (not changing it)"
+fi
+
+# -- The plugin (and the multi-process driver) --
+if [[ "${AGOQ_GPU_CHECK_SKIP_BUILD:-0}" == 1 ]]; then
+  log "using the plugin already built in $build"
+else
+  log "building the plugin in $build ($(elapsed) s)"
+  if ! { cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAGOQ_TESTS=OFF \
+           -DCMAKE_CUDA_ARCHITECTURES=90 &&
+         cmake --build "$build" -j "$(nproc)"; } >"$logs/build-plugin.log" 2>&1; then
+    tail -n 30 "$logs/build-plugin.log"
+    die "plugin build failed (logs/build-plugin.log)"
+  fi
+fi
+[[ -f "$plugin" ]] || die "$plugin was not built"
+if [[ -x "$build/bin/agoq-info" ]]; then
+  AGOQ_SOCKET_IFNAME=lo "$build/bin/agoq-info" >"$logs/agoq-info.txt" 2>&1
+fi
+
+# -- NCCL: a library and its headers from the same installation --
+# Prints candidate installation roots, most specific first.
+nccl_roots() {
+  [[ -n "${NCCL_HOME:-}" ]] && echo "$NCCL_HOME"
+  echo "$cuda_home"
+  local py
+  for py in python3 python; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    "$py" - <<'EOF' 2>/dev/null
+import glob, os, site, sys
+dirs = list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()] + sys.path
+seen = set()
+for d in dirs:
+    for lib in sorted(glob.glob(os.path.join(d, "nvidia", "**", "libnccl.so.2"), recursive=True)):
+        root = os.path.dirname(os.path.dirname(lib))
+        if root not in seen:
+            seen.add(root)
+            print(root)
+EOF
+    break
+  done
+  echo /usr
+  echo /usr/local
+}
+
+find_nccl() {
+  local root lib inc
+  while read -r root; do
+    [[ -n "$root" && -d "$root" ]] || continue
+    for lib in "$root/lib/libnccl.so.2" "$root/lib64/libnccl.so.2" \
+               "$root/lib/x86_64-linux-gnu/libnccl.so.2"; do
+      inc=$root/include/nccl.h
+      if [[ -f "$lib" && -f "$inc" ]]; then
+        echo "$(readlink -f "$lib") $inc"
+        return 0
+      fi
+    done
+  done < <(nccl_roots)
+  return 1
+}
+
+read -r nccl_lib nccl_header < <(find_nccl) || die "no libnccl.so.2 with a matching nccl.h found (set NCCL_HOME)"
+# nccl-tests links -lnccl and includes nccl.h/nccl_device.h from $NCCL_HOME: a tree of links
+# gives it that shape whatever the installation looks like (pip wheels ship only .so.2).
+nccl_home=$work/nccl-home
+rm -rf "$nccl_home"
+mkdir -p "$nccl_home/lib"
+ln -s "$(dirname "$nccl_header")" "$nccl_home/include"
+ln -s "$nccl_lib" "$nccl_home/lib/libnccl.so.2"
+ln -s "$nccl_lib" "$nccl_home/lib/libnccl.so"
+nccl_version=$(sed -n 's/^#define NCCL_VERSION_CODE \([0-9]*\).*/\1/p' "$nccl_header")
+echo "nccl: $nccl_lib (headers $nccl_header, NCCL_VERSION_CODE ${nccl_version:-?})" | tee -a "$logs/env.txt"
+
+find_cudart() {
+  local d f
+  for d in "$cuda_home/lib64" "$cuda_home/lib" "$cuda_home/targets/x86_64-linux/lib"; do
+    for f in "$d"/libcudart.so.[0-9]*; do
+      [[ -f "$f" ]] && { readlink -f "$f"; return 0; }
+    done
+  done
+  ldconfig -p 2>/dev/null | awk '/libcudart\.so\.[0-9]+ /{print $NF; exit}' | grep . && return 0
+  return 1
+}
+cudart=$(find_cudart) || die "libcudart not found under $cuda_home"
+
+# -- Choose how to start N processes --
+mpi_home=${MPI_HOME:-}
+if [[ -z "$mpi_home" ]] && command -v mpicc >/dev/null 2>&1; then
+  mpi_home=$(dirname "$(dirname "$(command -v mpicc)")")
+fi
+have_mpi=0
+if command -v mpirun >/dev/null 2>&1 && [[ -n "$mpi_home" && -f "$mpi_home/include/mpi.h" ]]; then
+  have_mpi=1
+fi
+if [[ "$launcher" == auto ]]; then
+  launcher=driver
+  [[ "$tests_src" != - && $have_mpi == 1 ]] && launcher=mpi
+fi
+case "$launcher" in
+  mpi)
+    [[ "$tests_src" != - ]] || die "launcher mpi needs the nccl-tests source"
+    ((have_mpi)) || die "launcher mpi: mpirun or \$MPI_HOME/include/mpi.h not found"
+    ;;
+  driver) ;;
+  *) die "AGOQ_GPU_CHECK_LAUNCHER must be auto, mpi or driver" ;;
+esac
+echo "launcher: $launcher (mpi available: $have_mpi)" | tee -a "$logs/env.txt"
+
+tests_bin=$work/nccl-tests
+driver=$build/bin/nccl_multiproc_check
+if [[ "$launcher" == mpi ]]; then
+  log "building nccl-tests with MPI=1 ($(elapsed) s)"
+  if ! make -C "$tests_src/src" -j "$(nproc)" MPI=1 MPI_HOME="$mpi_home" \
+         CUDA_HOME="$cuda_home" NCCL_HOME="$nccl_home" BUILDDIR="$tests_bin" \
+         NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+         "$tests_bin/all_reduce_perf" "$tests_bin/sendrecv_perf" \
+         >"$logs/build-nccl-tests.log" 2>&1; then
+    tail -n 30 "$logs/build-nccl-tests.log"
+    die "nccl-tests build failed (logs/build-nccl-tests.log)"
+  fi
+else
+  [[ "$tests_src" == - ]] || log "nccl-tests needs MPI for several processes and there is none: using $driver"
+  if [[ ! -x "$driver" ]]; then
+    # Built by CMake when tools/gpu is part of the build; otherwise compile it here.
+    driver=$work/nccl_multiproc_check
+    cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -I"$repo/plugin" \
+      "$repo/tools/gpu/nccl_multiproc_check.c" -o "$driver" -ldl -lpthread \
+      >"$logs/build-driver.log" 2>&1 || die "cannot compile the driver (logs/build-driver.log)"
+  fi
+fi
+
+# ---- Runs ---------------------------------------------------------------------------------
+# Environment of one configuration, one VAR=value per line.
+config_env() {
+  echo "NCCL_DEBUG=INFO"
+  echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV"
+  echo "NCCL_MNNVL_ENABLE=0"
+  # Bootstrap over loopback in every configuration, so only the data transport differs.
+  echo "NCCL_SOCKET_IFNAME=lo"
+  echo "NCCL_TESTS_DEVICE=0"
+  echo "LD_LIBRARY_PATH=$nccl_home/lib:$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  case "$1" in
+    agoq)
+      echo "NCCL_NET_PLUGIN=$plugin"
+      echo "NCCL_NET=AGOQ"
+      echo "AGOQ_SOCKET_IFNAME=lo"
+      ;;
+    socket)
+      echo "NCCL_NET_PLUGIN=none"
+      echo "NCCL_NET=Socket"
+      ;;
+    socket-tuned)
+      echo "NCCL_NET_PLUGIN=none"
+      echo "NCCL_NET=Socket"
+      echo "NCCL_SOCKET_NTHREADS=2"
+      echo "NCCL_NSOCKS_PERTHREAD=2"
+      ;;
+    *) return 1 ;;
+  esac
+}
+
+# mpirun starts this for every rank: the rank's own NCCL_HOSTID, then the benchmark.
+rank_wrapper=$work/rank-wrapper.sh
+cat >"$rank_wrapper" <<'EOF'
+#!/usr/bin/env bash
+envfile=$1
+shift
+set -a
+# shellcheck disable=SC1090
+. "$envfile"
+set +a
+rank=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${PMI_RANK:-${MV2_COMM_WORLD_RANK:-0}}}}
+export NCCL_HOSTID=agoq-node-$rank
+exec "$@"
+EOF
+chmod +x "$rank_wrapper"
+
+# Sets mpirun_args: the mpirun command line for one run, up to the benchmark.
+set_mpirun_args() {
+  local envfile=$1
+  mpirun_args=(mpirun -np "$nranks")
+  if mpirun --version 2>&1 | grep -q 'Open MPI'; then
+    mpirun_args+=(--bind-to none --oversubscribe)
+    [[ "$(id -u)" == 0 ]] && mpirun_args+=(--allow-run-as-root)
+  fi
+  mpirun_args+=("$rank_wrapper" "$envfile")
+}
+
+run_one() {
+  local config=$1 test=$2 run="$1.$2"
+  local remaining=$((budget - $(elapsed)))
+  echo "$run $config $test" >>"$logs/runs.txt"
+  if ((remaining < 30)); then
+    echo "skipped out of time budget" >"$logs/$run.rc"
+    : >"$logs/$run.out"
+    log "$run: skipped, $remaining s of the ${budget} s budget left"
+    return
+  fi
+  # The driver stops its ranks itself 15 s before `timeout` would, and reports.
+  local limit=$run_timeout
+  ((limit > remaining - 10)) && limit=$((remaining - 10))
+  ((limit < 20)) && limit=20
+
+  local envfile=$logs/$run.env
+  config_env "$config" >"$envfile" || die "unknown configuration '$config'"
+  echo "NCCL_DEBUG_FILE=$logs/$run.nccl.%h.%p.log" >>"$envfile"
+
+  local cmd
+  # shellcheck disable=SC2206 # sizes_args is a list of arguments by design
+  local sizes=($sizes_args)
+  if [[ "$launcher" == mpi ]]; then
+    set_mpirun_args "$envfile"
+    cmd=("${mpirun_args[@]}" "$tests_bin/${test}_perf" "${sizes[@]}" -g 1 -c 1)
+  else
+    cmd=("$driver" -t "$test" -N "$nranks" "${sizes[@]}" -T $((limit - 15))
+         --nccl "$nccl_lib" --cudart "$cudart" --hostid-prefix agoq-node- --log-dir "$logs")
+  fi
+
+  log "$run: ${cmd[*]} (limit ${limit} s, $(elapsed) s elapsed)"
+  local rc
+  (
+    set -a
+    # shellcheck disable=SC1090
+    . "$envfile"
+    set +a
+    timeout --kill-after=10 "$limit" "${cmd[@]}"
+  ) >"$logs/$run.out" 2>&1
+  rc=$?
+  # The driver names per-rank logs rank<r>.log; keep them per run.
+  for f in "$logs"/rank*.log; do
+    [[ -f "$f" ]] && mv "$f" "$logs/$run.$(basename "$f")"
+  done
+  echo "$rc" >"$logs/$run.rc"
+  grep -v -e ' NCCL INFO ' "$logs/$run.out" | tail -n 25
+  log "$run: exit $rc"
+  pack_logs
+}
+
+for config in $configs; do
+  config_env "$config" >/dev/null || die "unknown configuration '$config' in AGOQ_GPU_CHECK_CONFIGS"
+done
+# Interleaved so that a run cut by the budget still leaves one comparable pair.
+for test in all_reduce sendrecv; do
+  for config in $configs; do
+    run_one "$config" "$test"
+  done
+done
+
+write_summary
+rc=$?
+echo
+cat "$summary"
+exit "$rc"

@@ -1,0 +1,45 @@
+/*
+ * A stand-in for libcudart with the few entry points nccl_multiproc_check uses, so the
+ * driver's launcher, id exchange, checks and reporting run in CI without a GPU.
+ * "Device" memory is host memory and every operation completes when called.
+ * FAKE_CUDA_DEVICES sets the device count (default 1).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT int cudaGetDeviceCount(int* count) {
+  const char* env = getenv("FAKE_CUDA_DEVICES");
+  *count = env != NULL ? atoi(env) : 1;
+  return *count > 0 ? 0 : 100; /* cudaErrorNoDevice */
+}
+EXPORT int cudaSetDevice(int dev) { return 0; }
+EXPORT int cudaMalloc(void** p, size_t n) {
+  *p = malloc(n != 0 ? n : 1);
+  return *p != NULL ? 0 : 2; /* cudaErrorMemoryAllocation */
+}
+EXPORT int cudaFree(void* p) {
+  free(p);
+  return 0;
+}
+EXPORT int cudaMemcpy(void* dst, const void* src, size_t n, int kind) {
+  memcpy(dst, src, n);
+  return 0;
+}
+EXPORT int cudaMemset(void* p, int v, size_t n) {
+  memset(p, v, n);
+  return 0;
+}
+static int fake_stream;
+EXPORT int cudaStreamCreate(void** s) {
+  *s = &fake_stream;
+  return 0;
+}
+EXPORT int cudaStreamDestroy(void* s) { return 0; }
+EXPORT int cudaStreamQuery(void* s) { return 0; }
+EXPORT int cudaDeviceGetPCIBusId(char* buf, int len, int dev) {
+  strncpy(buf, "0000:00:00.0", (size_t)len);
+  return 0;
+}
+EXPORT const char* cudaGetErrorString(int e) { return e == 0 ? "no error" : "fake error"; }

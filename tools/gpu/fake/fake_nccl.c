@@ -1,0 +1,223 @@
+/*
+ * A stand-in for libnccl: ranks in separate processes exchange data through one POSIX
+ * shared-memory segment named in the unique id. Only what nccl_multiproc_check calls is
+ * there: AllReduce (float sum, ranks summed in order) and grouped Send/Recv of bytes.
+ * With NCCL_DEBUG=INFO it logs, like NCCL, "Using network <NCCL_NET>" at init, to
+ * NCCL_DEBUG_FILE (%h host, %p pid) or stdout, so tools/gpu-check.sh's log reading runs too.
+ * Faults for the driver's own tests:
+ *   FAKE_NCCL_CORRUPT=1    rank 1 flips one received value of every operation
+ *   FAKE_NCCL_CRASH_RANK=r rank r aborts in its first collective
+ *   FAKE_NCCL_HANG_RANK=r  rank r never returns from its first collective
+ */
+#include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "abi/agoq_nccl_common.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define FAKE_MAX_RANKS 64
+#define FAKE_SLOT_BYTES (4u << 20)
+
+typedef struct {
+  char internal[128];
+} fake_unique_id;
+
+typedef struct {
+  atomic_uint arrived;
+  atomic_uint generation;
+  size_t bytes[FAKE_MAX_RANKS];
+} fake_header;
+
+typedef struct {
+  fake_header* h;
+  uint8_t* slots;
+  size_t map_len;
+  int rank, nranks;
+  /* Pending grouped operations. */
+  int in_group;
+  const void* send_buf;
+  size_t send_bytes;
+  int send_peer;
+  void* recv_buf;
+  size_t recv_bytes;
+  int recv_peer;
+} fake_comm;
+
+static size_t map_len(void) {
+  return sizeof(fake_header) + (size_t)FAKE_MAX_RANKS * FAKE_SLOT_BYTES;
+}
+
+static void barrier(fake_comm* c) {
+  unsigned gen = atomic_load(&c->h->generation);
+  if (atomic_fetch_add(&c->h->arrived, 1) == (unsigned)c->nranks - 1) {
+    atomic_store(&c->h->arrived, 0);
+    atomic_fetch_add(&c->h->generation, 1);
+  } else {
+    while (atomic_load(&c->h->generation) == gen) sched_yield();
+  }
+}
+
+static uint8_t* slot(fake_comm* c, int r) { return c->slots + (size_t)r * FAKE_SLOT_BYTES; }
+
+static void maybe_fault(fake_comm* c, void* recv, size_t bytes) {
+  const char* crash = getenv("FAKE_NCCL_CRASH_RANK");
+  if (crash != NULL && atoi(crash) == c->rank) abort();
+  const char* hang = getenv("FAKE_NCCL_HANG_RANK");
+  while (hang != NULL && atoi(hang) == c->rank) pause();
+  const char* corrupt = getenv("FAKE_NCCL_CORRUPT");
+  if (corrupt != NULL && atoi(corrupt) != 0 && c->rank == 1 && bytes > 0) {
+    ((uint8_t*)recv)[bytes / 2] ^= 0x40;
+  }
+}
+
+/* NCCL_DEBUG_FILE with %h and %p expanded. */
+static FILE* open_debug_file(void) {
+  const char* pattern = getenv("NCCL_DEBUG_FILE");
+  if (pattern == NULL) return stdout;
+  char host[256] = "host", path[4096];
+  gethostname(host, sizeof(host) - 1);
+  size_t n = 0;
+  for (const char* p = pattern; *p != '\0' && n + 1 < sizeof(path); p++) {
+    if (p[0] == '%' && (p[1] == 'h' || p[1] == 'p')) {
+      char part[256];
+      if (p[1] == 'h') snprintf(part, sizeof(part), "%s", host);
+      else snprintf(part, sizeof(part), "%d", (int)getpid());
+      n += (size_t)snprintf(path + n, sizeof(path) - n, "%s", part);
+      if (n >= sizeof(path)) return NULL;
+      p++;
+    } else {
+      path[n++] = *p;
+    }
+  }
+  path[n] = '\0';
+  return fopen(path, "a");
+}
+
+static void log_network(int rank) {
+  const char* level = getenv("NCCL_DEBUG");
+  if (level == NULL || strcmp(level, "INFO") != 0) return;
+  FILE* f = open_debug_file();
+  if (f == NULL) return;
+  const char* net = getenv("NCCL_NET");
+  fprintf(f, "fake:%d:%d [0] NCCL INFO Using network %s\n", (int)getpid(), rank,
+          net != NULL ? net : "Socket");
+  if (f != stdout) fclose(f);
+}
+
+EXPORT ncclResult_t ncclGetVersion(int* v) {
+  *v = 22809;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclGetUniqueId(fake_unique_id* id) {
+  memset(id, 0, sizeof(*id));
+  snprintf(id->internal, sizeof(id->internal), "/agoq-fake-nccl-%d", (int)getpid());
+  int fd = shm_open(id->internal, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return ncclSystemError;
+  int rc = ftruncate(fd, (off_t)map_len());
+  close(fd);
+  return rc == 0 ? ncclSuccess : ncclSystemError;
+}
+
+EXPORT ncclResult_t ncclCommInitRank(fake_comm** out, int nranks, fake_unique_id id, int rank) {
+  if (nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  int fd = shm_open(id.internal, O_RDWR, 0600);
+  if (fd < 0) return ncclSystemError;
+  void* base = mmap(NULL, map_len(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return ncclSystemError;
+  fake_comm* c = calloc(1, sizeof(*c));
+  if (c == NULL) return ncclSystemError;
+  c->h = base;
+  c->slots = (uint8_t*)base + sizeof(fake_header);
+  c->map_len = map_len();
+  c->rank = rank;
+  c->nranks = nranks;
+  barrier(c); /* everyone has the segment mapped: its name can go */
+  if (rank == 0) shm_unlink(id.internal);
+  log_network(rank);
+  *out = c;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommDestroy(fake_comm* c) {
+  munmap(c->h, c->map_len);
+  free(c);
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommGetAsyncError(fake_comm* c, ncclResult_t* r) {
+  *r = ncclSuccess;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                  ncclRedOp_t op, fake_comm* c, void* stream) {
+  size_t bytes = count * sizeof(float);
+  if (type != ncclFloat32 || op != ncclSum || bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  memcpy(slot(c, c->rank), send, bytes);
+  barrier(c);
+  float* out = recv;
+  for (size_t i = 0; i < count; i++) {
+    float sum = 0.0f;
+    for (int r = 0; r < c->nranks; r++) sum += ((const float*)slot(c, r))[i];
+    out[i] = sum;
+  }
+  barrier(c); /* nobody reuses its slot before all have read it */
+  maybe_fault(c, recv, bytes);
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
+
+/* Send and Recv of one rank are matched in ncclGroupEnd; the fake keeps the pending pair
+ * in the one communicator the driver uses. */
+static fake_comm* g_group_comm;
+
+EXPORT ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer,
+                             fake_comm* c, void* stream) {
+  if (type != ncclUint8 || count > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  c->in_group = 1;
+  c->send_buf = buf;
+  c->send_bytes = count;
+  c->send_peer = peer;
+  g_group_comm = c;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, fake_comm* c,
+                             void* stream) {
+  if (type != ncclUint8 || count > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  c->in_group = 1;
+  c->recv_buf = buf;
+  c->recv_bytes = count;
+  c->recv_peer = peer;
+  g_group_comm = c;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclGroupEnd(void) {
+  fake_comm* c = g_group_comm;
+  if (c == NULL || !c->in_group) return ncclSuccess;
+  memcpy(slot(c, c->rank), c->send_buf, c->send_bytes);
+  c->h->bytes[c->rank] = c->send_bytes;
+  barrier(c);
+  size_t got = c->h->bytes[c->recv_peer];
+  ncclResult_t rc = got <= c->recv_bytes ? ncclSuccess : ncclInvalidUsage;
+  if (rc == ncclSuccess) memcpy(c->recv_buf, slot(c, c->recv_peer), got);
+  barrier(c);
+  if (rc == ncclSuccess) maybe_fault(c, c->recv_buf, got);
+  c->in_group = 0;
+  g_group_comm = NULL;
+  return rc;
+}
+
+EXPORT const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake error"; }
+EXPORT const char* ncclGetLastError(fake_comm* c) { return ""; }

@@ -1,0 +1,29 @@
+/*
+ * agoq-info: what a user needs to check an installation before NCCL loads it: version,
+ * features, devices as NCCL will see them, and every AGOQ_* parameter.
+ */
+#ifndef AGOQ_INFO_H
+#define AGOQ_INFO_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+/* `agoq-info -c`: every parameter with its value in effect and where it came from.
+ * Returns 0, or 1 when a value in the environment is invalid (the table is still printed). */
+int agoq_info_config_text(FILE* out);
+
+/* `agoq-info -c --markdown`: docs/configuration.md. Depends only on the table, never on the
+ * environment, so the committed file can be checked against the build. */
+void agoq_info_config_markdown(FILE* out);
+
+/* Default view: loads the plugin at lib_path (NULL: next to this executable) and drives it
+ * as NCCL would. Returns 0 or 1. */
+int agoq_info_devices(FILE* out, const char* lib_path, bool json);
+
+/* Shared formatting helpers. */
+/* "64K" when v is a whole number of K/M/G/T, else the decimal bytes. */
+void agoq_info_size_human(long long v, char* buf, size_t len);
+/* Writes text wrapped at width columns, each line starting with indent spaces. */
+void agoq_info_wrap(FILE* out, const char* text, int indent, int width);
+
+#endif

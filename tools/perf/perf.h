@@ -1,0 +1,111 @@
+/*
+ * agoq-perf: benchmarks that drive the built plugin through its own exported tables, the
+ * way NCCL's proxy does. Each subcommand (p2p now; collectives later) shares the option
+ * parser, the bootstrap between the two ranks and the plugin session set-up.
+ */
+#ifndef AGOQ_PERF_H
+#define AGOQ_PERF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agoq_loader.h"
+
+#define PERF_HANDLE_SIZE 128
+
+/* ---- options (perf_opts.c) ---- */
+
+typedef struct {
+  size_t min_bytes, max_bytes; /* -b, -e */
+  double factor;               /* -f: multiply the size by this each step */
+  size_t step_bytes;           /* -i: or add this (0 = use factor) */
+  int iters, warmup;           /* -n, -w */
+  int inflight;                /* --inflight: requests kept posted per rank */
+  int dev;                     /* --dev: plugin device */
+  bool json;                   /* --json: one JSON object per line and size */
+  bool check;                  /* -c: verify every received byte */
+  const char* lib;             /* --lib */
+  int rank;                    /* --rank 0|1, -1 = fork a local peer */
+  const char* addr;            /* --addr HOST:PORT (with --rank) */
+  int boot_timeout_s;          /* --boot-timeout: how long ranks wait for each other */
+} perf_opts;
+
+/* Parses argv[1..] (argv[0] is the subcommand). 0 ok, 1 help printed, -1 error printed. */
+int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o);
+/* "1M" -> 1048576; K/M/G/T (powers of 1024), optional trailing B. -1 on a bad value. */
+int perf_parse_size(const char* s, size_t* out);
+/* Next size in the sweep, 0 when past max. */
+size_t perf_next_size(const perf_opts* o, size_t size);
+void perf_format_size(size_t bytes, char* buf, size_t cap);
+
+/* ---- bootstrap between the two ranks (perf_boot.c) ---- */
+
+/* A byte stream between rank 0 and rank 1: a socketpair to a forked child, or TCP. */
+typedef struct {
+  int fd;
+  int rank;
+  int child_pid; /* fork mode, rank 0: the peer process; 0 otherwise */
+} perf_boot;
+
+/* Fork mode: returns twice, as rank 0 in the parent and rank 1 in the child. */
+int perf_boot_fork(perf_boot* b);
+/* TCP mode: rank 1 listens on addr and accepts rank 0; rank 0 connects (retrying). */
+int perf_boot_tcp(perf_boot* b, int rank, const char* addr, int timeout_s);
+/* Fork mode, rank 0: waits for the child; its exit status (0 ok). */
+int perf_boot_finish(perf_boot* b);
+void perf_boot_close(perf_boot* b);
+
+enum {
+  PERF_MSG_CONFIG = 1,
+  PERF_MSG_HANDLE,
+  PERF_MSG_READY,
+  PERF_MSG_DONE,
+  PERF_MSG_ERROR,
+};
+int perf_boot_send(perf_boot* b, uint32_t kind, const void* buf, uint32_t len);
+/* Waits for a message of `kind` of exactly `len` bytes; an ERROR from the peer or any
+ * other message is a failure. */
+int perf_boot_recv(perf_boot* b, uint32_t kind, void* buf, uint32_t len, int timeout_ms);
+
+/* ---- plugin session (perf_net.c) ---- */
+
+typedef struct {
+  agoq_netlib* lib;
+  agoq_net_view view;
+  void* ctx;
+  int dev;
+  agoq_view_props props;
+  void* listen_comm;
+  void* send_comm;
+  void* recv_comm;
+} perf_net;
+
+/* dlopen, newest net version, init (comm id shared by both ranks), properties of dev. */
+int perf_net_open(perf_net* n, const char* lib_path, int dev, uint64_t comm_id);
+/* Rank 1: listen and hand the handle to rank 0, then accept. Rank 0: connect. */
+int perf_net_connect_pair(perf_net* n, perf_boot* b);
+void perf_net_close(perf_net* n);
+const char* perf_result_str(ncclResult_t r);
+
+/* ---- output (perf_report.c) ---- */
+
+typedef struct {
+  const char* test;
+  size_t bytes;
+  int iters;
+  int inflight;
+  double time_us; /* per message */
+  bool checked;
+} perf_result;
+
+void perf_report_header(const perf_opts* o, const perf_net* n, const char* test);
+void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* r);
+
+/* ---- time ---- */
+double perf_now_us(void);
+
+/* ---- subcommands ---- */
+int perf_p2p_main(int argc, char** argv);
+
+#endif

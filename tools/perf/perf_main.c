@@ -1,0 +1,37 @@
+/*
+ * agoq-perf: benchmarks through the built plugin. One table of subcommands; each owns its
+ * options beyond the shared ones (perf_opts.c).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "perf.h"
+
+typedef struct {
+  const char* name;
+  const char* summary;
+  int (*main)(int argc, char** argv);
+} perf_command;
+
+static const perf_command perf_commands[] = {
+    {"p2p", "point-to-point bandwidth between two ranks through the plugin's net table",
+     perf_p2p_main},
+};
+
+static void perf_usage(FILE* f) {
+  fprintf(f, "usage: agoq-perf <command> [options]   (agoq-perf <command> -h for options)\n");
+  for (size_t i = 0; i < sizeof(perf_commands) / sizeof(perf_commands[0]); i++)
+    fprintf(f, "  %-10s %s\n", perf_commands[i].name, perf_commands[i].summary);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    perf_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (size_t i = 0; i < sizeof(perf_commands) / sizeof(perf_commands[0]); i++)
+    if (strcmp(argv[1], perf_commands[i].name) == 0) return perf_commands[i].main(argc - 1, argv + 1);
+  fprintf(stderr, "agoq-perf: unknown command '%s'\n", argv[1]);
+  perf_usage(stderr);
+  return 2;
+}

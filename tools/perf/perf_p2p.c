@@ -1,0 +1,297 @@
+/*
+ * agoq-perf p2p: point-to-point bandwidth through the plugin's newest net table. Rank 0
+ * sends, rank 1 receives; each keeps `inflight` requests posted and tests the oldest, as
+ * NCCL's proxy keeps its steps in flight. For every size: a warm-up run, then a timed run
+ * that starts when the receiver says it is ready and ends when it says all arrived.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include "perf.h"
+
+#define P2P_TAG 0 /* NCCL's tag is the sender's rank */
+
+typedef struct {
+  uint8_t* buf[32];
+  void* mh[32];
+  int nbuf; /* 1, or `inflight` with --check: one buffer per slot */
+} p2p_bufs;
+
+/* ---- the configuration rank 0 hands rank 1 ---- */
+
+enum { P2P_CONFIG_WORDS = 9 };
+
+static void p2p_config_encode(const perf_opts* o, uint64_t comm_id, uint8_t* out) {
+  uint64_t w[P2P_CONFIG_WORDS] = {o->min_bytes, o->max_bytes, o->step_bytes,
+                                  (uint64_t)(o->factor * 1e6), (uint64_t)o->iters,
+                                  (uint64_t)o->warmup, (uint64_t)o->inflight,
+                                  (uint64_t)o->check, comm_id};
+  for (int i = 0; i < P2P_CONFIG_WORDS; i++)
+    for (int k = 0; k < 8; k++) out[i * 8 + k] = (uint8_t)(w[i] >> (8 * k));
+}
+
+static void p2p_config_decode(const uint8_t* in, perf_opts* o, uint64_t* comm_id) {
+  uint64_t w[P2P_CONFIG_WORDS] = {0};
+  for (int i = 0; i < P2P_CONFIG_WORDS; i++)
+    for (int k = 7; k >= 0; k--) w[i] = (w[i] << 8) | in[i * 8 + k];
+  o->min_bytes = w[0];
+  o->max_bytes = w[1];
+  o->step_bytes = w[2];
+  o->factor = (double)w[3] / 1e6;
+  o->iters = (int)w[4];
+  o->warmup = (int)w[5];
+  o->inflight = (int)w[6];
+  o->check = w[7] != 0;
+  *comm_id = w[8];
+}
+
+/* ---- payload pattern (--check) ---- */
+
+static inline uint64_t p2p_mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static void p2p_fill(uint8_t* p, size_t size, uint64_t seed) {
+  uint64_t key = p2p_mix(seed);
+  size_t words = size / 8;
+  for (size_t i = 0; i < words; i++) {
+    uint64_t v = p2p_mix(key + i);
+    memcpy(p + i * 8, &v, 8);
+  }
+  uint64_t v = p2p_mix(key + words);
+  memcpy(p + words * 8, &v, size % 8);
+}
+
+static size_t p2p_verify(const uint8_t* p, size_t size, uint64_t seed) {
+  uint64_t key = p2p_mix(seed);
+  for (size_t i = 0; i * 8 < size; i++) {
+    uint64_t v = p2p_mix(key + i);
+    size_t n = size - i * 8 < 8 ? size - i * 8 : 8;
+    if (memcmp(p + i * 8, &v, n) != 0) return i * 8;
+  }
+  return SIZE_MAX;
+}
+
+static uint64_t p2p_seed(size_t size, int msg) {
+  return (uint64_t)size * 1000003u + (uint64_t)msg;
+}
+
+/* ---- the streaming loop both ranks run ---- */
+
+static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, size_t size,
+                      int count, int msg_base) {
+  void* reqs[32] = {0};
+  int posted = 0, done = 0;
+  ncclResult_t r;
+  while (done < count) {
+    bool progress = false;
+    while (posted < count && posted - done < o->inflight) {
+      int slot = posted % o->inflight;
+      int bi = b->nbuf > 1 ? slot : 0;
+      void* req = NULL;
+      if (rank == 0) {
+        if (o->check) p2p_fill(b->buf[bi], size, p2p_seed(size, msg_base + posted));
+        r = agoq_view_isend(&n->view, n->send_comm, b->buf[bi], size, P2P_TAG, b->mh[bi], &req);
+      } else {
+        void* data[1] = {b->buf[bi]};
+        size_t sizes[1] = {size};
+        int tags[1] = {P2P_TAG};
+        r = agoq_view_irecv(&n->view, n->recv_comm, 1, data, sizes, tags, &b->mh[bi], &req);
+      }
+      if (r != ncclSuccess) {
+        fprintf(stderr, "agoq-perf: rank %d: %s of %zu B failed: %s\n", rank,
+                rank == 0 ? "isend" : "irecv", size, perf_result_str(r));
+        return -1;
+      }
+      if (req == NULL) break; /* the plugin's "try again", as NCCL reads it */
+      reqs[slot] = req;
+      posted++;
+      progress = true;
+    }
+    int slot = done % o->inflight;
+    int finished = 0, got = -1;
+    r = agoq_view_test(&n->view, reqs[slot], &finished, &got);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "agoq-perf: rank %d: test of message %d (%zu B) failed: %s\n", rank, done,
+              size, perf_result_str(r));
+      return -1;
+    }
+    if (finished) {
+      if (rank == 1 && size <= INT_MAX && got != (int)size) {
+        fprintf(stderr, "agoq-perf: rank 1: message %d: %d B arrived, %zu B were sent\n", done,
+                got, size);
+        return -1;
+      }
+      if (rank == 1 && o->check) {
+        size_t bad = p2p_verify(b->buf[b->nbuf > 1 ? slot : 0], size,
+                                p2p_seed(size, msg_base + done));
+        if (bad != SIZE_MAX) {
+          fprintf(stderr, "agoq-perf: rank 1: message %d (%zu B): wrong data at offset %zu\n",
+                  done, size, bad);
+          return -1;
+        }
+      }
+      done++;
+      progress = true;
+    }
+    /* The proxy yields when a pass moved nothing; so do we, or on a small host the
+     * polling starves the plugin's own progress threads. */
+    if (!progress) sched_yield();
+  }
+  return 0;
+}
+
+/* One run of `count` messages, framed by READY (receiver ready) and DONE (all arrived).
+ * On rank 0, *elapsed_us is the time from READY to DONE. */
+static int p2p_run(perf_net* n, perf_boot* boot, const perf_opts* o, p2p_bufs* b, size_t size,
+                   int count, int msg_base, double* elapsed_us) {
+  if (boot->rank == 1) {
+    if (perf_boot_send(boot, PERF_MSG_READY, NULL, 0) != 0) return -1;
+    if (p2p_stream(n, 1, o, b, size, count, msg_base) != 0) return -1;
+    return perf_boot_send(boot, PERF_MSG_DONE, NULL, 0);
+  }
+  int timeout_ms = o->boot_timeout_s * 1000;
+  if (perf_boot_recv(boot, PERF_MSG_READY, NULL, 0, timeout_ms) != 0) return -1;
+  double t0 = perf_now_us();
+  if (p2p_stream(n, 0, o, b, size, count, msg_base) != 0) return -1;
+  /* The receiver's DONE can take as long as the transfer itself: allow for slow links. */
+  if (perf_boot_recv(boot, PERF_MSG_DONE, NULL, 0, timeout_ms + 600000) != 0) return -1;
+  *elapsed_us = perf_now_us() - t0;
+  return 0;
+}
+
+static int p2p_bufs_alloc(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b) {
+  memset(b, 0, sizeof(*b));
+  b->nbuf = o->check ? o->inflight : 1;
+  size_t bytes = o->max_bytes > 0 ? o->max_bytes : 1;
+  void* comm = rank == 0 ? n->send_comm : n->recv_comm;
+  for (int i = 0; i < b->nbuf; i++) {
+    b->buf[i] = malloc(bytes);
+    if (b->buf[i] == NULL) {
+      fprintf(stderr, "agoq-perf: rank %d: cannot allocate %d x %zu B%s\n", rank, b->nbuf, bytes,
+              o->check ? " (--check needs one buffer per in-flight request)" : "");
+      return -1;
+    }
+    /* Touch every page now, so first-touch faults are not timed. */
+    if (rank == 0 && !o->check)
+      p2p_fill(b->buf[i], bytes, 1);
+    else
+      memset(b->buf[i], 0, bytes);
+    ncclResult_t r = agoq_view_reg_mr(&n->view, comm, b->buf[i], bytes, NCCL_PTR_HOST, &b->mh[i]);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "agoq-perf: rank %d: regMr of %zu B failed: %s\n", rank, bytes,
+              perf_result_str(r));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void p2p_bufs_free(perf_net* n, int rank, p2p_bufs* b) {
+  void* comm = rank == 0 ? n->send_comm : n->recv_comm;
+  for (int i = 0; i < b->nbuf; i++) {
+    if (b->mh[i] != NULL && comm != NULL) agoq_view_dereg_mr(&n->view, comm, b->mh[i]);
+    free(b->buf[i]);
+  }
+  memset(b, 0, sizeof(*b));
+}
+
+int perf_p2p_main(int argc, char** argv) {
+  perf_opts o;
+  int rc = perf_opts_parse(argc, argv, "p2p", &o);
+  if (rc != 0) return rc > 0 ? 0 : 2;
+
+  perf_boot boot = {.fd = -1};
+  if (o.rank < 0) {
+    /* Both ends on this host: loopback, unless the user chose interfaces. */
+    if (getenv("AGOQ_SOCKET_IFNAME") == NULL && getenv("NCCL_SOCKET_IFNAME") == NULL)
+      setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
+    if (perf_boot_fork(&boot) != 0) return 1;
+  } else if (perf_boot_tcp(&boot, o.rank, o.addr, o.boot_timeout_s) != 0) {
+    return 1;
+  }
+  int rank = boot.rank;
+
+  uint8_t config[P2P_CONFIG_WORDS * 8];
+  uint64_t comm_id = 0;
+  if (rank == 0) {
+    /* Any value both ranks share, like NCCL's commHash. */
+    comm_id = p2p_mix((uint64_t)perf_now_us() ^ ((uint64_t)getpid() << 32));
+    p2p_config_encode(&o, comm_id, config);
+    if (perf_boot_send(&boot, PERF_MSG_CONFIG, config, sizeof(config)) != 0) goto fail_boot;
+  } else {
+    if (perf_boot_recv(&boot, PERF_MSG_CONFIG, config, sizeof(config),
+                       o.boot_timeout_s * 1000) != 0)
+      goto fail_boot;
+    p2p_config_decode(config, &o, &comm_id);
+  }
+
+  perf_net n;
+  p2p_bufs bufs;
+  memset(&bufs, 0, sizeof(bufs));
+  rc = 1;
+  if (perf_net_open(&n, o.lib, o.dev, comm_id) != 0) goto fail_net;
+  if (o.max_bytes > n.props.max_p2p_bytes) {
+    fprintf(stderr, "agoq-perf: -e %zu exceeds the device's maxP2pBytes %zu\n", o.max_bytes,
+            n.props.max_p2p_bytes);
+    goto fail_net;
+  }
+  if (perf_net_connect_pair(&n, &boot) != 0) goto fail_net;
+  if (p2p_bufs_alloc(&n, rank, &o, &bufs) != 0) goto fail_net;
+
+  if (rank == 0) perf_report_header(&o, &n, "p2p");
+  int msg_base = 0;
+  for (size_t size = o.min_bytes; size != 0 || msg_base == 0; size = perf_next_size(&o, size)) {
+    double us = 0;
+    if (o.warmup > 0 && p2p_run(&n, &boot, &o, &bufs, size, o.warmup, msg_base, &us) != 0)
+      goto fail_net;
+    msg_base += o.warmup;
+    if (p2p_run(&n, &boot, &o, &bufs, size, o.iters, msg_base, &us) != 0) goto fail_net;
+    msg_base += o.iters;
+    if (rank == 0) {
+      perf_result res = {.test = "p2p",
+                         .bytes = size,
+                         .iters = o.iters,
+                         .inflight = o.inflight,
+                         .time_us = us / o.iters,
+                         .checked = o.check};
+      perf_report_line(&o, &n, &res);
+      fflush(stdout);
+    }
+  }
+  /* Close only when both are finished, so neither end resets a connection under the
+   * other's last bytes. */
+  if (rank == 0) {
+    if (perf_boot_send(&boot, PERF_MSG_DONE, NULL, 0) != 0) goto fail_net;
+  } else if (perf_boot_recv(&boot, PERF_MSG_DONE, NULL, 0, 60000) != 0) {
+    goto fail_net;
+  }
+  rc = 0;
+
+fail_net:
+  if (rc != 0) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
+  p2p_bufs_free(&n, rank, &bufs);
+  perf_net_close(&n);
+  if (rank == 0) {
+    close(boot.fd);
+    boot.fd = -1;
+    int child = perf_boot_finish(&boot);
+    if (rc == 0 && child != 0) {
+      fprintf(stderr, "agoq-perf: the receiver exited with %d\n", child);
+      rc = 1;
+    }
+  }
+  perf_boot_close(&boot);
+  return rc;
+
+fail_boot:
+  perf_boot_close(&boot);
+  return 1;
+}

@@ -1,0 +1,49 @@
+/*
+ * Result lines: columns like nccl-tests for people, one JSON object per line for scripts.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "perf.h"
+
+static void perf_json_string(const char* s) {
+  putchar('"');
+  for (const unsigned char* p = (const unsigned char*)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      printf("\\%c", *p);
+    else if (*p < 0x20)
+      printf("\\u%04x", *p);
+    else
+      putchar(*p);
+  }
+  putchar('"');
+}
+
+void perf_report_header(const perf_opts* o, const perf_net* n, const char* test) {
+  if (o->json) return;
+  const char* nsocks = getenv("AGOQ_SOCKET_NSOCKS");
+  printf("# agoq-perf %s: net v%d \"%s\", device %d \"%s\" (%d Mbps)\n", test, n->view.version,
+         n->view.name ? n->view.name : "?", n->dev, n->props.name, n->props.speed);
+  printf("# iters %d, warmup %d, inflight %d, AGOQ_SOCKET_NSOCKS %s, check %s, %s\n", o->iters,
+         o->warmup, o->inflight, nsocks ? nsocks : "(plugin default)", o->check ? "on" : "off",
+         o->rank < 0 ? "forked peer on this host" : "two-host mode");
+  printf("#\n# %14s %8s %12s %11s %11s\n", "size(B)", "count", "time(us)", "bw(GB/s)",
+         "bw(Gbit/s)");
+}
+
+void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* r) {
+  double gbytes = r->time_us > 0 ? (double)r->bytes / (r->time_us * 1e3) : 0.0;
+  if (!o->json) {
+    printf("  %14zu %8d %12.2f %11.3f %11.3f\n", r->bytes, r->iters, r->time_us, gbytes,
+           gbytes * 8.0);
+    return;
+  }
+  printf("{\"test\":");
+  perf_json_string(r->test);
+  printf(",\"net_version\":%d,\"device\":", n->view.version);
+  perf_json_string(n->props.name);
+  printf(",\"size\":%zu,\"iters\":%d,\"inflight\":%d,\"time_us\":%.3f,\"bw_GBps\":%.4f,"
+         "\"bw_Gbps\":%.4f,\"checked\":%s}\n",
+         r->bytes, r->iters, r->inflight, r->time_us, gbytes, gbytes * 8.0,
+         r->checked ? "true" : "false");
+}

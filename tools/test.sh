@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The whole check, exactly as CI runs it (.ci/run calls this script):
+#   1. install the build dependencies (tools/install-deps.sh; a no-op when present)
+#   2. build-ci:   RelWithDebInfo, -Werror, CUDA kernels when nvcc is found; run every test
+#   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the unit and ABI conformance tests
+# Each phase prints its wall time; a summary table closes the run.
+#
+# Environment knobs (all optional):
+#   AGOQ_JOBS           parallel build jobs (default: nproc)
+#   AGOQ_CTEST_TIMEOUT  per-test timeout in seconds for tests without their own (default 600)
+#   AGOQ_CTEST_JOBS     tests run in parallel (default 1: several tests bind ports and
+#                       spawn processes, and CI machines have 2 cores)
+#   AGOQ_SKIP_DEPS=1    skip step 1 (e.g. no root, packages known to be present)
+#   AGOQ_SKIP_ASAN=1    skip step 3
+set -euo pipefail
+
+if (($# != 0)); then
+  sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  [[ "$1" == -h || "$1" == --help ]] && exit 0
+  exit 2
+fi
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+jobs=${AGOQ_JOBS:-$(nproc)}
+ctest_timeout=${AGOQ_CTEST_TIMEOUT:-600}
+ctest_jobs=${AGOQ_CTEST_JOBS:-1}
+
+phase_names=()
+phase_secs=()
+t_all=$(date +%s)
+
+# Runs "$@" as a named phase, printing a banner and its duration. A failing phase ends
+# the script (set -e) after printing how long it ran, so CI logs show where time went.
+phase() {
+  local name=$1
+  shift
+  local t0 rc=0
+  t0=$(date +%s)
+  echo
+  echo "==== [$name] $*"
+  "$@" || rc=$?
+  local dt=$(($(date +%s) - t0))
+  phase_names+=("$name")
+  phase_secs+=("$dt")
+  if ((rc != 0)); then
+    echo "==== [$name] FAILED (rc=$rc) after ${dt}s"
+    print_summary
+    exit "$rc"
+  fi
+  echo "==== [$name] ok in ${dt}s"
+}
+
+print_summary() {
+  echo
+  echo "==== phase timings"
+  local i
+  for i in "${!phase_names[@]}"; do
+    printf '  %-22s %6ss\n' "${phase_names[$i]}" "${phase_secs[$i]}"
+  done
+  printf '  %-22s %6ss\n' "total" "$(($(date +%s) - t_all))"
+}
+
+# ctest -L takes a regex over labels. Run only the unit and ABI families when the tests
+# carry those labels; a tree whose tests have no labels yet runs everything.
+has_unit_or_abi_labels() {
+  ctest --test-dir "$1" --print-labels 2>/dev/null | sed 's/^ *//' | grep -qx -e unit -e abi
+}
+
+run_ctest() {
+  local dir=$1
+  shift
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error \
+        --timeout "$ctest_timeout" -j "$ctest_jobs" "$@"
+}
+
+run_asan_tests() {
+  local select=()
+  if has_unit_or_abi_labels build-asan; then
+    select=(-L '^(unit|abi)$')
+  else
+    echo "(no 'unit'/'abi' labels found: running all tests)"
+  fi
+  # detect_leaks: the plugin must not leak across init/finalize cycles.
+  # HWLOC_COMPONENTS=-pci: hwloc's libpciaccess plugin leaks ~1 KiB per live topology
+  # load; the linux backend still reports PCI devices from sysfs without it.
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci} \
+    run_ctest build-asan "${select[@]}"
+}
+
+echo "agoq test: repo=$repo jobs=$jobs ctest-timeout=${ctest_timeout}s ctest-jobs=$ctest_jobs"
+echo "agoq test: $(uname -srm), $(nproc) CPUs, $(cmake --version | head -n1)"
+
+if [[ "${AGOQ_SKIP_DEPS:-0}" != 1 ]]; then
+  phase deps tools/install-deps.sh
+fi
+
+# -- Release-like build with everything that is available --------------------------------
+phase configure-ci cmake -S . -B build-ci \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAGOQ_WERROR=ON -DAGOQ_CUDA=AUTO \
+  "-DCMAKE_CUDA_ARCHITECTURES=80;90"
+phase build-ci cmake --build build-ci -j "$jobs"
+phase test-ci run_ctest build-ci
+
+# -- Sanitizers ---------------------------------------------------------------------------
+if [[ "${AGOQ_SKIP_ASAN:-0}" != 1 ]]; then
+  phase configure-asan cmake -S . -B build-asan \
+    -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_SANITIZE=ON -DAGOQ_CUDA=OFF
+  phase build-asan cmake --build build-asan -j "$jobs"
+  phase test-asan run_asan_tests
+fi
+
+print_summary
+echo "agoq test: PASSED"

@@ -1,0 +1,51 @@
+/*
+ * Network interfaces as the TCP transport needs them: name, one address, link speed and
+ * the PCI device behind it. Knows nothing of NCCL; the interface filter takes the syntax
+ * users already know from NCCL_SOCKET_IFNAME.
+ */
+#ifndef AGOQ_NETIF_H
+#define AGOQ_NETIF_H
+
+#include <limits.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <sys/socket.h>
+
+#define AGOQ_NETIF_MAX 16
+#define AGOQ_NETIF_DEFAULT_SPEED_MBPS 10000
+
+typedef enum { AGOQ_NETIF_FAMILY_ANY = 0, AGOQ_NETIF_FAMILY_IPV4 = 1, AGOQ_NETIF_FAMILY_IPV6 = 2 } agoq_netif_family;
+
+typedef struct {
+  char name[IF_NAMESIZE + 1];
+  struct sockaddr_storage addr; /* port 0 */
+  socklen_t addr_len;
+  int speed_mbps;               /* from sysfs; AGOQ_NETIF_DEFAULT_SPEED_MBPS when unknown */
+  bool has_pci_path;
+  char pci_path[PATH_MAX];      /* realpath of /sys/class/net/<name>/device */
+} agoq_netif;
+
+/* True when `name` passes the filter `spec` (NCCL_SOCKET_IFNAME syntax: comma-separated
+ * prefixes; leading '^' = exclude those; leading '=' = exact names; "^=" combines). An
+ * empty or NULL spec matches everything. */
+bool agoq_netif_spec_match(const char* spec, const char* name);
+
+/* Fills `out` with up to `max` interfaces that are up, have an address of the wanted
+ * family and pass `spec`. With an empty spec: every interface except lo and docker*,
+ * or lo when nothing else exists (NCCL's default). Returns the count (0 = none),
+ * or -1 with errno set when the OS could not be asked. `sysfs_root` is "/sys" except in
+ * tests. */
+int agoq_netif_discover(const char* spec, agoq_netif_family family, const char* sysfs_root,
+                        agoq_netif* out, int max);
+
+/* Reads speed and PCI path for `name` below `sysfs_root` into `nif`. */
+void agoq_netif_read_sysfs(const char* sysfs_root, agoq_netif* nif);
+
+/* "name:addr" for logs. */
+const char* agoq_netif_describe(const agoq_netif* nif, char* buf, size_t len);
+
+/* Text form of an address with its port: "127.0.0.1:4242", "[fe80::1%2]:4242". */
+const char* agoq_sockaddr_str(const struct sockaddr* sa, char* buf, size_t len);
+
+#endif
