@@ -42,6 +42,10 @@ usage() {
 
 die() {
   echo "gpu-check: $*" >&2
+  # After setup has begun, say it in the summary too: it may be the only file read.
+  if [[ -n "${summary:-}" && -d "$(dirname "$summary")" ]]; then
+    echo "VERDICT: SETUP FAILED: $*" >>"$summary"
+  fi
   exit 2
 }
 
@@ -230,12 +234,12 @@ if ((summarize_only)); then
 fi
 
 # ---- Setup --------------------------------------------------------------------------------
+rm -f "$out_dir/logs.tar.gz" "$summary" "$out_dir/results.txt"
 [[ "$tests_src" == - || -d "$tests_src" ]] || die "nccl-tests source '$tests_src' is not a directory"
 [[ "$tests_src" == - ]] || tests_src=$(cd "$tests_src" && pwd)
 rm -rf "$logs"
 mkdir -p "$logs" "$work" || die "cannot create $logs and $work"
 : >"$logs/runs.txt"
-rm -f "$out_dir/logs.tar.gz" "$summary" "$out_dir/results.txt"
 trap 'pack_logs; [[ "${AGOQ_GPU_CHECK_KEEP_LOGS:-0}" == 1 ]] || rm -rf "$logs"' EXIT
 trap 'exit 130' INT TERM
 

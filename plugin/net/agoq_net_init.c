@@ -190,3 +190,12 @@ ncclResult_t agoq_net_set_attr(void* ctx, const agoq_net_attr* attr) {
   c->attr = *attr;
   return ncclSuccess;
 }
+
+/* Without finalize (v6..v10) the process-wide context lives until NCCL unloads us; free it
+ * then, so load/unload cycles do not leak. */
+__attribute__((destructor)) static void agoq_net_unload(void) {
+  pthread_mutex_lock(&agoq_state.mu);
+  free(agoq_state.legacy_ctx);
+  agoq_state.legacy_ctx = NULL;
+  pthread_mutex_unlock(&agoq_state.mu);
+}

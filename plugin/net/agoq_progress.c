@@ -57,7 +57,9 @@ static bool agoq_stream_run(agoq_stream* s, bool* blocked) {
   uint32_t head = atomic_load_explicit(&s->head, memory_order_relaxed);
   while (head != atomic_load_explicit(&s->tail, memory_order_acquire)) {
     agoq_piece* p = &s->ring[head % AGOQ_STREAM_RING_SIZE];
-    size_t want = p->len - p->done;
+    /* One syscall never moves more than the pass budget, so a huge piece cannot keep the
+     * worker from its other streams for long. */
+    size_t want = p->len - p->done < budget ? p->len - p->done : budget;
     ssize_t n = s->is_send ? send(s->fd, p->ptr + p->done, want, MSG_DONTWAIT | MSG_NOSIGNAL)
                            : recv(s->fd, p->ptr + p->done, want, MSG_DONTWAIT);
     if (n > 0) {

@@ -121,6 +121,7 @@ int abi_buf_guard_check(const abi_buf* b, char* what, size_t cap) {
 
 int abi_worker_setup(abi_worker* w, const char* lib_path, int version) {
   char err[512] = "";
+  w->lib_path = lib_path;
   if (agoq_netlib_open(lib_path, &w->lib, err, sizeof(err)) != 0) {
     abi_fail(w, __FILE__, __LINE__, "cannot open %s: %s", lib_path, err);
     return -1;

@@ -45,6 +45,7 @@ typedef struct abi_worker {
   int ctrl_fd;   /* stream socket to the other worker */
   int result_fd; /* pipe to the orchestrator: the failure reason */
   const abi_scenario* sc;
+  const char* lib_path;
   agoq_netlib* lib;
   agoq_net_view view;
   void* ctx;

@@ -246,6 +246,9 @@ int abi_sc_grouped(abi_worker* w) {
   memset(b, 0, sizeof(b));
   memset(mh, 0, sizeof(mh));
   if (abi_group_width(w, &n) != 0) goto fail;
+  if (w->role == 0 && n < ABI_MAX_RECVS)
+    fprintf(stderr, "abi[v%d grouped] note: maxRecvs is %d, groups have %d buffers\n",
+            w->view.version, n, n);
   for (int g = 0; g < ABI_GROUPS; g++) {
     for (int k = 0; k < n; k++) {
       size_t sz = w->role == 0 ? ABI_GROUP_POSTED : abi_group_size(g, k);
@@ -545,3 +548,58 @@ fail:
   return w->failed ? -1 : 0;
 }
 
+
+/* ---- reload: NCCL dlcloses the plugin when its last communicator goes, and dlopens it
+ * again for the next one; nothing may outlive the unload (threads, sockets, memory). ---- */
+
+#define ABI_RELOAD_BYTES ((1u << 20) + 3u)
+
+static int abi_reload_transfer(abi_worker* w, uint64_t seed) {
+  void* comm = NULL;
+  void* mh = NULL;
+  abi_buf b = {0};
+  ABI_REQUIRE(w, abi_buf_alloc(&b, ABI_RELOAD_BYTES) == 0, "out of memory");
+  if (w->role == 0)
+    memset(b.data, ABI_CANARY, b.size);
+  else
+    abi_pattern_fill(b.data, b.size, seed);
+  if (abi_pair_connect(w, &comm) != 0) goto fail;
+  if (abi_reg(w, comm, b.data, b.size, &mh) != 0) goto fail;
+  void* req = NULL;
+  int got[ABI_MAX_RECVS] = {-1};
+  if (w->role == 0) {
+    void* data[1] = {b.data};
+    size_t sizes[1] = {b.size};
+    int tags[1] = {1};
+    if (abi_irecv(w, comm, 1, data, sizes, tags, &mh, &req, 10000) != 0) goto fail;
+    if (abi_wait(w, req, got, 20000) != 0) goto fail;
+    if (abi_check_received(w, &b, b.size, b.size, got[0], seed, "message") != 0) goto fail;
+  } else {
+    if (abi_isend(w, comm, b.data, b.size, 1, mh, &req, 10000) != 0) goto fail;
+    if (abi_wait(w, req, got, 20000) != 0) goto fail;
+  }
+  if (abi_ctrl_barrier(w, ABI_MSG_DONE, 20000) != 0) goto fail;
+fail:
+  abi_dereg(w, comm, mh);
+  if (w->role == 0)
+    abi_close_recv(w, &comm);
+  else
+    abi_close_send(w, &comm);
+  abi_buf_free(&b);
+  return w->failed ? -1 : 0;
+}
+
+int abi_sc_reload(abi_worker* w) {
+  const char* path = w->lib_path;
+  int version = w->view.version;
+  for (int cycle = 0; cycle < 3; cycle++) {
+    if (abi_reload_transfer(w, 0x7E10ADu + (uint64_t)cycle) != 0) return -1;
+    /* finalize (v11+) and dlclose, as NCCL's ncclNetPluginUnload at refcount 0. */
+    abi_worker_teardown(w);
+    if (w->failed) return -1;
+    /* A plugin thread still running now would be executing unmapped code. */
+    abi_sleep_us(200000);
+    if (abi_worker_setup(w, path, version) != 0) return -1;
+  }
+  return 0;
+}

@@ -17,6 +17,8 @@ const abi_scenario abi_scenarios[] = {
      abi_sc_order, 60, 0, NULL},
     {"many", "16 connects to one handle, 16 accepts on one listen comm, a transfer on each",
      abi_sc_many, 30, 0, NULL},
+    {"reload", "3 cycles of connect, transfer, finalize, dlclose, dlopen, init: the unload NCCL does",
+     abi_sc_reload, 30, 0, NULL},
     {"truncation", "a send larger than its receive fails the receive (ncclInvalidUsage), no overflow",
      abi_sc_truncation, 60, 0, NULL},
     {"rogue", "garbage, bad/half hellos, silent and foreign connections on the listen port",

@@ -13,6 +13,7 @@ int abi_sc_inflight(abi_worker* w);
 int abi_sc_grouped(abi_worker* w);
 int abi_sc_order(abi_worker* w);
 int abi_sc_many(abi_worker* w);
+int abi_sc_reload(abi_worker* w);
 
 /* abi_scen_fault.c */
 int abi_sc_truncation(abi_worker* w);

@@ -67,6 +67,9 @@ int perf_boot_send(perf_boot* b, uint32_t kind, const void* buf, uint32_t len);
 /* Waits for a message of `kind` of exactly `len` bytes; an ERROR from the peer or any
  * other message is a failure. */
 int perf_boot_recv(perf_boot* b, uint32_t kind, void* buf, uint32_t len, int timeout_ms);
+/* Non-blocking: 1 if the other rank went away or reported an error (it has nothing else
+ * to say while a connection is being set up), 0 otherwise. */
+int perf_boot_peer_failed(perf_boot* b);
 
 /* ---- plugin session (perf_net.c) ---- */
 

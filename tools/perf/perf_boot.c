@@ -233,3 +233,12 @@ int perf_boot_recv(perf_boot* b, uint32_t kind, void* buf, uint32_t len, int tim
   }
   return 0;
 }
+
+int perf_boot_peer_failed(perf_boot* b) {
+  struct pollfd pfd = {.fd = b->fd, .events = POLLIN};
+  if (poll(&pfd, 1, 0) <= 0) return 0;
+  uint8_t hdr[8];
+  ssize_t n = recv(b->fd, hdr, sizeof(hdr), MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
+  return n >= 4 && perf_get32(hdr) == PERF_MSG_ERROR;
+}

@@ -77,6 +77,11 @@ int perf_net_connect_pair(perf_net* n, perf_boot* b) {
       return -1;
     }
     if (*comm != NULL) break;
+    if (perf_boot_peer_failed(b)) {
+      fprintf(stderr, "agoq-perf: rank %d: the other rank failed during connection setup\n",
+              b->rank);
+      return -1;
+    }
     if (perf_now_us() > deadline) {
       fprintf(stderr, "agoq-perf: rank %d: connection not established in 60 s\n", b->rank);
       return -1;

@@ -279,11 +279,13 @@ fail_net:
   if (rc != 0) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
   p2p_bufs_free(&n, rank, &bufs);
   perf_net_close(&n);
-  if (rank == 0) {
+  if (rank == 0 && rc == 0) {
+    /* On failure perf_boot_close kills the child instead: it may be stuck in a plugin
+     * call that no longer has a peer. */
     close(boot.fd);
     boot.fd = -1;
     int child = perf_boot_finish(&boot);
-    if (rc == 0 && child != 0) {
+    if (child != 0) {
       fprintf(stderr, "agoq-perf: the receiver exited with %d\n", child);
       rc = 1;
     }
