@@ -5,7 +5,11 @@
 # the ratios. The iperf3 server runs on 127.0.0.1 on a free port and is stopped on exit.
 #
 #   tools/bench-p2p-vs-iperf.sh [--perf PATH] [--lib PATH] [--info PATH] [--seconds S]
-#                               [--iters N] [--size SIZE]
+#                               [--iters N] [--size SIZE] [--rounds R]
+#
+# This machine class is noisy (2x swings between runs are common), so the three
+# measurements are interleaved R times (default 3) and the ratios are medians of the
+# per-round ratios.
 #
 # The stream count N is AGOQ_SOCKET_NSOCKS when set (else what agoq-info reports, else
 # the plugin's documented default: 4, or 2 with fewer than 4 CPUs); agoq-perf is run with
@@ -19,6 +23,7 @@ lib=""
 seconds=5
 iters=10
 size=1G
+rounds=3
 
 die() { echo "bench-p2p-vs-iperf: $*" >&2; exit 1; }
 
@@ -30,7 +35,8 @@ while [[ $# -gt 0 ]]; do
     --seconds) seconds="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
     --size) size="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -98,24 +104,36 @@ EOF
 echo "# agoq p2p vs iperf3 over loopback: $(nproc) CPUs, $nsocks data sockets ($source)"
 perf_args=(p2p -b "$size" -e "$size" -n "$iters" -w 2 --json --nsocks "$nsocks")
 [[ -n "$lib" ]] && perf_args+=(--lib "$lib")
-AGOQ_SOCKET_IFNAME="${AGOQ_SOCKET_IFNAME:-lo}" "$perf" "${perf_args[@]}" >"$workdir/perf.json" ||
-  die "agoq-perf failed (output: $(cat "$workdir/perf.json"))"
-agoq="$(python3 - "$workdir/perf.json" <<'EOF'
+agoq_gbits() {
+  AGOQ_SOCKET_IFNAME="${AGOQ_SOCKET_IFNAME:-lo}" "$perf" "${perf_args[@]}" >"$workdir/perf.json" ||
+    die "agoq-perf failed (output: $(cat "$workdir/perf.json"))"
+  python3 - "$workdir/perf.json" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 print("%.3f" % rows[-1]["bw_Gbps"])
 EOF
-)"
-iperf_n="$(iperf_gbits "$nsocks")"
-iperf_1="$(iperf_gbits 1)"
+}
 
-python3 - "$agoq" "$iperf_n" "$iperf_1" "$nsocks" "$size" "$iters" "$seconds" <<'EOF'
-import sys
-agoq, ipn, ip1 = map(float, sys.argv[1:4])
-n, size, iters, secs = sys.argv[4:8]
-print("%-44s %9.3f Gbit/s" % ("agoq-perf p2p (%s x %s, inflight 8)" % (iters, size), agoq))
-print("%-44s %9.3f Gbit/s" % ("iperf3 -P %s -l 1M (%s s)" % (n, secs), ipn))
-print("%-44s %9.3f Gbit/s" % ("iperf3 -P 1 -l 1M (%s s)" % secs, ip1))
-print("ratio agoq / iperf3 -P %-3s %6.2f" % (n, agoq / ipn if ipn > 0 else float("nan")))
-print("ratio agoq / iperf3 -P 1   %6.2f" % (agoq / ip1 if ip1 > 0 else float("nan")))
+results=()
+for round in $(seq "$rounds"); do
+  a="$(agoq_gbits)"
+  n_="$(iperf_gbits "$nsocks")"
+  o_="$(iperf_gbits 1)"
+  results+=("$a,$n_,$o_")
+  printf 'round %d: agoq %s  iperf3 -P %s %s  iperf3 -P 1 %s Gbit/s\n' "$round" "$a" "$nsocks" "$n_" "$o_"
+done
+
+python3 - "$nsocks" "$size" "$iters" "$seconds" "${results[@]}" <<'EOF'
+import statistics, sys
+n, size, iters, secs = sys.argv[1:5]
+rows = [tuple(map(float, r.split(","))) for r in sys.argv[5:]]
+med = statistics.median
+agoq, ipn, ip1 = (med([r[i] for r in rows]) for i in range(3))
+print("%-44s %9.3f Gbit/s (median)" % ("agoq-perf p2p (%s x %s, inflight 8)" % (iters, size), agoq))
+print("%-44s %9.3f Gbit/s (median)" % ("iperf3 -P %s -l 1M (%s s)" % (n, secs), ipn))
+print("%-44s %9.3f Gbit/s (median)" % ("iperf3 -P 1 -l 1M (%s s)" % secs, ip1))
+rn = med([r[0] / r[1] for r in rows if r[1] > 0])
+r1 = med([r[0] / r[2] for r in rows if r[2] > 0])
+print("ratio agoq / iperf3 -P %-3s %6.2f (median of %d rounds)" % (n, rn, len(rows)))
+print("ratio agoq / iperf3 -P 1   %6.2f (median of %d rounds)" % (r1, len(rows)))
 EOF

@@ -13,6 +13,10 @@
 #include "core/agoq_check.h"
 #include "net/agoq_comm.h"
 
+/* Bytes test() may move per data socket while the caller polls: enough to be worth the
+ * syscall, small enough that NCCL's proxy gets back to its other connections quickly. */
+#define AGOQ_ASSIST_BUDGET (512u << 10)
+
 static agoq_comm* agoq_comm_from(void* p, uint32_t magic) {
   agoq_comm* comm = p;
   return (comm != NULL && comm->magic == magic) ? comm : NULL;
@@ -302,6 +306,10 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   agoq_comm* comm = req->comm;
   *done = 0;
   ncclResult_t progress = comm->is_send ? agoq_send_progress(comm) : agoq_recv_progress(comm);
+  if (atomic_load_explicit(&req->pending_pieces, memory_order_acquire) != 0) {
+    /* Rather than spin while the progress threads work, help them (few-core hosts). */
+    for (unsigned i = 0; i < comm->nsocks; i++) agoq_stream_assist(&comm->streams[i], AGOQ_ASSIST_BUDGET);
+  }
   bool finished = atomic_load_explicit(&req->pending_pieces, memory_order_acquire) == 0 &&
                   (comm->is_send ? req->control_done
                                  : agoq_recv_all_matched(req) && comm->rx_inline_req != req);

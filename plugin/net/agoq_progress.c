@@ -48,16 +48,17 @@ static void agoq_stream_fail(agoq_stream* s, int err, bool eof) {
   }
 }
 
-/* Moves bytes of the stream's pieces until it would block, the ring is empty or the pass
- * budget is used. Returns whether any byte moved; *blocked tells the caller to poll. */
-static bool agoq_stream_run(agoq_stream* s, bool* blocked) {
+/* Moves bytes of the stream's pieces until it would block, the ring is empty or `budget`
+ * bytes moved. Caller holds s->busy. Returns whether any byte moved; *blocked tells the
+ * caller to poll. */
+static bool agoq_stream_run(agoq_stream* s, size_t budget, bool* blocked) {
   bool progressed = false;
-  size_t budget = AGOQ_STREAM_PASS_BUDGET;
   *blocked = false;
+  if (s->failed) return false;
   uint32_t head = atomic_load_explicit(&s->head, memory_order_relaxed);
   while (head != atomic_load_explicit(&s->tail, memory_order_acquire)) {
     agoq_piece* p = &s->ring[head % AGOQ_STREAM_RING_SIZE];
-    /* One syscall never moves more than the pass budget, so a huge piece cannot keep the
+    /* One syscall never moves more than the budget, so a huge piece cannot keep the
      * worker from its other streams for long. */
     size_t want = p->len - p->done < budget ? p->len - p->done : budget;
     ssize_t n = s->is_send ? send(s->fd, p->ptr + p->done, want, MSG_DONTWAIT | MSG_NOSIGNAL)
@@ -85,6 +86,23 @@ static bool agoq_stream_run(agoq_stream* s, bool* blocked) {
     agoq_stream_fail(s, n < 0 ? errno : EIO, false);
     break;
   }
+  return progressed;
+}
+
+static bool agoq_stream_try_own(agoq_stream* s) {
+  return !atomic_load_explicit(&s->busy, memory_order_relaxed) &&
+         !atomic_exchange_explicit(&s->busy, true, memory_order_acquire);
+}
+
+static void agoq_stream_release(agoq_stream* s) { atomic_store_explicit(&s->busy, false, memory_order_release); }
+
+bool agoq_stream_assist(agoq_stream* s, size_t budget) {
+  if (atomic_load_explicit(&s->head, memory_order_relaxed) == atomic_load_explicit(&s->tail, memory_order_acquire))
+    return false;
+  if (!agoq_stream_try_own(s)) return false;
+  bool blocked;
+  bool progressed = agoq_stream_run(s, budget, &blocked);
+  agoq_stream_release(s);
   return progressed;
 }
 
@@ -122,9 +140,13 @@ static void* agoq_worker_main(void* arg) {
       }
     }
     for (agoq_stream* s = w->streams; s != NULL; s = s->next) {
-      if (s->failed) continue;
+      if (!agoq_stream_try_own(s)) {
+        progressed = true; /* the comm's thread is on it right now: look again soon */
+        continue;
+      }
       bool blocked;
-      progressed |= agoq_stream_run(s, &blocked);
+      progressed |= agoq_stream_run(s, AGOQ_STREAM_PASS_BUDGET, &blocked);
+      agoq_stream_release(s);
       if (blocked && npoll + 1 < w->pfds_cap) {
         w->pfds[npoll].fd = s->fd;
         w->pfds[npoll].events = s->is_send ? POLLOUT : POLLIN;
@@ -205,6 +227,7 @@ ncclResult_t agoq_progress_attach(agoq_stream* s) {
   agoq_worker* w = &agoq_pool.workers[agoq_pool.next++ % (unsigned)agoq_pool.nworkers];
   s->worker = w;
   s->failed = false;
+  atomic_store(&s->busy, false);
   pthread_mutex_lock(&w->mu);
   s->next = w->streams;
   w->streams = s;

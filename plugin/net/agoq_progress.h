@@ -37,10 +37,13 @@ typedef struct agoq_stream {
   _Atomic uint32_t tail; /* next free slot for the producer */
   atomic_int* comm_error; /* first failure of the comm (an ncclResult_t), shared by its streams */
   const char* peer;      /* for log lines */
+  /* Whoever moves this stream's bytes holds `busy`: its worker, or the comm's own thread
+   * assisting from test(). `done` of the pieces and `failed` are guarded by it. */
+  atomic_bool busy;
+  bool failed;
   /* Worker-private. */
   struct agoq_worker* worker;
   struct agoq_stream* next;
-  bool failed;
 } agoq_stream;
 
 /* Binds the stream to a worker, starting the pool on first use (AGOQ_SOCKET_NTHREADS). */
@@ -50,6 +53,11 @@ void agoq_progress_detach(agoq_stream* s);
 /* Producer side (the comm's proxy thread). False when the ring is full (cannot happen
  * within the per-comm request limits; callers treat it as an internal error). */
 bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* req);
+/* Lets the comm's own thread (NCCL's proxy, polling test()) move up to `budget` bytes of
+ * the stream when its worker is not on it. On a host with few cores a polling proxy
+ * otherwise only takes CPU time away from the workers; this way it does their work.
+ * Returns whether any byte moved. */
+bool agoq_stream_assist(agoq_stream* s, size_t budget);
 /* Stops and joins the workers. Streams still attached are abandoned. */
 void agoq_progress_shutdown(void);
 int agoq_progress_nworkers(void);
