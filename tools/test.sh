@@ -3,6 +3,8 @@
 #   1. install the build dependencies (tools/install-deps.sh; a no-op when present)
 #   2. build-ci:   RelWithDebInfo, -Werror, CUDA kernels when nvcc is found; run every test
 #   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the unit and ABI conformance tests
+#   4. build-tsan: ThreadSanitizer; run the unit and ABI conformance tests
+#   5. build-fuzz: clang + libFuzzer; run each fuzz target briefly over its seed corpus
 # Each phase prints its wall time; a summary table closes the run.
 #
 # Environment knobs (all optional):
@@ -12,6 +14,8 @@
 #                       spawn processes, and CI machines have 2 cores)
 #   AGOQ_SKIP_DEPS=1    skip step 1 (e.g. no root, packages known to be present)
 #   AGOQ_SKIP_ASAN=1    skip step 3
+#   AGOQ_SKIP_TSAN=1    skip step 4
+#   AGOQ_SKIP_FUZZ=1    skip step 5
 set -euo pipefail
 
 if (($# != 0)); then
@@ -111,6 +115,24 @@ if [[ "${AGOQ_SKIP_ASAN:-0}" != 1 ]]; then
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_SANITIZE=ON -DAGOQ_CUDA=OFF
   phase build-asan cmake --build build-asan -j "$jobs"
   phase test-asan run_asan_tests
+fi
+
+if [[ "${AGOQ_SKIP_TSAN:-0}" != 1 ]]; then
+  # Progress threads, the assist path and close-in-flight race by design: TSan checks the
+  # unit and conformance tests for data races.
+  phase configure-tsan cmake -S . -B build-tsan \
+    -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_TSAN=ON -DAGOQ_CUDA=OFF
+  phase build-tsan cmake --build build-tsan -j "$jobs"
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+    phase test-tsan run_ctest build-tsan -L '^(unit|abi)$'
+fi
+
+if [[ "${AGOQ_SKIP_FUZZ:-0}" != 1 ]]; then
+  # libFuzzer needs clang; each target runs briefly over its seed corpus (tests/fuzz).
+  CC=clang phase configure-fuzz cmake -S . -B build-fuzz \
+    -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_FUZZ=ON -DAGOQ_CUDA=OFF
+  phase build-fuzz cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_params
+  phase test-fuzz run_ctest build-fuzz -L '^fuzz$'
 fi
 
 print_summary

@@ -77,8 +77,9 @@ ncclResult_t agoq_comm_create(bool is_send, int dev, int ctrl_fd, const int* dat
   comm->min_chunk = agoq_config.min_chunk;
   atomic_init(&comm->error, ncclSuccess);
   snprintf(comm->peer, sizeof comm->peer, "%s", peer);
-  AGOQ_CHECK_GOTO(agoq_request_pool_init(&comm->pool, is_send ? AGOQ_REQUESTS_PER_COMM : NCCL_NET_MAX_REQUESTS),
-                  res, fail);
+  /* NCCL keeps up to NCCL_NET_MAX_REQUESTS receives (each of up to maxRecvs buffers) and
+   * NCCL_NET_MAX_REQUESTS x maxRecvs sends in flight; both sides get the larger bound. */
+  AGOQ_CHECK_GOTO(agoq_request_pool_init(&comm->pool, AGOQ_REQUESTS_PER_COMM), res, fail);
   AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
   for (unsigned i = 0; i < nsocks; i++) comm->streams[i].fd = -1;
   AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, peer), res, fail);

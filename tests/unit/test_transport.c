@@ -133,18 +133,45 @@ static void test_many_in_flight_in_order(void** state) {
     assert_int_equal(agoq_net_isend(p.send, src[i], SZ - (size_t)i, 0, NULL, NULL, &sreq[i]), ncclSuccess);
     assert_non_null(sreq[i]);
   }
-  /* The receive pool holds exactly NCCL_NET_MAX_REQUESTS: one more must say "retry". */
-  void* extra = (void*)1;
-  void* d = dst[0];
-  size_t s = 1;
-  int tag = 0;
-  assert_int_equal(agoq_net_irecv(p.recv, 1, &d, &s, &tag, NULL, NULL, &extra), ncclSuccess);
-  assert_null(extra);
   for (int i = 0; i < N; i++) {
     ncclResult_t rres;
     assert_int_equal(wait_both(sreq[i], rreq[i], &rres), SZ - i);
     assert_memory_equal(src[i], dst[i], SZ - (size_t)i);
   }
+  pair_close(&p);
+}
+
+/* NCCL's contract is NCCL_NET_MAX_REQUESTS x maxRecvs requests per comm; beyond the pool
+ * isend/irecv answer with a NULL request ("retry"), never an error. */
+static void test_request_limit_means_retry(void** state) {
+  (void)state;
+  pair p;
+  pair_open(&p, COMM_ID);
+  enum { LIMIT = NCCL_NET_MAX_REQUESTS * AGOQ_NET_MAX_RECVS };
+  static uint8_t byte;
+  void* reqs[LIMIT];
+  for (int i = 0; i < LIMIT; i++) {
+    void* d = &byte;
+    size_t s = 1;
+    int tag = 0;
+    reqs[i] = NULL;
+    assert_int_equal(agoq_net_irecv(p.recv, 1, &d, &s, &tag, NULL, NULL, &reqs[i]), ncclSuccess);
+    assert_non_null(reqs[i]);
+  }
+  void* extra = (void*)1;
+  void* d = &byte;
+  size_t s = 1;
+  int tag = 0;
+  assert_int_equal(agoq_net_irecv(p.recv, 1, &d, &s, &tag, NULL, NULL, &extra), ncclSuccess);
+  assert_null(extra);
+  for (int i = 0; i < LIMIT; i++) {
+    reqs[i] = NULL;
+    assert_int_equal(agoq_net_isend(p.send, &byte, 0, 0, NULL, NULL, &reqs[i]), ncclSuccess);
+    assert_non_null(reqs[i]);
+  }
+  extra = (void*)1;
+  assert_int_equal(agoq_net_isend(p.send, &byte, 0, 0, NULL, NULL, &extra), ncclSuccess);
+  assert_null(extra);
   pair_close(&p);
 }
 
@@ -325,6 +352,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_many_in_flight_in_order),
+      cmocka_unit_test(test_request_limit_means_retry),
       cmocka_unit_test(test_grouped_receive_by_tag),
       cmocka_unit_test(test_truncation_is_an_error),
       cmocka_unit_test(test_rogue_connections_rejected),
