@@ -161,9 +161,10 @@ agoq_wire_status agoq_msg_hdr_decode(const uint8_t* in, size_t len, unsigned nso
   }
   m->nchunks = (uint16_t)(((flags >> 16) & 0xff) + 1);
   if (m->first_sock >= nsocks || m->nchunks > nsocks || m->chunk == 0) return AGOQ_WIRE_BAD_FIELD;
-  /* The pieces must cover the size exactly: all but the last full, the last non-empty. */
-  if (m->size <= (uint64_t)(m->nchunks - 1) * m->chunk) return AGOQ_WIRE_BAD_FIELD;
-  if (m->chunk > m->size || m->size - (uint64_t)(m->nchunks - 1) * m->chunk > m->chunk)
+  /* The pieces must cover the size exactly: all but the last full, the last non-empty,
+   * i.e. nchunks == ceil(size / chunk). Computed by division: chunk and size come from the
+   * wire, and a product could overflow. */
+  if (m->size == 0 || m->chunk > m->size || (m->size - 1) / m->chunk + 1 != m->nchunks)
     return AGOQ_WIRE_BAD_FIELD;
   return AGOQ_WIRE_OK;
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "core/agoq_check.h"
+#include "core/agoq_params.h"
 #include "net/agoq_net.h"
 #include "tables/agoq_tables.h"
 
@@ -18,7 +19,12 @@ static ncclResult_t agoq_coll_unavailable(const char* what) {
 
 /* ---- lifecycle ---- */
 
-static ncclResult_t agoq_coll_init_log(ncclDebugLogger_t log_fn) { return ncclSuccess; }
+/* Same configuration checks as the net init: an invalid AGOQ_* value fails both, so
+ * NCCL never runs half of agoq. */
+static ncclResult_t agoq_coll_init_log(ncclDebugLogger_t log_fn) {
+  if (log_fn != NULL) agoq_log_set_logger(log_fn);
+  return agoq_params_load();
+}
 
 static ncclResult_t agoq_coll_init_comm(void** ctx, uint64_t comm_id, ncclDebugLogger_t log_fn) {
   if (ctx == NULL) {
@@ -26,7 +32,7 @@ static ncclResult_t agoq_coll_init_comm(void** ctx, uint64_t comm_id, ncclDebugL
     return ncclInternalError;
   }
   *ctx = NULL;
-  return ncclSuccess;
+  return agoq_coll_init_log(log_fn);
 }
 
 static ncclResult_t agoq_coll_devices(int* ndev) {

@@ -186,6 +186,17 @@ static void test_msg_hdr_rejects_bad_layout(void** state) {
   bad.chunk = 0;
   agoq_msg_hdr_encode(&bad, buf);
   assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 4, &out), AGOQ_WIRE_BAD_FIELD);
+  /* Sizes chosen so (nchunks - 1) * chunk wraps around 2^64: found by fuzz_wire; a
+   * receiver trusting it would place pieces outside its buffer. */
+  bad = m;
+  bad.nchunks = 3;
+  bad.chunk = 0x8000000000000001ull;
+  bad.size = UINT64_MAX;
+  agoq_msg_hdr_encode(&bad, buf);
+  assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 4, &out), AGOQ_WIRE_BAD_FIELD);
+  bad.nchunks = 2; /* the consistent count for these sizes is accepted */
+  agoq_msg_hdr_encode(&bad, buf);
+  assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 4, &out), AGOQ_WIRE_OK);
   /* Unknown flag bits. */
   agoq_msg_hdr_encode(&m, buf);
   buf[4] |= 0x80;
