@@ -110,8 +110,9 @@ ncclResult_t agoq_net_finalize(void* ctx) {
   c->magic = 0;
   free(c);
   if (--agoq_state.live_ctx == 0) {
-    /* The last communicator is gone and NCCL may now dlclose us: no thread may outlive it. */
-    agoq_progress_shutdown();
+    /* The last communicator is gone and NCCL may now dlclose us: no thread may outlive
+     * it. Comms still open (closed after finalize) keep the threads until their close. */
+    agoq_progress_shutdown_when_idle();
   }
   pthread_mutex_unlock(&agoq_state.mu);
   return ncclSuccess;

@@ -35,6 +35,8 @@ static struct {
   agoq_worker* workers;
   int nworkers;
   unsigned next;
+  int attached;     /* streams bound to a worker */
+  bool stop_when_idle; /* the last context is gone: stop once the last stream detaches */
 } agoq_pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void agoq_stream_fail(agoq_stream* s, int err, bool eof) {
@@ -182,11 +184,15 @@ static void agoq_pool_stop_locked(void) {
     ssize_t ignored = write(w->wake_fd, &one, sizeof one);
     (void)ignored;
     pthread_join(w->thread, NULL);
+    /* Streams still attached (only at unload) must never reach the freed worker. */
+    for (agoq_stream* s = w->streams; s != NULL; s = s->next) s->worker = NULL;
     agoq_worker_destroy(w);
   }
   free(agoq_pool.workers);
   agoq_pool.workers = NULL;
   agoq_pool.nworkers = 0;
+  agoq_pool.attached = 0;
+  agoq_pool.stop_when_idle = false;
 }
 
 static ncclResult_t agoq_pool_start_locked(void) {
@@ -233,14 +239,20 @@ ncclResult_t agoq_progress_attach(agoq_stream* s) {
   w->streams = s;
   w->nstreams++;
   pthread_mutex_unlock(&w->mu);
+  agoq_pool.attached++;
+  agoq_pool.stop_when_idle = false;
 out:
   pthread_mutex_unlock(&agoq_pool.mu);
   return res;
 }
 
 void agoq_progress_detach(agoq_stream* s) {
+  pthread_mutex_lock(&agoq_pool.mu);
   agoq_worker* w = s->worker;
-  if (w == NULL) return;
+  if (w == NULL) {
+    pthread_mutex_unlock(&agoq_pool.mu);
+    return;
+  }
   pthread_mutex_lock(&w->mu);
   for (agoq_stream** pp = &w->streams; *pp != NULL; pp = &(*pp)->next) {
     if (*pp == s) {
@@ -251,6 +263,8 @@ void agoq_progress_detach(agoq_stream* s) {
   }
   pthread_mutex_unlock(&w->mu);
   s->worker = NULL;
+  if (--agoq_pool.attached == 0 && agoq_pool.stop_when_idle) agoq_pool_stop_locked();
+  pthread_mutex_unlock(&agoq_pool.mu);
 }
 
 bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* req) {
@@ -259,6 +273,7 @@ bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* re
   s->ring[tail % AGOQ_STREAM_RING_SIZE] = (agoq_piece){.ptr = ptr, .len = len, .done = 0, .req = req};
   atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
   agoq_worker* w = s->worker;
+  if (w == NULL) return true; /* pool stopped at unload: only test()'s assist moves bytes */
   atomic_fetch_add(&w->posts, 1);
   if (atomic_load(&w->sleeping)) {
     uint64_t one = 1;
@@ -266,6 +281,15 @@ bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* re
     (void)ignored;
   }
   return true;
+}
+
+void agoq_progress_shutdown_when_idle(void) {
+  pthread_mutex_lock(&agoq_pool.mu);
+  if (agoq_pool.attached == 0)
+    agoq_pool_stop_locked();
+  else
+    agoq_pool.stop_when_idle = true; /* comms outlive their contexts: the last close stops it */
+  pthread_mutex_unlock(&agoq_pool.mu);
 }
 
 void agoq_progress_shutdown(void) {

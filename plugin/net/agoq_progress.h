@@ -58,8 +58,10 @@ bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* re
  * otherwise only takes CPU time away from the workers; this way it does their work.
  * Returns whether any byte moved. */
 bool agoq_stream_assist(agoq_stream* s, size_t budget);
-/* Stops and joins the workers. Streams still attached are abandoned. */
+/* Stops and joins the workers. Streams still attached are abandoned (library unload). */
 void agoq_progress_shutdown(void);
+/* Stops the workers now if no stream is attached, else when the last one detaches. */
+void agoq_progress_shutdown_when_idle(void);
 int agoq_progress_nworkers(void);
 
 /* Records the first failure of a comm; returns true for the caller that set it (and so

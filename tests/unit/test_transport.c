@@ -17,6 +17,7 @@
 
 #include "core/agoq_params.h"
 #include "net/agoq_net.h"
+#include "net/agoq_progress.h"
 #include "net/agoq_wire.h"
 
 #define COMM_ID 0x5eed5eed12345678ull
@@ -348,6 +349,32 @@ static void test_close_with_requests_in_flight(void** state) {
   free(dst);
 }
 
+/* NCCL may finalize the last context before every comm is closed: the comms keep their
+ * progress threads until the last close, which stops them. */
+static void test_finalize_before_close(void** state) {
+  (void)state;
+  pair p;
+  pair_open(&p, COMM_ID);
+  assert_int_equal(agoq_net_finalize(p.ctx), ncclSuccess);
+  assert_true(agoq_progress_nworkers() > 0);
+  static uint8_t src[300000], dst[300000];
+  fill(src, sizeof src, 9);
+  void* d = dst;
+  size_t s = sizeof dst;
+  int tag = 0;
+  void *rreq = NULL, *sreq = NULL;
+  assert_int_equal(agoq_net_irecv(p.recv, 1, &d, &s, &tag, NULL, NULL, &rreq), ncclSuccess);
+  assert_int_equal(agoq_net_isend(p.send, src, sizeof src, 0, NULL, NULL, &sreq), ncclSuccess);
+  ncclResult_t rres;
+  assert_int_equal(wait_both(sreq, rreq, &rres), (int)sizeof src);
+  assert_memory_equal(src, dst, sizeof src);
+  assert_int_equal(agoq_net_close_send(p.send), ncclSuccess);
+  assert_true(agoq_progress_nworkers() > 0);
+  assert_int_equal(agoq_net_close_recv(p.recv), ncclSuccess);
+  assert_int_equal(agoq_progress_nworkers(), 0);
+  assert_int_equal(agoq_net_close_listen(p.listen), ncclSuccess);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -359,6 +386,7 @@ int main(void) {
       cmocka_unit_test(test_wrong_comm_handle_refused),
       cmocka_unit_test(test_peer_loss_fails_pending),
       cmocka_unit_test(test_close_with_requests_in_flight),
+      cmocka_unit_test(test_finalize_before_close),
   };
   return cmocka_run_group_tests(tests, setup_env, NULL);
 }
