@@ -1,7 +1,8 @@
 /*
  * agoq-perf: benchmarks that drive the built plugin through its own exported tables, the
- * way NCCL's proxy does. Each subcommand (p2p now; collectives later) shares the option
- * parser, the bootstrap between the two ranks and the plugin session set-up.
+ * way NCCL's proxy does. Each net subcommand (p2p now; collectives later) shares the
+ * option parser, the bootstrap between the two ranks and the plugin session set-up;
+ * `codec` (perf_codec.c) measures the CPU codec alone, with its own options.
  */
 #ifndef AGOQ_PERF_H
 #define AGOQ_PERF_H
@@ -110,5 +111,6 @@ double perf_now_us(void);
 
 /* ---- subcommands ---- */
 int perf_p2p_main(int argc, char** argv);
+int perf_codec_main(int argc, char** argv); /* perf_codec.c, built with kernels/agoq_codec */
 
 #endif

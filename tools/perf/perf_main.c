@@ -16,6 +16,9 @@ typedef struct {
 static const perf_command perf_commands[] = {
     {"p2p", "point-to-point bandwidth between two ranks through the plugin's net table",
      perf_p2p_main},
+#ifdef AGOQ_PERF_CODEC
+    {"codec", "CPU codec throughput per format and operation, next to memcpy", perf_codec_main},
+#endif
 };
 
 static void perf_usage(FILE* f) {

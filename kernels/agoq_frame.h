@@ -1,0 +1,74 @@
+/*
+ * The frame: a self-describing codec body as it travels on the wire. A receiver validates
+ * every field against the buffer before it touches the body; a bad frame is an error,
+ * never a crash, an out-of-bounds access or silently wrong data.
+ *
+ * Header, 48 bytes, little-endian:
+ *   0  u32 magic 0x46514741 ("AGQF")
+ *   4  u8  version (1)
+ *   5  u8  format (agoq_format)
+ *   6  u8  dtype  (agoq_dtype of the input / raw blocks)
+ *   7  u8  flags: bit0 payload CRC present, bit1 stochastic rounding was used; others 0
+ *   8  u32 block size (32..1024, power of two; 0 for format NONE)
+ *  12  u32 escaped blocks
+ *  16  u64 element count
+ *  24  u64 payload (body) length in bytes
+ *  32  u32 payload CRC32C (0 when flag bit0 is clear)
+ *  36  u32 reserved (0)
+ *  40  u32 reserved (0)
+ *  44  u32 header CRC32C over bytes 0..43
+ * followed by the body (agoq_codec.h) of exactly `payload length` bytes.
+ * The parser checks: magic, version, known format and dtype, block size, reserved zero,
+ * header CRC, count within AGOQ_FRAME_MAX_COUNT, payload length == the length implied by
+ * (format, dtype, block, count, escaped), header + payload <= buffer, escape bitmap
+ * popcount == escaped and no bit set past the last block, every scale +0 or positive finite
+ * and every escaped block's scale +0, payload CRC when present. An escaped-block count that
+ * does not fit the 32-bit field makes agoq_frame_encode return AGOQ_CODEC_EARG.
+ */
+#ifndef AGOQ_FRAME_H
+#define AGOQ_FRAME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agoq_codec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AGOQ_FRAME_MAGIC 0x46514741u
+#define AGOQ_FRAME_VERSION 1u
+#define AGOQ_FRAME_HEADER_SIZE 48u
+#define AGOQ_FRAME_FLAG_PAYLOAD_CRC 0x1u
+#define AGOQ_FRAME_FLAG_STOCHASTIC 0x2u
+#define AGOQ_FRAME_MAX_COUNT (1ull << 40) /* elements; bounds every size computation */
+
+typedef struct {
+  agoq_codec_params params; /* format, dtype, block, stochastic (seed not carried) */
+  uint64_t count;
+  uint64_t payload_len;
+  uint32_t escaped;
+  uint32_t flags;
+} agoq_frame_info;
+
+uint32_t agoq_crc32c(uint32_t crc, const void* data, size_t len); /* crc = 0 to start */
+
+size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n);
+/* Quantizes n elements into a complete frame in out (capacity cap). */
+agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src, size_t n,
+                                    bool payload_crc, void* out, size_t cap, size_t* frame_len);
+/* Validates a frame of at most len bytes; on success fills info and *body (inside buf). */
+agoq_codec_status agoq_frame_parse(const void* buf, size_t len, agoq_frame_info* info,
+                                   const void** body);
+/* Parses, checks dst_count == count, decodes into dst of type out. */
+agoq_codec_status agoq_frame_decode(const void* buf, size_t len, agoq_dtype out, void* dst,
+                                    size_t dst_count);
+agoq_codec_status agoq_frame_decode_accumulate(const void* buf, size_t len, float* acc,
+                                               size_t acc_count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
