@@ -15,22 +15,47 @@
 #   OUT_DIR         summary.txt (one screen), results.txt (all result tables), logs.tar.gz
 #                   (every log), and while running logs/.
 #
+# Before the NCCL runs, right after the build, tools/gpu/codec_gpu_check compares the CUDA
+# codec with the CPU codec bit for bit and measures its throughput next to a device-to-device
+# copy; its verdict and throughput lines go into the summary.
+#
+# AllReduce also runs through agoq's CollNet (NCCL_COLLNET_ENABLE=1 NCCL_ALGO=CollNetChain):
+# "collnet" with compression (AGOQ_FORMAT, default int8: the table's #wrong column then counts
+# values that differ from the exact sum, which is expected and not a failure) and
+# "collnet-exact" (AGOQ_FORMAT=none: must be exact). Both must show NCCL's "via COLLNET/AGOQ"
+# lines. Then tools/gpu/torch_allreduce_check.py runs a PyTorch bf16 all_reduce through
+# CollNet on the same processes-on-one-GPU layout: identical bits on every rank and a
+# relative L2 error within 1.2% of an fp64 reference (skipped, and reported so, without torch).
+#
 # Environment knobs:
 #   AGOQ_GPU_CHECK_LAUNCHER  auto (default) | mpi | driver
 #   AGOQ_GPU_CHECK_NRANKS    processes (default 4)
 #   AGOQ_GPU_CHECK_ARGS      size/iteration arguments (default "-b 8 -e 256M -f 4 -n 20 -w 5")
 #   AGOQ_GPU_CHECK_CONFIGS   transports to run, in order (default "agoq socket"; also
 #                            "socket-tuned": NCCL Socket with 2 threads x 2 sockets)
+#   AGOQ_GPU_CHECK_COLLNET   CollNet configurations, AllReduce only (default
+#                            "collnet collnet-exact"; "" for none)
+#   AGOQ_GPU_CHECK_TORCH=0   skip the PyTorch check
+#   AGOQ_GPU_CHECK_TORCH_ARGS    more arguments for torch_allreduce_check.py (e.g. "--sizes 1M,32M")
+#   AGOQ_GPU_CHECK_TORCH_TIMEOUT seconds for the PyTorch check (default 240)
+#   AGOQ_GPU_CHECK_PYTHON    the Python that has torch (default python3)
 #   AGOQ_GPU_CHECK_RUN_TIMEOUT  seconds per run (default 150)
 #   AGOQ_GPU_CHECK_BUDGET    seconds for the whole script; runs that no longer fit are
 #                            skipped and reported (default 540)
 #   AGOQ_GPU_CHECK_KEEP_LOGS=1  keep OUT_DIR/logs next to logs.tar.gz
+#   AGOQ_GPU_CHECK_CODEC=0   skip the codec check
+#   AGOQ_GPU_CHECK_CODEC_ARGS    arguments for codec_gpu_check (e.g. "--quick")
+#   AGOQ_GPU_CHECK_CODEC_TIMEOUT seconds for the codec check (default 300)
+#   AGOQ_GPU_CHECK_CODEC_BIN     the codec check to run (default: the one in the build tree)
 #   AGOQ_GPU_CHECK_BUILD_DIR build tree for the plugin (default: <repo>/build-gpu)
 #   AGOQ_GPU_CHECK_SKIP_BUILD=1  use the plugin already built there (the script's own tests)
 #   CUDA_HOME (default /usr/local/cuda), NCCL_HOME (default: searched), MPI_HOME
 #
-# Exit status: 0 when every agoq run loaded the plugin, completed, and had no wrong values;
-# 1 otherwise; 2 for a setup failure (build, no GPU, no NCCL).
+# Exit status: 0 when every agoq run loaded the plugin, completed, and had no wrong values
+# (the compressed CollNet run excepted), every CollNet run went through agoq's CollNet, the
+# codec check found the CUDA codec identical to the CPU codec (or was skipped: no GPU,
+# AGOQ_GPU_CHECK_CODEC=0, or a prebuilt tree without CUDA), and the PyTorch check passed (or
+# was skipped); 1 otherwise; 2 for a setup failure (build, no GPU, no NCCL).
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -81,6 +106,9 @@ summary=$out_dir/summary.txt
 nranks=${AGOQ_GPU_CHECK_NRANKS:-4}
 sizes_args=${AGOQ_GPU_CHECK_ARGS:--b 8 -e 256M -f 4 -n 20 -w 5}
 configs=${AGOQ_GPU_CHECK_CONFIGS:-agoq socket}
+collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-exact}
+torch_timeout=${AGOQ_GPU_CHECK_TORCH_TIMEOUT:-240}
+codec_timeout=${AGOQ_GPU_CHECK_CODEC_TIMEOUT:-300}
 run_timeout=${AGOQ_GPU_CHECK_RUN_TIMEOUT:-150}
 budget=${AGOQ_GPU_CHECK_BUDGET:-540}
 launcher=${AGOQ_GPU_CHECK_LAUNCHER:-auto}
@@ -126,8 +154,77 @@ network_used() {
   echo "${net:-unknown}"
 }
 
+# agoq's own lines; NCCL's "via COLLNET/AGOQ" lines contain the same text and are not agoq's.
 agoq_log_lines() {
-  cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep -c 'NET/AGOQ'
+  cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep 'NET/AGOQ' | grep -vc 'COLLNET/AGOQ'
+}
+
+# NCCL's "CollNet 00/0 : 0 [send] via COLLNET/AGOQ/0" lines: CollNet set up through agoq.
+collnet_log_lines() {
+  cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep -c 'via COLLNET/AGOQ'
+}
+
+# The PyTorch check's line for the summary; sets torch_failed. Reads logs/torch.{rc,out}.
+torch_summary() {
+  torch_failed=0
+  [[ -f "$logs/torch.rc" ]] || return 0
+  local rc status
+  rc=$(cat "$logs/torch.rc")
+  case "$rc" in
+    0) status="PASSED: identical on all ranks, within the error bound" ;;
+    77) status="SKIPPED ($(sed -n 's/^torch-check: SKIPPED: //p' "$logs/torch.out" | head -n 1))" ;;
+    skipped*) status="SKIPPED (${rc#skipped: })" ;;
+    124 | 137)
+      status="TIMED OUT (exit $rc)"
+      torch_failed=1
+      ;;
+    *)
+      status="FAILED (exit $rc)"
+      torch_failed=1
+      ;;
+  esac
+  echo "torch all_reduce through CollNet: $status"
+  # The per-size table and the NCCL log facts, as the check printed them.
+  grep -E '^ +[0-9]+ |^ +elements|^torch-check: (torch |NCCL logs|FAILED|PASSED)' \
+    "$logs/torch.out" 2>/dev/null | cut -c1-160 | sed 's/^/  /'
+  return 0
+}
+
+# The codec check's line for the summary; sets codec_failed. Reads logs/codec.{rc,out}.
+codec_summary() {
+  codec_failed=0
+  [[ -f "$logs/codec.rc" ]] || return 0
+  local rc status checks
+  rc=$(cat "$logs/codec.rc")
+  checks=$(sed -n 's/^codec verdict: .*(\([0-9]* checks\))$/\1/p' "$logs/codec.out" 2>/dev/null)
+  case "$rc" in
+    0) status="bit-identical to the CPU codec${checks:+ ($checks)}" ;;
+    77) status="SKIPPED (no usable GPU, exit 77)" ;;
+    skipped*) status="SKIPPED (${rc#skipped: })" ;;
+    "not built")
+      status="NOT BUILT (no CUDA compiler for the build: set CUDA_HOME)"
+      codec_failed=1
+      ;;
+    1)
+      status="MISMATCH with the CPU codec, or a CUDA error (exit 1)"
+      codec_failed=1
+      ;;
+    124 | 137)
+      status="TIMED OUT after ${codec_timeout} s (exit $rc)"
+      codec_failed=1
+      ;;
+    *)
+      status="FAILED (exit $rc)"
+      codec_failed=1
+      ;;
+  esac
+  echo "codec (CUDA vs CPU): $status"
+  grep '^throughput:' "$logs/codec.out" 2>/dev/null | sed 's/^/  /'
+  if ((codec_failed)); then
+    grep -e '^MISMATCH' -e '^codec_gpu_check:' "$logs/codec.out" 2>/dev/null | head -n 6 |
+      cut -c1-200 | sed 's/^/  /'
+  fi
+  return 0
 }
 
 ratio() {
@@ -137,14 +234,14 @@ ratio() {
 }
 
 write_summary() {
-  local run config test rc wrong avg last rows net status failed=0
+  local run config test rc wrong avg last rows net status failed=0 codec_failed=0 torch_failed=0
   local problems=()
   declare -A avg_of last_of
   {
     echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
     [[ -f "$logs/env.txt" ]] && sed 's/^/  /' "$logs/env.txt"
     echo
-    printf '%-22s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+    printf '%-24s %-5s %-16s %6s %10s %10s %6s  %s\n' \
       run rc network wrong "avg busbw" "busbw@max" sizes verdict
     while read -r run config test; do
       [[ -n "$run" ]] || continue
@@ -155,6 +252,11 @@ write_summary() {
       if [[ "$rc" == skipped* ]]; then
         status="SKIPPED (${rc#skipped })"
         rc=-
+      elif [[ "$config" == collnet && "$wrong" != 0 && "$wrong" != "?" && "$rc" =~ ^(0|1|7)$ ]] &&
+           ((rows > 0)); then
+        # Compressed: the exact-sum check of nccl-tests (exit 7) or of the driver (exit 1)
+        # counts the quantization error; the PyTorch check bounds it.
+        status="ok (lossy: $wrong values differ from the exact sum, expected)"
       elif [[ "$wrong" != 0 ]]; then
         status="WRONG VALUES (exit $rc)"
       elif [[ "$rc" == 77 ]]; then
@@ -164,14 +266,18 @@ write_summary() {
       elif ((rows == 0)); then
         status="NO RESULTS"
       fi
-      if [[ "$config" == agoq ]]; then
+      if [[ "$config" == agoq || "$config" == collnet* ]]; then
         if [[ "$net" != "AGOQx"* || "$net" == *,* ]]; then
-          [[ "$status" == ok ]] && status="NOT THROUGH AGOQ"
+          [[ "$status" == ok* ]] && status="NOT THROUGH AGOQ"
         fi
-        [[ "$status" == ok ]] || failed=1
+        if [[ "$config" == collnet* && "$rc" != - ]] && (($(collnet_log_lines "$run") == 0)); then
+          [[ "$status" == ok* ]] && status="NOT THROUGH COLLNET"
+        fi
+        [[ "$status" == ok* ]] || failed=1
         status="$status; NET/AGOQ log lines: $(agoq_log_lines "$run")"
+        [[ "$config" == collnet* ]] && status="$status; via COLLNET/AGOQ: $(collnet_log_lines "$run")"
       fi
-      printf '%-22s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+      printf '%-24s %-5s %-16s %6s %10s %10s %6s  %s\n' \
         "$run" "$rc" "$net" "$wrong" "$avg" "$last" "$rows" "$status"
       avg_of[$config.$test]=$avg
       last_of[$config.$test]=$last
@@ -191,23 +297,42 @@ write_summary() {
     echo
     echo "busbw in GB/s (nccl-tests definitions); busbw@max = at the largest size."
     local base t
-    for base in socket socket-tuned; do
+    local pair top
+    for pair in agoq/socket agoq/socket-tuned collnet/agoq collnet/collnet-exact \
+                collnet-exact/agoq; do
+      top=${pair%/*}
+      base=${pair#*/}
       for t in all_reduce sendrecv; do
-        [[ -n "${avg_of[agoq.$t]:-}" && -n "${avg_of[$base.$t]:-}" ]] || continue
-        printf 'ratio agoq/%-12s %-10s avg busbw %s   busbw@max %s\n' "$base" "$t" \
-          "$(ratio "${avg_of[agoq.$t]}" "${avg_of[$base.$t]}")" \
-          "$(ratio "${last_of[agoq.$t]}" "${last_of[$base.$t]}")"
+        [[ -n "${avg_of[$top.$t]:-}" && -n "${avg_of[$base.$t]:-}" ]] || continue
+        printf 'ratio %-26s %-10s avg busbw %s   busbw@max %s\n' "$pair" "$t" \
+          "$(ratio "${avg_of[$top.$t]}" "${avg_of[$base.$t]}")" \
+          "$(ratio "${last_of[$top.$t]}" "${last_of[$base.$t]}")"
       done
     done
+    if [[ -f "$logs/codec.rc" ]]; then
+      echo
+      codec_summary
+    fi
+    if [[ -f "$logs/torch.rc" ]]; then
+      echo
+      torch_summary
+    fi
     echo
-    if ((failed)); then
-      echo "VERDICT: FAILED (an agoq run failed, had wrong values, or did not use AGOQ)"
-    else
+    local reasons=()
+    ((failed)) && reasons+=("an agoq run failed, had wrong values, or did not use AGOQ or its CollNet")
+    ((codec_failed)) && reasons+=("the CUDA codec check failed: see the codec line")
+    ((torch_failed)) && reasons+=("the PyTorch all_reduce check failed: see its line")
+    if ((${#reasons[@]} == 0)); then
       echo "VERDICT: agoq runs correct"
+    else
+      local joined
+      joined=$(printf '%s; ' "${reasons[@]}")
+      echo "VERDICT: FAILED (${joined%; })"
     fi
     echo "elapsed: $(elapsed) s; logs: $out_dir/logs.tar.gz"
   } >"$summary"
-  return "$failed"
+  ((failed || codec_failed || torch_failed)) && return 1
+  return 0
 }
 
 pack_logs() {
@@ -260,8 +385,11 @@ if [[ "${AGOQ_GPU_CHECK_SKIP_BUILD:-0}" == 1 ]]; then
   log "using the plugin already built in $build"
 else
   log "building the plugin in $build ($(elapsed) s)"
+  # The CUDA kernels (and with them the codec check) need nvcc; point CMake at CUDA_HOME's.
+  cuda_cmake=()
+  [[ -x "$cuda_home/bin/nvcc" ]] && cuda_cmake=(-DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc")
   if ! { cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAGOQ_TESTS=OFF \
-           -DCMAKE_CUDA_ARCHITECTURES=90 &&
+           -DCMAKE_CUDA_ARCHITECTURES=90 "${cuda_cmake[@]}" &&
          cmake --build "$build" -j "$(nproc)"; } >"$logs/build-plugin.log" 2>&1; then
     tail -n 30 "$logs/build-plugin.log"
     die "plugin build failed (logs/build-plugin.log)"
@@ -270,6 +398,33 @@ fi
 [[ -f "$plugin" ]] || die "$plugin was not built"
 if [[ -x "$build/bin/agoq-info" ]]; then
   AGOQ_SOCKET_IFNAME=lo "$build/bin/agoq-info" >"$logs/agoq-info.txt" 2>&1
+fi
+
+# -- The CUDA codec against the CPU codec, while the GPU has nothing else to do --
+codec_check=${AGOQ_GPU_CHECK_CODEC_BIN:-$build/bin/codec_gpu_check}
+: >"$logs/codec.out"
+if [[ "${AGOQ_GPU_CHECK_CODEC:-1}" == 0 ]]; then
+  echo "skipped: AGOQ_GPU_CHECK_CODEC=0" >"$logs/codec.rc"
+elif [[ ! -x "$codec_check" ]]; then
+  # A tree this script built has it whenever nvcc was found; a prebuilt one may lack CUDA.
+  if [[ "${AGOQ_GPU_CHECK_SKIP_BUILD:-0}" == 1 ]]; then
+    echo "skipped: not in the prebuilt tree (built without CUDA)" >"$logs/codec.rc"
+  else
+    echo "not built" >"$logs/codec.rc"
+  fi
+  log "codec: $codec_check not found: $(cat "$logs/codec.rc")"
+else
+  codec_limit=$codec_timeout
+  ((codec_limit > budget - $(elapsed) - 60)) && codec_limit=$((budget - $(elapsed) - 60))
+  ((codec_limit < 30)) && codec_limit=30
+  codec_timeout=$codec_limit
+  log "codec: $codec_check ${AGOQ_GPU_CHECK_CODEC_ARGS:-} (limit ${codec_limit} s, $(elapsed) s elapsed)"
+  # shellcheck disable=SC2086 # AGOQ_GPU_CHECK_CODEC_ARGS is a list of arguments by design
+  timeout --kill-after=10 "$codec_limit" "$codec_check" ${AGOQ_GPU_CHECK_CODEC_ARGS:-} \
+    >"$logs/codec.out" 2>&1
+  echo "$?" >"$logs/codec.rc"
+  grep -e '^codec' -e '^throughput:' -e '^MISMATCH' "$logs/codec.out" | tail -n 20
+  log "codec: exit $(cat "$logs/codec.rc")"
 fi
 
 # -- NCCL: a library and its headers from the same installation --
@@ -409,6 +564,22 @@ config_env() {
       echo "NCCL_SOCKET_NTHREADS=2"
       echo "NCCL_NSOCKS_PERTHREAD=2"
       ;;
+    collnet | collnet-exact)
+      echo "NCCL_NET_PLUGIN=$plugin"
+      echo "NCCL_NET=AGOQ"
+      echo "AGOQ_SOCKET_IFNAME=lo"
+      # CollNet for AllReduce (the only collective these configurations run); TUNING logs
+      # the algorithm NCCL chose per call ("Algo CollNetChain").
+      echo "NCCL_COLLNET_ENABLE=1"
+      echo "NCCL_ALGO=CollNetChain"
+      echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING"
+      echo "AGOQ_STATS=1"
+      if [[ "$1" == collnet ]]; then
+        echo "AGOQ_FORMAT=${AGOQ_FORMAT:-int8}"
+      else
+        echo "AGOQ_FORMAT=none"
+      fi
+      ;;
     *) return 1 ;;
   esac
 }
@@ -490,14 +661,49 @@ run_one() {
   pack_logs
 }
 
-for config in $configs; do
-  config_env "$config" >/dev/null || die "unknown configuration '$config' in AGOQ_GPU_CHECK_CONFIGS"
+# The PyTorch check: its own processes (torch's NCCL, this build's plugin), logs under logs/torch.
+run_torch() {
+  local py=${AGOQ_GPU_CHECK_PYTHON:-python3}
+  local remaining=$((budget - $(elapsed)))
+  : >"$logs/torch.out"
+  if [[ "${AGOQ_GPU_CHECK_TORCH:-1}" == 0 ]]; then
+    echo "skipped: AGOQ_GPU_CHECK_TORCH=0" >"$logs/torch.rc"
+  elif ! command -v "$py" >/dev/null 2>&1; then
+    echo "skipped: $py not found" >"$logs/torch.rc"
+  elif ((remaining < 40)); then
+    echo "skipped: $remaining s of the ${budget} s budget left" >"$logs/torch.rc"
+  fi
+  if [[ -f "$logs/torch.rc" ]]; then
+    log "torch: $(cat "$logs/torch.rc")"
+    return
+  fi
+  local limit=$torch_timeout
+  ((limit > remaining - 10)) && limit=$((remaining - 10))
+  local cmd=("$py" "$repo/tools/gpu/torch_allreduce_check.py" --plugin "$plugin"
+             --nranks "$nranks" --log-dir "$logs/torch" --timeout $((limit - 15)))
+  # shellcheck disable=SC2206 # AGOQ_GPU_CHECK_TORCH_ARGS is a list of arguments by design
+  cmd+=(${AGOQ_GPU_CHECK_TORCH_ARGS:-})
+  log "torch: ${cmd[*]} (limit ${limit} s, $(elapsed) s elapsed)"
+  timeout --kill-after=10 "$limit" "${cmd[@]}" >"$logs/torch.out" 2>&1
+  echo "$?" >"$logs/torch.rc"
+  grep -v '^    ' "$logs/torch.out" | tail -n 15
+  log "torch: exit $(cat "$logs/torch.rc")"
+  pack_logs
+}
+
+for config in $configs $collnet_configs; do
+  config_env "$config" >/dev/null ||
+    die "unknown configuration '$config' in AGOQ_GPU_CHECK_CONFIGS or AGOQ_GPU_CHECK_COLLNET"
 done
-# Interleaved so that a run cut by the budget still leaves one comparable pair.
+# Interleaved so that a run cut by the budget still leaves one comparable pair. CollNet runs
+# AllReduce only, right after the plain AllReduce runs; the PyTorch check follows them.
 for test in all_reduce sendrecv; do
-  for config in $configs; do
+  test_configs=$configs
+  [[ "$test" == all_reduce ]] && test_configs="$configs $collnet_configs"
+  for config in $test_configs; do
     run_one "$config" "$test"
   done
+  [[ "$test" == all_reduce ]] && run_torch
 done
 
 write_summary

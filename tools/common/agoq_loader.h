@@ -124,6 +124,64 @@ ncclResult_t agoq_collnet_view_finalize(const agoq_collnet_view* v, void* ctx);
 ncclResult_t agoq_collnet_view_devices(const agoq_collnet_view* v, int* ndev);
 ncclResult_t agoq_collnet_view_get_properties(const agoq_collnet_view* v, int dev,
                                               agoq_view_props* p);
+/* ctx is ignored by versions before v11. The handle buffer is NCCL's 128 bytes. */
+ncclResult_t agoq_collnet_view_listen(const agoq_collnet_view* v, void* ctx, int dev,
+                                      void* handle, void** listen_comm);
+/* Group creation, called once (not polled) with every node head's listen handle, as
+ * NCCL's proxy does; blocks until the group exists or fails. */
+ncclResult_t agoq_collnet_view_connect(const agoq_collnet_view* v, void** handles, int nranks,
+                                       int rank, void* listen_comm, void** coll_comm);
+ncclResult_t agoq_collnet_view_reduce_support(const agoq_collnet_view* v, ncclDataType_t dtype,
+                                              ncclRedOp_t op, int* supported);
+/* v6..v7 take an int size: a size above INT_MAX is refused with ncclInvalidArgument
+ * before the plugin is called. */
+ncclResult_t agoq_collnet_view_reg_mr(const agoq_collnet_view* v, void* coll_comm, void* data,
+                                      size_t size, int type, void** mhandle);
+ncclResult_t agoq_collnet_view_dereg_mr(const agoq_collnet_view* v, void* coll_comm,
+                                        void* mhandle);
+/* v6..v8 take an int count: a count above INT_MAX is refused with ncclInvalidArgument. */
+ncclResult_t agoq_collnet_view_iallreduce(const agoq_collnet_view* v, void* coll_comm,
+                                          void* send_data, void* recv_data, size_t count,
+                                          ncclDataType_t dtype, ncclRedOp_t op,
+                                          void* send_mhandle, void* recv_mhandle,
+                                          void** request);
+
+/* One scatter-gather entry of iallgather/ireducescatter in every version's shape. */
+typedef struct {
+  void* mhandle;
+  void* address;
+  size_t size;
+} agoq_view_sge;
+/* NCCL passes exactly one part; the view accepts a few more so a test can pass n > 1. */
+#define AGOQ_VIEW_MAX_SGES 8
+
+/* Whether the table has iallgather and ireducescatter: v8+ tables that fill them in
+ * (NCCL treats NULL members as "not supported"). */
+int agoq_collnet_view_has_gather_scatter(const agoq_collnet_view* v);
+/* The window [window_offset, window_offset + window_bytes) of the global buffer of
+ * nranks * bytes_per_rank bytes, as NCCL's proxy passes it. Versions without the member
+ * (v6, v7, or a NULL member) return ncclInvalidUsage without calling anything; v8's
+ * uint32 SGE size makes a part above UINT32_MAX ncclInvalidArgument; more than
+ * AGOQ_VIEW_MAX_SGES parts is ncclInvalidArgument. */
+ncclResult_t agoq_collnet_view_iallgather(const agoq_collnet_view* v, void* coll_comm,
+                                          void* send_data, int n_recv_parts,
+                                          const agoq_view_sge* recv_parts,
+                                          size_t bytes_per_rank, size_t window_offset,
+                                          size_t window_bytes, void* send_mhandle,
+                                          void** request);
+ncclResult_t agoq_collnet_view_ireducescatter(const agoq_collnet_view* v, void* coll_comm,
+                                              int n_send_parts, const agoq_view_sge* send_parts,
+                                              void* recv_data, size_t bytes_per_rank,
+                                              size_t window_offset, size_t window_bytes,
+                                              ncclDataType_t dtype, ncclRedOp_t op,
+                                              void* recv_mhandle, void** request);
+ncclResult_t agoq_collnet_view_iflush(const agoq_collnet_view* v, void* coll_comm, void* data,
+                                      int size, void* mhandle, void** request);
+/* size may be NULL (NCCL passes NULL for flush requests). */
+ncclResult_t agoq_collnet_view_test(const agoq_collnet_view* v, void* request, int* done,
+                                    int* size);
+ncclResult_t agoq_collnet_view_close_coll(const agoq_collnet_view* v, void* coll_comm);
+ncclResult_t agoq_collnet_view_close_listen(const agoq_collnet_view* v, void* listen_comm);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /*
  * agoq-perf: benchmarks that drive the built plugin through its own exported tables, the
- * way NCCL's proxy does. Each net subcommand (p2p now; collectives later) shares the
- * option parser, the bootstrap between the two ranks and the plugin session set-up;
+ * way NCCL's proxy does. p2p drives the net table between two ranks; allreduce,
+ * reducescatter and allgather drive the CollNet table between N ranks (perf_coll.h). They
+ * share the size parsing and the bootstrap (perf_boot.c);
  * `codec` (perf_codec.c) measures the CPU codec alone, with its own options.
  */
 #ifndef AGOQ_PERF_H
@@ -36,6 +37,8 @@ typedef struct {
 int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o);
 /* "1M" -> 1048576; K/M/G/T (powers of 1024), optional trailing B. -1 on a bad value. */
 int perf_parse_size(const char* s, size_t* out);
+/* Decimal integer in [min, max]; -1 otherwise. */
+int perf_parse_int(const char* s, long min, long max, int* out);
 /* Next size in the sweep, 0 when past max. */
 size_t perf_next_size(const perf_opts* o, size_t size);
 void perf_format_size(size_t bytes, char* buf, size_t cap);
@@ -63,6 +66,10 @@ enum {
   PERF_MSG_READY,
   PERF_MSG_DONE,
   PERF_MSG_ERROR,
+  PERF_MSG_HELLO,  /* N ranks over TCP: a rank introduces itself to rank 0 */
+  PERF_MSG_GATHER, /* a contribution to rank 0 */
+  PERF_MSG_BCAST,  /* rank 0's answer to everyone */
+  PERF_MSG_DATA,   /* point to point between rank 0 and one rank */
 };
 int perf_boot_send(perf_boot* b, uint32_t kind, const void* buf, uint32_t len);
 /* Waits for a message of `kind` of exactly `len` bytes; an ERROR from the peer or any
@@ -71,6 +78,38 @@ int perf_boot_recv(perf_boot* b, uint32_t kind, void* buf, uint32_t len, int tim
 /* Non-blocking: 1 if the other rank went away or reported an error (it has nothing else
  * to say while a connection is being set up), 0 otherwise. */
 int perf_boot_peer_failed(perf_boot* b);
+
+/* ---- bootstrap between N ranks (perf_boot.c) ----
+ * A star around rank 0; every call below is collective (all ranks call it in the same
+ * order) except send_to/recv_from, which pair rank 0 with one rank. */
+typedef struct {
+  int rank, nranks;
+  perf_boot up;     /* ranks > 0: the link to rank 0 */
+  perf_boot* links; /* rank 0: links[k] to rank k (k >= 1); child_pid set in fork mode */
+} perf_group;
+
+/* Fork mode: rank 0 forks ranks 1..nranks-1; returns once in every process. */
+int perf_group_fork(perf_group* g, int nranks);
+/* TCP mode: rank 0 listens on addr and accepts the others, who dial it (retrying). */
+int perf_group_tcp(perf_group* g, int rank, int nranks, const char* addr, int timeout_s);
+/* Rank 0 receives every rank's len bytes into all (rank order, its own first). */
+int perf_group_gather(perf_group* g, const void* mine, void* all, uint32_t len, int timeout_ms);
+/* Rank 0's buf to every rank. */
+int perf_group_bcast(perf_group* g, void* buf, uint32_t len, int timeout_ms);
+int perf_group_allgather(perf_group* g, const void* mine, void* all, uint32_t len,
+                         int timeout_ms);
+int perf_group_barrier(perf_group* g, int timeout_ms);
+/* Rank 0 <-> rank peer (rank > 0 ignores peer: its only link is to rank 0). */
+int perf_group_send_to(perf_group* g, int peer, const void* buf, uint32_t len);
+int perf_group_recv_from(perf_group* g, int peer, void* buf, uint32_t len, int timeout_ms);
+/* Non-blocking: non-zero if a linked rank went away or reported an error. */
+int perf_group_peer_failed(perf_group* g);
+/* Tells the linked ranks this one failed (best effort). */
+void perf_group_abort(perf_group* g);
+/* Fork mode, rank 0: closes the links and waits for every child; 0 when all exited 0. */
+int perf_group_finish(perf_group* g);
+/* Closes every link; in fork mode, rank 0 kills children still running. */
+void perf_group_close(perf_group* g);
 
 /* ---- plugin session (perf_net.c) ---- */
 
@@ -112,5 +151,8 @@ double perf_now_us(void);
 /* ---- subcommands ---- */
 int perf_p2p_main(int argc, char** argv);
 int perf_codec_main(int argc, char** argv); /* perf_codec.c, built with kernels/agoq_codec */
+int perf_allreduce_main(int argc, char** argv); /* perf_coll.c */
+int perf_reducescatter_main(int argc, char** argv);
+int perf_allgather_main(int argc, char** argv);
 
 #endif

@@ -1,8 +1,9 @@
 /*
- * The bootstrap between the two ranks: how the plugin's handle travels from the listening
- * rank to the connecting one, and how the ranks meet before and after each timed run.
- * A socketpair to a forked child on one host, plain TCP between two hosts (or network
- * namespaces). Messages are a little-endian kind and length, then the payload.
+ * The bootstrap between the ranks: how the plugin's handles travel between them, and how
+ * the ranks meet before and after each timed run. Two ranks (p2p) or N ranks in a star
+ * around rank 0 (collectives). A socketpair to a forked child on one host, plain TCP
+ * between hosts (or network namespaces). Messages are a little-endian kind and length,
+ * then the payload.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -141,7 +142,7 @@ int perf_boot_finish(perf_boot* b) {
   }
   b->child_pid = 0;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
-  fprintf(stderr, "agoq-perf: receiver process died: signal %d\n",
+  fprintf(stderr, "agoq-perf: a forked rank died: signal %d\n",
           WIFSIGNALED(status) ? WTERMSIG(status) : -1);
   return 1;
 }
@@ -241,4 +242,238 @@ int perf_boot_peer_failed(perf_boot* b) {
   ssize_t n = recv(b->fd, hdr, sizeof(hdr), MSG_PEEK | MSG_DONTWAIT);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
   return n >= 4 && perf_get32(hdr) == PERF_MSG_ERROR;
+}
+
+/* ---- N ranks: a star around rank 0 ----
+ * Rank 0 holds one link per other rank (a socketpair to a forked child, or a TCP
+ * connection it accepted); every collective of the bootstrap is a gather to rank 0
+ * followed, where everyone needs the answer, by a broadcast from it. */
+
+int perf_group_fork(perf_group* g, int nranks) {
+  memset(g, 0, sizeof(*g));
+  g->nranks = nranks;
+  g->up = (perf_boot){.fd = -1};
+  g->links = calloc((size_t)nranks, sizeof(perf_boot));
+  if (g->links == NULL) return -1;
+  for (int k = 0; k < nranks; k++) g->links[k] = (perf_boot){.fd = -1};
+  fflush(NULL); /* or buffered output would print once per process */
+  for (int k = 1; k < nranks; k++) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      fprintf(stderr, "agoq-perf: socketpair: %s\n", strerror(errno));
+      perf_group_close(g);
+      return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      fprintf(stderr, "agoq-perf: fork: %s\n", strerror(errno));
+      close(sv[0]);
+      close(sv[1]);
+      perf_group_close(g);
+      return -1;
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive rank 0 */
+      close(sv[0]);
+      /* The links to the earlier children are rank 0's ends, not ours to hold. */
+      for (int j = 1; j < k; j++) close(g->links[j].fd);
+      free(g->links);
+      g->links = NULL;
+      g->rank = k;
+      g->up = (perf_boot){.fd = sv[1], .rank = k, .child_pid = 0};
+      return 0;
+    }
+    close(sv[1]);
+    g->links[k] = (perf_boot){.fd = sv[0], .rank = 0, .child_pid = pid};
+  }
+  g->rank = 0;
+  return 0;
+}
+
+int perf_group_tcp(perf_group* g, int rank, int nranks, const char* addr, int timeout_s) {
+  memset(g, 0, sizeof(*g));
+  g->rank = rank;
+  g->nranks = nranks;
+  g->up = (perf_boot){.fd = -1};
+  char host[256], port[32];
+  if (perf_split_addr(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+    fprintf(stderr, "agoq-perf: --addr '%s' is not HOST:PORT\n", addr);
+    return -1;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  if (rank == 0) hints.ai_flags = AI_PASSIVE;
+  struct addrinfo* res = NULL;
+  int gai = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+  if (gai != 0) {
+    fprintf(stderr, "agoq-perf: cannot resolve '%s': %s\n", addr, gai_strerror(gai));
+    return -1;
+  }
+  double deadline = perf_now_us() + timeout_s * 1e6;
+  uint8_t hello[8];
+  int rc = -1;
+  if (rank != 0) {
+    /* Rank 0 may not be up yet: keep dialling until the boot timeout. */
+    int fd = -1;
+    while (fd < 0) {
+      for (struct addrinfo* ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+          close(fd);
+          fd = -1;
+        }
+      }
+      if (fd >= 0) break;
+      if (perf_now_us() > deadline) {
+        fprintf(stderr, "agoq-perf: rank %d could not reach rank 0 at %s within %d s\n", rank,
+                addr, timeout_s);
+        goto out;
+      }
+      usleep(200000);
+    }
+    perf_tune_tcp(fd);
+    g->up = (perf_boot){.fd = fd, .rank = rank, .child_pid = 0};
+    perf_put32(hello, (uint32_t)rank);
+    perf_put32(hello + 4, (uint32_t)nranks);
+    rc = perf_boot_send(&g->up, PERF_MSG_HELLO, hello, sizeof(hello));
+    goto out;
+  }
+  g->links = calloc((size_t)nranks, sizeof(perf_boot));
+  if (g->links == NULL) goto out;
+  for (int k = 0; k < nranks; k++) g->links[k] = (perf_boot){.fd = -1};
+  int lfd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (lfd >= 0) setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (lfd < 0 || bind(lfd, res->ai_addr, res->ai_addrlen) != 0 || listen(lfd, nranks) != 0) {
+    fprintf(stderr, "agoq-perf: rank 0 cannot listen on %s: %s\n", addr, strerror(errno));
+    if (lfd >= 0) close(lfd);
+    goto out;
+  }
+  fprintf(stderr, "agoq-perf: rank 0 waiting for %d rank(s) on %s\n", nranks - 1, addr);
+  int joined = 1;
+  while (joined < nranks) {
+    int left_ms = (int)((deadline - perf_now_us()) / 1000);
+    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+    int prc = left_ms > 0 ? poll(&pfd, 1, left_ms) : 0;
+    if (prc < 0 && errno == EINTR) continue;
+    if (prc <= 0) {
+      fprintf(stderr, "agoq-perf: rank 0: only %d of %d ranks joined within %d s\n", joined,
+              nranks, timeout_s);
+      break;
+    }
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    perf_tune_tcp(fd);
+    perf_boot link = {.fd = fd, .rank = 0, .child_pid = 0};
+    if (perf_boot_recv(&link, PERF_MSG_HELLO, hello, sizeof(hello), 10000) != 0) {
+      close(fd);
+      continue;
+    }
+    uint32_t peer = perf_get32(hello), peer_n = perf_get32(hello + 4);
+    if (peer_n != (uint32_t)nranks || peer == 0 || peer >= (uint32_t)nranks ||
+        g->links[peer].fd >= 0) {
+      fprintf(stderr, "agoq-perf: rank 0: a peer claims rank %u of %u (expected 1..%d of %d, "
+              "each once)\n", peer, peer_n, nranks - 1, nranks);
+      perf_boot_send(&link, PERF_MSG_ERROR, NULL, 0);
+      close(fd);
+      continue;
+    }
+    g->links[peer] = link;
+    joined++;
+  }
+  close(lfd);
+  rc = joined == nranks ? 0 : -1;
+out:
+  freeaddrinfo(res);
+  if (rc != 0) perf_group_close(g);
+  return rc;
+}
+
+int perf_group_gather(perf_group* g, const void* mine, void* all, uint32_t len, int timeout_ms) {
+  if (g->rank != 0) return perf_boot_send(&g->up, PERF_MSG_GATHER, mine, len);
+  if (len > 0) memcpy(all, mine, len);
+  for (int k = 1; k < g->nranks; k++)
+    if (perf_boot_recv(&g->links[k], PERF_MSG_GATHER, (uint8_t*)all + (size_t)k * len, len,
+                       timeout_ms) != 0) {
+      fprintf(stderr, "agoq-perf: rank 0: no answer from rank %d\n", k);
+      return -1;
+    }
+  return 0;
+}
+
+int perf_group_bcast(perf_group* g, void* buf, uint32_t len, int timeout_ms) {
+  if (g->rank != 0) return perf_boot_recv(&g->up, PERF_MSG_BCAST, buf, len, timeout_ms);
+  for (int k = 1; k < g->nranks; k++)
+    if (perf_boot_send(&g->links[k], PERF_MSG_BCAST, buf, len) != 0) return -1;
+  return 0;
+}
+
+int perf_group_allgather(perf_group* g, const void* mine, void* all, uint32_t len,
+                         int timeout_ms) {
+  if (perf_group_gather(g, mine, all, len, timeout_ms) != 0) return -1;
+  uint64_t total = (uint64_t)len * (uint64_t)g->nranks;
+  if (total > UINT32_MAX) return -1;
+  return perf_group_bcast(g, all, (uint32_t)total, timeout_ms);
+}
+
+int perf_group_barrier(perf_group* g, int timeout_ms) {
+  uint8_t none = 0;
+  return perf_group_allgather(g, &none, NULL, 0, timeout_ms);
+}
+
+int perf_group_send_to(perf_group* g, int peer, const void* buf, uint32_t len) {
+  perf_boot* b = g->rank == 0 ? &g->links[peer] : &g->up;
+  return perf_boot_send(b, PERF_MSG_DATA, buf, len);
+}
+
+int perf_group_recv_from(perf_group* g, int peer, void* buf, uint32_t len, int timeout_ms) {
+  perf_boot* b = g->rank == 0 ? &g->links[peer] : &g->up;
+  return perf_boot_recv(b, PERF_MSG_DATA, buf, len, timeout_ms);
+}
+
+int perf_group_peer_failed(perf_group* g) {
+  if (g->rank != 0) return g->up.fd >= 0 && perf_boot_peer_failed(&g->up);
+  for (int k = 1; k < g->nranks; k++)
+    if (g->links[k].fd >= 0 && perf_boot_peer_failed(&g->links[k])) return k;
+  return 0;
+}
+
+void perf_group_abort(perf_group* g) {
+  if (g->rank != 0) {
+    if (g->up.fd >= 0) perf_boot_send(&g->up, PERF_MSG_ERROR, NULL, 0);
+    return;
+  }
+  for (int k = 1; k < g->nranks; k++)
+    if (g->links[k].fd >= 0) {
+      /* A rank that is gone makes this send fail; that is expected here. */
+      uint8_t hdr[8];
+      perf_put32(hdr, PERF_MSG_ERROR);
+      perf_put32(hdr + 4, 0);
+      (void)!send(g->links[k].fd, hdr, sizeof(hdr), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+}
+
+int perf_group_finish(perf_group* g) {
+  int worst = 0;
+  if (g->rank != 0 || g->links == NULL) return 0;
+  for (int k = 1; k < g->nranks; k++) {
+    if (g->links[k].fd >= 0) {
+      close(g->links[k].fd);
+      g->links[k].fd = -1;
+    }
+    int rc = perf_boot_finish(&g->links[k]);
+    if (rc != 0) {
+      fprintf(stderr, "agoq-perf: rank %d exited with %d\n", k, rc);
+      worst = 1;
+    }
+  }
+  return worst;
+}
+
+void perf_group_close(perf_group* g) {
+  perf_boot_close(&g->up);
+  if (g->links != NULL) {
+    for (int k = 1; k < g->nranks; k++) perf_boot_close(&g->links[k]);
+    free(g->links);
+    g->links = NULL;
+  }
 }

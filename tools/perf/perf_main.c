@@ -16,6 +16,10 @@ typedef struct {
 static const perf_command perf_commands[] = {
     {"p2p", "point-to-point bandwidth between two ranks through the plugin's net table",
      perf_p2p_main},
+    {"allreduce", "CollNet all-reduce between N ranks: bandwidth, error, divergence",
+     perf_allreduce_main},
+    {"reducescatter", "CollNet reduce-scatter between N ranks", perf_reducescatter_main},
+    {"allgather", "CollNet all-gather between N ranks", perf_allgather_main},
 #ifdef AGOQ_PERF_CODEC
     {"codec", "CPU codec throughput per format and operation, next to memcpy", perf_codec_main},
 #endif
@@ -24,7 +28,7 @@ static const perf_command perf_commands[] = {
 static void perf_usage(FILE* f) {
   fprintf(f, "usage: agoq-perf <command> [options]   (agoq-perf <command> -h for options)\n");
   for (size_t i = 0; i < sizeof(perf_commands) / sizeof(perf_commands[0]); i++)
-    fprintf(f, "  %-10s %s\n", perf_commands[i].name, perf_commands[i].summary);
+    fprintf(f, "  %-14s %s\n", perf_commands[i].name, perf_commands[i].summary);
 }
 
 int main(int argc, char** argv) {

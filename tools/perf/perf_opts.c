@@ -83,7 +83,7 @@ static void perf_usage(FILE* f, const char* cmd) {
           cmd);
 }
 
-static int perf_parse_int(const char* s, long min, long max, int* out) {
+int perf_parse_int(const char* s, long min, long max, int* out) {
   char* end = NULL;
   errno = 0;
   long v = strtol(s, &end, 10);

@@ -108,6 +108,11 @@ static void log_network(int rank) {
   const char* net = getenv("NCCL_NET");
   fprintf(f, "fake:%d:%d [0] NCCL INFO Using network %s\n", (int)getpid(), rank,
           net != NULL ? net : "Socket");
+  /* Like NCCL's CollNet setup line, unless a test wants CollNet to look absent. */
+  const char* collnet = getenv("NCCL_COLLNET_ENABLE");
+  if (collnet != NULL && strcmp(collnet, "1") == 0 && getenv("FAKE_NCCL_NO_COLLNET") == NULL)
+    fprintf(f, "fake:%d:%d [0] NCCL INFO CollNet 00/0 : %d [send] via COLLNET/%s/0\n",
+            (int)getpid(), rank, rank, net != NULL ? net : "Socket");
   if (f != stdout) fclose(f);
 }
 

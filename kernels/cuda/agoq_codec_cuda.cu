@@ -1,0 +1,1209 @@
+/*
+ * The codec on CUDA device buffers (agoq_codec_cuda.h): the bits of kernels/agoq_codec.c and
+ * kernels/cpu/agoq_codec_portable.c, with the element arithmetic in agoq_codec_cuda_math.cuh.
+ *
+ * A quantize is four launches on the caller's stream:
+ *   1. quantize_kernel  one pass over the input: per block the amax and escape flag (a group
+ *                       of G lanes per block, one warp-shuffle reduction), the scale, the
+ *                       codes and the escape bitmap. None of it depends on other blocks.
+ *   2. count_kernel     escaped blocks per range of bitmap words (at most kRangesMax ranges)
+ *   3. scan_kernel      one CTA: exclusive prefix over the ranges, the body length, the
+ *                       status (ESPACE when the raw region does not fit), the result and,
+ *                       for a frame, the header
+ *   4. raw_copy_kernel  each range with escaped blocks copies them into the raw region at
+ *                       their prefix rank; ranges without escapes return at once
+ * A decode runs 2 and 3 first (they validate the bitmap against the body length, as the CPU
+ * does before it writes anything), then decode_kernel for the coded blocks and
+ * raw_decode_kernel for the escaped ones; both do nothing when 3 found the body corrupt.
+ *
+ * The input is read once and each output byte written once: the kernels are memory-bound
+ * on large buffers, with 16-byte loads and 8-byte code stores where the alignment allows.
+ */
+#include "agoq_codec_cuda.h"
+
+#if defined(AGOQ_CUDA_EMULATION)
+/* The CPU emulation of the CUDA execution model that runs these kernels in tests without a
+ * GPU (emu/agoq_cuda_emu.h). */
+#include "emu/agoq_cuda_emu.h"
+#else
+#include <cuda_runtime.h>
+#endif
+
+#include <stdint.h>
+#include <string.h>
+
+#include "agoq_codec_cuda_math.cuh"
+
+namespace agoq_cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kScanThreads = 1024;
+constexpr uint32_t kRangesMax = 1024; /* == kScanThreads: the scan is one pass */
+constexpr uint32_t kRangeInvalid = 0x80000000u;
+/* Elements per call: keeps every grid below 2^31 CTAs and every size far from overflow. */
+constexpr uint64_t kMaxCount = AGOQ_FRAME_MAX_COUNT;
+
+enum : int { kFp32 = AGOQ_DTYPE_FP32, kBf16 = AGOQ_DTYPE_BF16, kFp16 = AGOQ_DTYPE_FP16 };
+enum : int {
+  kInt8 = AGOQ_FORMAT_INT8,
+  kInt4 = AGOQ_FORMAT_INT4,
+  kE4M3 = AGOQ_FORMAT_FP8E4M3,
+  kE5M2 = AGOQ_FORMAT_FP8E5M2,
+};
+/* Decode destinations: an output dtype, or fp32 accumulation. */
+enum : int { kOutFp32 = AGOQ_DTYPE_FP32, kOutBf16 = AGOQ_DTYPE_BF16, kOutFp16 = AGOQ_DTYPE_FP16, kOutAcc = 3 };
+
+struct Workspace {
+  unsigned long long prefix[kRangesMax + 1]; /* escaped blocks before range r; [ranges] = all */
+  uint32_t count[kRangesMax];                /* escaped blocks in range r | kRangeInvalid */
+  uint32_t status;                           /* agoq_codec_status of the current call */
+  uint32_t reserved;
+};
+static_assert(sizeof(Workspace) <= AGOQ_CUDA_CODEC_WORKSPACE_SIZE, "workspace size");
+
+/* The body layout of (params, n) (agoq_codec_layout in kernels/agoq_codec_internal.h). */
+struct Layout {
+  uint8_t* body;
+  uint64_t n;
+  uint64_t nb;
+  uint64_t nwords; /* bitmap words of 64 blocks */
+  uint64_t bitmap_bytes;
+  uint64_t scales_off;
+  uint64_t codes_off;
+  uint64_t raw_off;
+  uint64_t raw_block; /* bytes per escaped block in the raw region */
+  uint64_t head;      /* body length without escaped blocks */
+  uint32_t block;
+  uint32_t log2b;
+  uint32_t esize;
+  uint32_t dtype;
+  uint32_t words_per_range;
+  uint32_t ranges;
+};
+
+template <int FMT>
+__host__ __device__ constexpr float format_max() {
+  return FMT == kInt8 ? kInt8Max : FMT == kInt4 ? kInt4Max : FMT == kE4M3 ? kE4M3Max : kE5M2Max;
+}
+
+/* ---- small device helpers ---------------------------------------------------------------- */
+
+/* Bitmap word w: body offsets are only 4-byte aligned. */
+__device__ __forceinline__ uint64_t bitmap_word(const uint8_t* body, uint64_t w) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(body + 8 * w);
+  return (uint64_t)p[0] | ((uint64_t)p[1] << 32);
+}
+
+/* The word with the bits past the last block cleared. */
+__device__ __forceinline__ uint64_t word_valid_mask(const Layout& L, uint64_t w) {
+  uint32_t rem = (uint32_t)(L.nb & 63u);
+  return (w == L.nwords - 1 && rem != 0) ? ((1ull << rem) - 1) : ~0ull;
+}
+
+__device__ __forceinline__ uint32_t bit_of(const uint8_t* body, uint64_t b) {
+  return (body[b >> 3] >> (b & 7)) & 1u;
+}
+
+/* Exclusive sum over the CTA (blockDim.x == NT); *total receives the sum of all. Every
+ * thread must call it (it synchronises the CTA). */
+template <int NT, typename T>
+__device__ __forceinline__ T cta_exclusive_sum(T v, T* total) {
+  __shared__ T warp_sums[NT / 32];
+  __shared__ T sum_all;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T incl = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    T o = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += o;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    T s = lane < NT / 32 ? warp_sums[lane] : T(0);
+    T si = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      T o = __shfl_up_sync(0xffffffffu, si, off);
+      if (lane >= off) si += o;
+    }
+    if (lane < NT / 32) warp_sums[lane] = si - s;
+    if (lane == NT / 32 - 1) sum_all = si;
+  }
+  __syncthreads();
+  T r = warp_sums[warp] + incl - v;
+  *total = sum_all;
+  __syncthreads(); /* the shared sums are reused by the next call */
+  return r;
+}
+
+/* ---- element types -------------------------------------------------------------------------- */
+
+template <int DT>
+struct Dt {
+  static constexpr int kWords = DT == kFp32 ? 8 : 4; /* u32 words per chunk of 8 elements */
+  static constexpr uint32_t kInfMag = DT == kFp32 ? 0x7f800000u : DT == kBf16 ? 0x7f80u : 0x7c00u;
+  static constexpr uint32_t kSize = DT == kFp32 ? 4 : 2;
+};
+
+template <int DT>
+__device__ __forceinline__ uint32_t elem(const uint32_t (&w)[Dt<DT>::kWords], int i) {
+  if (DT == kFp32) return w[i];
+  return (w[i >> 1] >> (16 * (i & 1))) & 0xffffu;
+}
+
+template <int DT>
+__device__ __forceinline__ uint32_t mag_of(uint32_t e) {
+  return DT == kFp32 ? (e & 0x7fffffffu) : (e & 0x7fffu);
+}
+
+/* Exact fp32 value of a finite element, and of a magnitude pattern (the amax). */
+template <int DT>
+__device__ __forceinline__ float widen_finite(uint32_t e) {
+  if (DT == kFp32) return u2f(e);
+  if (DT == kBf16) return u2f(e << 16);
+  return u2f(f2u(fp16_mag_to_fp32(e & 0x7fffu)) | ((e & 0x8000u) << 16));
+}
+
+template <int DT>
+__device__ __forceinline__ float widen_mag(uint32_t m) {
+  if (DT == kFp32) return u2f(m);
+  if (DT == kBf16) return u2f(m << 16);
+  return fp16_mag_to_fp32(m);
+}
+
+/* Any element, NaN and Inf included, as agoq_codec.c's raw_load. */
+__device__ __forceinline__ float widen_any(uint32_t dtype, uint32_t e) {
+  if (dtype == kFp32) return u2f(e);
+  if (dtype == kBf16) return bf16_to_fp32(e);
+  return fp16_to_fp32(e);
+}
+
+/* Chunk of 8 elements starting at e0 into packed words; zeros past n. */
+template <int DT>
+__device__ __forceinline__ void load_chunk(const uint8_t* __restrict__ src, uint64_t e0, uint64_t n,
+                                           bool vec, uint32_t (&w)[Dt<DT>::kWords]) {
+  if (vec && e0 + 8 <= n) {
+    const uint4* p = reinterpret_cast<const uint4*>(src + e0 * Dt<DT>::kSize);
+    uint4 a = __ldcs(p);
+    w[0] = a.x;
+    w[1] = a.y;
+    w[2] = a.z;
+    w[3] = a.w;
+    if (DT == kFp32) {
+      uint4 c = __ldcs(p + 1);
+      w[4 % Dt<DT>::kWords] = c.x;
+      w[5 % Dt<DT>::kWords] = c.y;
+      w[6 % Dt<DT>::kWords] = c.z;
+      w[7 % Dt<DT>::kWords] = c.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < Dt<DT>::kWords; k++) w[k] = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    uint64_t e = e0 + i;
+    if (e >= n) break;
+    if (DT == kFp32) {
+      w[i % Dt<DT>::kWords] = reinterpret_cast<const uint32_t*>(src)[e];
+    } else {
+      uint32_t h = reinterpret_cast<const uint16_t*>(src)[e];
+      w[i >> 1] |= h << (16 * (i & 1));
+    }
+  }
+}
+
+/* ---- codes ---------------------------------------------------------------------------------- */
+
+template <int FMT>
+__device__ __forceinline__ uint32_t fp8_encode(float v) {
+  return FMT == kE4M3 ? fp32_to_e4m3(v) : fp32_to_e5m2(v);
+}
+
+/* Two fp8 codes, lo in bits 0..7 and hi in 8..15, for finite v. Hardware conversion from
+ * sm_89 (RNE, saturating to max finite: the definition), software before. */
+template <int FMT>
+__device__ __forceinline__ uint32_t fp8_encode2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(AGOQ_CUDA_SOFT_FP8)
+  unsigned short r;
+  if (FMT == kE4M3)
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return fp8_encode<FMT>(lo) | (fp8_encode<FMT>(hi) << 8);
+#endif
+}
+
+/* Codes of one chunk: int8/fp8 bytes in c[0..1], int4 nibbles in c[0]. */
+template <int FMT, int DT, bool STOCH>
+__device__ __forceinline__ void encode_chunk(const uint32_t (&w)[Dt<DT>::kWords], float s,
+                                             uint64_t seed, uint64_t idx0, uint32_t (&c)[2]) {
+  c[0] = 0;
+  c[1] = 0;
+  if (s == 0.0f) return; /* amax 0, underflow, or escaped: codes 0 */
+  constexpr float m = format_max<FMT>();
+  if (FMT == kInt8 || FMT == kInt4) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      float x = widen_finite<DT>(elem<DT>(w, i));
+      int32_t q = STOCH ? encode_int_stochastic(x, s, m, seed, idx0 + i) : encode_int(x, s, m);
+      if (FMT == kInt8)
+        c[i >> 2] |= ((uint32_t)q & 0xffu) << (8 * (i & 3));
+      else
+        c[0] |= ((uint32_t)q & 0xfu) << (4 * i);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      float lo = div_rn(widen_finite<DT>(elem<DT>(w, i)), s);
+      float hi = div_rn(widen_finite<DT>(elem<DT>(w, i + 1)), s);
+      c[i >> 2] |= fp8_encode2<FMT>(lo, hi) << (8 * (i & 3));
+    }
+  }
+}
+
+template <int FMT>
+__device__ __forceinline__ void store_codes(const Layout& L, uint64_t e0, bool codes8,
+                                            const uint32_t (&c)[2]) {
+  if (e0 >= L.n) return;
+  uint64_t left = L.n - e0;
+  if (FMT == kInt4) {
+    uint8_t* p = L.body + L.codes_off + e0 / 2;
+    if (left >= 8) {
+      *reinterpret_cast<uint32_t*>(p) = c[0];
+    } else {
+      for (uint32_t k = 0; k < (uint32_t)(left + 1) / 2; k++) p[k] = (uint8_t)(c[0] >> (8 * k));
+    }
+    return;
+  }
+  uint8_t* p = L.body + L.codes_off + e0;
+  if (left >= 8) {
+    if (codes8) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(c[0], c[1]);
+    } else {
+      reinterpret_cast<uint32_t*>(p)[0] = c[0];
+      reinterpret_cast<uint32_t*>(p)[1] = c[1];
+    }
+  } else {
+    for (uint32_t k = 0; k < (uint32_t)left; k++) p[k] = (uint8_t)(c[k >> 2] >> (8 * (k & 3)));
+  }
+}
+
+/* ---- 1. quantize ---------------------------------------------------------------------------- */
+
+struct QuantArgs {
+  Layout L;
+  const uint8_t* src;
+  uint64_t seed;
+  uint64_t first_index;
+  bool src_vec; /* src 16-byte aligned */
+  bool codes8;  /* codes region 8-byte aligned */
+};
+
+/* G lanes per block, C chunks of 8 elements per lane and block (B = 8 * G * C), U blocks per
+ * group: a lane holds U * C chunks, loaded before any arithmetic so that they are in flight
+ * together. Chunk k of a block is elements [8 * (k * G + li), +8): each load instruction of a
+ * warp covers contiguous memory. */
+template <int FMT, int DT, int G, int C, int U, bool STOCH>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(QuantArgs a) {
+  constexpr int kGroupsPerWarp = 32 / G;
+  constexpr int kBlocksPerWarp = kGroupsPerWarp * U;
+  constexpr int kBlocksPerCta = (kThreads / 32) * kBlocksPerWarp;
+  constexpr uint32_t kB = 8u * G * C;
+  constexpr int NW = Dt<DT>::kWords;
+  __shared__ uint8_t esc_flags[kBlocksPerCta];
+
+  const Layout& L = a.L;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gi = lane / G, li = lane % G;
+  const uint64_t cta_b0 = (uint64_t)blockIdx.x * kBlocksPerCta;
+
+  uint32_t w[U][C][NW];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    uint64_t b = cta_b0 + warp * kBlocksPerWarp + u * kGroupsPerWarp + gi;
+#pragma unroll
+    for (int k = 0; k < C; k++) {
+      uint64_t e0 = b * kB + 8u * (uint32_t)(k * G + li);
+      load_chunk<DT>(a.src, b < L.nb ? e0 : L.n, L.n, a.src_vec, w[u][k]);
+    }
+  }
+
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int local = warp * kBlocksPerWarp + u * kGroupsPerWarp + gi;
+    const uint64_t b = cta_b0 + local;
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < C; k++) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) m = max(m, mag_of<DT>(elem<DT>(w[u][k], i)));
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const bool esc = m >= Dt<DT>::kInfMag;
+    const float s = esc ? 0.0f : div_rn(widen_mag<DT>(m), format_max<FMT>());
+    if (b < L.nb) {
+#pragma unroll
+      for (int k = 0; k < C; k++) {
+        uint64_t e0 = b * kB + 8u * (uint32_t)(k * G + li);
+        uint32_t c[2];
+        encode_chunk<FMT, DT, STOCH>(w[u][k], s, a.seed, a.first_index + e0, c);
+        store_codes<FMT>(L, e0, a.codes8, c);
+      }
+      if (li == 0) reinterpret_cast<float*>(L.body + L.scales_off)[b] = s;
+    }
+    if (li == 0) esc_flags[local] = (uint8_t)(esc && b < L.nb);
+  }
+
+  __syncthreads();
+  /* kBlocksPerCta is a multiple of 8: this CTA owns whole bitmap bytes. */
+  const uint64_t byte0 = cta_b0 / 8;
+  for (int t = threadIdx.x; t < kBlocksPerCta / 8; t += kThreads) {
+    if (byte0 + t >= L.bitmap_bytes) break;
+    uint32_t v = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v |= (uint32_t)esc_flags[8 * t + i] << i;
+    L.body[byte0 + t] = (uint8_t)v;
+  }
+  if (blockIdx.x == gridDim.x - 1) { /* padding of the last bitmap word */
+    for (uint64_t t = byte0 + kBlocksPerCta / 8 + threadIdx.x; t < L.bitmap_bytes; t += kThreads)
+      L.body[t] = 0;
+  }
+}
+
+/* ---- 2. escaped blocks per range ------------------------------------------------------------ */
+
+/* Also marks a range invalid for a bit past the last block, and with check_scales (frames,
+ * as agoq_frame_parse) for a scale that is not a finite non-negative fp32 or a nonzero
+ * scale of an escaped block. */
+__global__ void __launch_bounds__(kThreads) count_kernel(Layout L, Workspace* ws, int check_scales) {
+  const uint64_t w0 = (uint64_t)blockIdx.x * L.words_per_range;
+  const uint64_t w1 = min(w0 + L.words_per_range, L.nwords);
+  uint32_t cnt = 0, bad = 0;
+  for (uint64_t w = w0 + threadIdx.x; w < w1; w += kThreads) {
+    uint64_t word = bitmap_word(L.body, w), mask = word_valid_mask(L, w);
+    bad |= (word & ~mask) != 0;
+    cnt += (uint32_t)__popcll(word & mask);
+  }
+  if (check_scales) {
+    const uint32_t* scales = reinterpret_cast<const uint32_t*>(L.body + L.scales_off);
+    const uint64_t b1 = min(w1 * 64, L.nb);
+    for (uint64_t b = w0 * 64 + threadIdx.x; b < b1; b += kThreads) {
+      uint32_t bits = scales[b];
+      bad |= bits >= 0x7f800000u || (bit_of(L.body, b) && bits != 0);
+    }
+  }
+  uint32_t total;
+  (void)cta_exclusive_sum<kThreads, uint32_t>(cnt, &total);
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) ws->count[blockIdx.x] = total | (bad ? kRangeInvalid : 0u);
+}
+
+/* ---- 3. prefix, length, status, result, frame header ---------------------------------------- */
+
+enum : int { kModeQuantize = 0, kModeDecode = 1 };
+
+struct ScanArgs {
+  Layout L;
+  Workspace* ws;
+  agoq_cuda_codec_result* result;
+  int mode;
+  uint64_t cap;      /* quantize: body capacity */
+  uint64_t expected; /* decode: escaped blocks implied by the body length (or frame header) */
+  uint8_t* header;   /* frame encode: where the header goes, else NULL */
+  uint8_t header_format, header_dtype, header_flags;
+  uint32_t header_block;
+};
+
+__device__ uint32_t crc32c_device(const uint8_t* p, int len) {
+  uint32_t crc = 0xffffffffu;
+  for (int i = 0; i < len; i++) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+__device__ void put_le(uint8_t* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(ScanArgs a) {
+  Workspace* ws = a.ws;
+  const uint32_t t = threadIdx.x;
+  uint32_t c = t < a.L.ranges ? ws->count[t] : 0u;
+  const int bad = __syncthreads_or((c & kRangeInvalid) != 0);
+  unsigned long long total;
+  unsigned long long excl = cta_exclusive_sum<kScanThreads, unsigned long long>(
+      (unsigned long long)(c & ~kRangeInvalid), &total);
+  if (t < a.L.ranges) ws->prefix[t] = excl;
+  if (t != 0) return;
+  ws->prefix[a.L.ranges] = total;
+
+  uint32_t status = AGOQ_CODEC_OK;
+  uint64_t body_len;
+  if (a.mode == kModeQuantize) {
+    body_len = a.L.head + total * a.L.raw_block;
+    if (body_len > a.cap) status = AGOQ_CODEC_ESPACE;
+    else if (a.header != nullptr && total > 0xffffffffull) status = AGOQ_CODEC_EARG;
+  } else {
+    body_len = a.L.head + a.expected * a.L.raw_block;
+    if (bad || total != a.expected) status = AGOQ_CODEC_ECORRUPT;
+  }
+  ws->status = status;
+  if (a.header != nullptr && status == AGOQ_CODEC_OK) {
+    uint8_t h[AGOQ_FRAME_HEADER_SIZE];
+    for (int i = 0; i < (int)AGOQ_FRAME_HEADER_SIZE; i++) h[i] = 0;
+    put_le(h + 0, AGOQ_FRAME_MAGIC, 4);
+    h[4] = (uint8_t)AGOQ_FRAME_VERSION;
+    h[5] = a.header_format;
+    h[6] = a.header_dtype;
+    h[7] = a.header_flags;
+    put_le(h + 8, a.header_block, 4);
+    put_le(h + 12, total, 4);
+    put_le(h + 16, a.L.n, 8);
+    put_le(h + 24, body_len, 8);
+    put_le(h + 44, crc32c_device(h, 44), 4);
+    for (int i = 0; i < (int)AGOQ_FRAME_HEADER_SIZE; i++) a.header[i] = h[i];
+  }
+  if (a.result != nullptr) {
+    a.result->body_len = body_len;
+    a.result->escaped_blocks = total;
+    a.result->status = status;
+    a.result->reserved = 0;
+  }
+}
+
+/* ---- 4. escaped blocks ------------------------------------------------------------------------ */
+
+/* Calls fn(warp-uniform block index, its rank among escaped blocks) for every escaped block
+ * of this CTA's range, one warp per bitmap word. */
+template <typename Fn>
+__device__ __forceinline__ void for_each_escaped(const Layout& L, const Workspace* ws, Fn fn) {
+  __shared__ unsigned long long words[kThreads];
+  __shared__ uint32_t word_rank[kThreads];
+  const uint32_t r = blockIdx.x;
+  if ((ws->count[r] & ~kRangeInvalid) == 0) return;
+  unsigned long long base = ws->prefix[r];
+  const uint64_t w0 = (uint64_t)r * L.words_per_range;
+  const uint64_t w1 = min(w0 + L.words_per_range, L.nwords);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (uint64_t c0 = w0; c0 < w1; c0 += kThreads) {
+    uint64_t w = c0 + threadIdx.x;
+    unsigned long long word = w < w1 ? bitmap_word(L.body, w) & word_valid_mask(L, w) : 0ull;
+    uint32_t chunk_total;
+    uint32_t rank = cta_exclusive_sum<kThreads, uint32_t>((uint32_t)__popcll(word), &chunk_total);
+    words[threadIdx.x] = word;
+    word_rank[threadIdx.x] = rank;
+    __syncthreads();
+    for (int i = warp; i < kThreads; i += kThreads / 32) {
+      unsigned long long bits = words[i];
+      unsigned long long k = base + word_rank[i];
+      while (bits != 0) {
+        int bit = __ffsll((long long)bits) - 1;
+        fn((c0 + i) * 64 + bit, k, lane);
+        k++;
+        bits &= bits - 1;
+      }
+    }
+    base += chunk_total;
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) raw_copy_kernel(Layout L, const Workspace* ws,
+                                                            const uint8_t* __restrict__ src) {
+  if (ws->status != AGOQ_CODEC_OK) return;
+  for_each_escaped(L, ws, [&](uint64_t b, unsigned long long rank, int lane) {
+    const uint64_t start = b * L.block;
+    const uint64_t len = min((uint64_t)L.block, L.n - start) * L.esize; /* bytes */
+    const uint8_t* s = src + start * L.esize;
+    uint8_t* d = L.body + L.raw_off + rank * L.raw_block;
+    /* The raw region starts right after the codes: any alignment. */
+    if ((reinterpret_cast<uintptr_t>(d) & 3u) == 0 && L.esize == 4) {
+      for (uint64_t j = (uint64_t)lane * 4; j < L.raw_block; j += 32 * 4)
+        *reinterpret_cast<uint32_t*>(d + j) = j < len ? *reinterpret_cast<const uint32_t*>(s + j) : 0u;
+    } else if ((reinterpret_cast<uintptr_t>(d) & 1u) == 0) {
+      for (uint64_t j = (uint64_t)lane * 2; j < L.raw_block; j += 32 * 2)
+        *reinterpret_cast<uint16_t*>(d + j) = j < len ? *reinterpret_cast<const uint16_t*>(s + j) : 0u;
+    } else {
+      for (uint64_t j = lane; j < L.raw_block; j += 32) d[j] = j < len ? s[j] : 0u;
+    }
+  });
+}
+
+/* Element i of a raw region that may be unaligned. */
+__device__ __forceinline__ uint32_t raw_elem(const uint8_t* p, uint32_t esize, uint64_t i) {
+  const uint8_t* q = p + i * esize;
+  uint32_t v = 0;
+  for (uint32_t k = 0; k < esize; k++) v |= (uint32_t)q[k] << (8 * k);
+  return v;
+}
+
+/* One raw element converted as agoq_codec_raw_convert / _accumulate. */
+template <int OUT>
+__device__ __forceinline__ void raw_store(uint32_t in_dtype, uint32_t e, void* dst, uint64_t i) {
+  if (OUT == kOutAcc) {
+    float* acc = static_cast<float*>(dst);
+    acc[i] = x86_add(acc[i], widen_any(in_dtype, e));
+  } else if (OUT == kOutFp32) {
+    static_cast<uint32_t*>(dst)[i] = in_dtype == kFp32 ? e : f2u(widen_any(in_dtype, e));
+  } else {
+    uint32_t h;
+    if (in_dtype == (uint32_t)OUT) h = e;
+    else if (OUT == kOutBf16) h = fp32_to_bf16(widen_any(in_dtype, e));
+    else h = fp32_to_fp16(widen_any(in_dtype, e));
+    static_cast<uint16_t*>(dst)[i] = (uint16_t)h;
+  }
+}
+
+template <int OUT>
+__global__ void __launch_bounds__(kThreads) raw_decode_kernel(Layout L, const Workspace* ws, void* dst) {
+  if (ws->status != AGOQ_CODEC_OK) return;
+  for_each_escaped(L, ws, [&](uint64_t b, unsigned long long rank, int lane) {
+    const uint64_t start = b * L.block;
+    const uint64_t len = min((uint64_t)L.block, L.n - start);
+    const uint8_t* s = L.body + L.raw_off + rank * L.raw_block;
+    for (uint64_t j = lane; j < len; j += 32) raw_store<OUT>(L.dtype, raw_elem(s, L.esize, j), dst, start + j);
+  });
+}
+
+/* Format NONE: the body is the n raw elements. */
+template <int OUT>
+__global__ void __launch_bounds__(kThreads) none_decode_kernel(const uint8_t* __restrict__ body,
+                                                               uint64_t n, uint32_t in_dtype, void* dst) {
+  const uint32_t es = in_dtype == kFp32 ? 4u : 2u;
+  for (uint64_t i = (uint64_t)blockIdx.x * kThreads + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * kThreads) {
+    uint32_t e = es == 4 ? reinterpret_cast<const uint32_t*>(body)[i]
+                         : reinterpret_cast<const uint16_t*>(body)[i];
+    raw_store<OUT>(in_dtype, e, dst, i);
+  }
+}
+
+__global__ void write_result_kernel(agoq_cuda_codec_result* r, uint64_t body_len, uint64_t escaped,
+                                    uint32_t status) {
+  r->body_len = body_len;
+  r->escaped_blocks = escaped;
+  r->status = status;
+  r->reserved = 0;
+}
+
+/* A NONE frame's header: no device-side values in it, but written in stream order. */
+__global__ void write_header_kernel(uint8_t* frame, uint8_t dtype, uint64_t n, uint64_t body_len) {
+  uint8_t h[AGOQ_FRAME_HEADER_SIZE];
+  for (int i = 0; i < (int)AGOQ_FRAME_HEADER_SIZE; i++) h[i] = 0;
+  put_le(h + 0, AGOQ_FRAME_MAGIC, 4);
+  h[4] = (uint8_t)AGOQ_FRAME_VERSION;
+  h[5] = (uint8_t)AGOQ_FORMAT_NONE;
+  h[6] = dtype;
+  put_le(h + 16, n, 8);
+  put_le(h + 24, body_len, 8);
+  put_le(h + 44, crc32c_device(h, 44), 4);
+  for (int i = 0; i < (int)AGOQ_FRAME_HEADER_SIZE; i++) frame[i] = h[i];
+}
+
+/* ---- decode of the coded blocks --------------------------------------------------------------- */
+
+struct DecodeArgs {
+  Layout L;
+  const Workspace* ws;
+  void* dst;
+  bool codes8;  /* codes region 8-byte aligned */
+  bool dst_vec; /* dst 16-byte aligned */
+};
+
+constexpr int kDecodeChunks = 2; /* chunks of 8 elements per thread */
+
+template <int FMT>
+__device__ __forceinline__ uint32_t code_of(const uint32_t (&c)[2], int i) {
+  if (FMT == kInt4) return (c[0] >> (4 * i)) & 0xfu;
+  return (c[i >> 2] >> (8 * (i & 3))) & 0xffu;
+}
+
+/* q exactly as the CPU widens it (fp8 through its table). */
+template <int FMT>
+__device__ __forceinline__ float code_value(uint32_t code) {
+  if (FMT == kInt8) return int8_code_to_fp32(code);
+  if (FMT == kInt4) return int4_code_to_fp32(code);
+  if (FMT == kE4M3) return e4m3_to_fp32(code);
+  return e5m2_to_fp32(code);
+}
+
+/* q for codes known not to be fp8 NaN / Inf: no table, no branch. */
+template <int FMT>
+__device__ __forceinline__ float code_value_fast(uint32_t code) {
+  if (FMT == kInt8) return int8_code_to_fp32(code);
+  if (FMT == kInt4) return int4_code_to_fp32(code);
+  const uint32_t sign = (code & 0x80u) << 24;
+  if (FMT == kE4M3) return u2f(f2u(mul_rn(u2f((code & 0x7fu) << 20), 0x1p120f)) | sign);
+  return u2f(f2u(mul_rn(u2f((code & 0x7fu) << 21), 0x1p112f)) | sign);
+}
+
+template <int FMT>
+__device__ __forceinline__ bool codes_special(const uint32_t (&c)[2]) {
+  if (FMT == kE4M3) return e4m3_any_special(c[0]) || e4m3_any_special(c[1]);
+  if (FMT == kE5M2) return e5m2_any_special(c[0]) || e5m2_any_special(c[1]);
+  return false;
+}
+
+/* Two finite, in-range values to bf16 / fp16, RNE: the hardware conversion; the emulation
+ * uses the software one, equal on such values (test_codec_cuda_math checks NVIDIA's own
+ * definition of the instruction against it). */
+__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return fp32_to_bf16(lo) | (fp32_to_bf16(hi) << 16);
+#endif
+}
+
+__device__ __forceinline__ uint32_t cvt_f16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return fp32_to_fp16(lo) | (fp32_to_fp16(hi) << 16);
+#endif
+}
+
+template <int FMT, int OUT>
+__global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
+  const Layout& L = a.L;
+  if (a.ws->status != AGOQ_CODEC_OK) return;
+  const uint8_t* __restrict__ body = L.body;
+  const float* __restrict__ scales = reinterpret_cast<const float*>(body + L.scales_off);
+
+  uint64_t e0[kDecodeChunks];
+  bool live[kDecodeChunks];
+  float s[kDecodeChunks];
+  uint32_t c[kDecodeChunks][2];
+  float acc[kDecodeChunks][8];
+
+#pragma unroll
+  for (int k = 0; k < kDecodeChunks; k++) {
+    uint64_t j = ((uint64_t)blockIdx.x * kDecodeChunks + k) * kThreads + threadIdx.x;
+    e0[k] = j * 8;
+    live[k] = e0[k] < L.n;
+    c[k][0] = c[k][1] = 0;
+    s[k] = 0.0f;
+    if (!live[k]) continue;
+    const uint64_t b = e0[k] >> L.log2b;
+    live[k] = bit_of(body, b) == 0; /* escaped blocks: raw_decode_kernel */
+    if (!live[k]) continue;
+    s[k] = scales[b];
+    const uint64_t left = L.n - e0[k];
+    if (FMT == kInt4) {
+      const uint8_t* p = body + L.codes_off + e0[k] / 2;
+      if (left >= 8) {
+        c[k][0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+      } else {
+        for (uint32_t q = 0; q < (uint32_t)(left + 1) / 2; q++) c[k][0] |= (uint32_t)p[q] << (8 * q);
+      }
+    } else {
+      const uint8_t* p = body + L.codes_off + e0[k];
+      if (left >= 8) {
+        if (a.codes8) {
+          uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+          c[k][0] = v.x;
+          c[k][1] = v.y;
+        } else {
+          c[k][0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+          c[k][1] = __ldcs(reinterpret_cast<const unsigned int*>(p) + 1);
+        }
+      } else {
+        for (uint32_t q = 0; q < (uint32_t)left; q++) c[k][q >> 2] |= (uint32_t)p[q] << (8 * (q & 3));
+      }
+    }
+    if (OUT == kOutAcc) {
+      const float* ap = static_cast<const float*>(a.dst) + e0[k];
+      if (left >= 8 && a.dst_vec) {
+        float4 x = reinterpret_cast<const float4*>(ap)[0], y = reinterpret_cast<const float4*>(ap)[1];
+        acc[k][0] = x.x, acc[k][1] = x.y, acc[k][2] = x.z, acc[k][3] = x.w;
+        acc[k][4] = y.x, acc[k][5] = y.y, acc[k][6] = y.z, acc[k][7] = y.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[k][i] = (uint64_t)i < left ? ap[i] : 0.0f;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < kDecodeChunks; k++) {
+    if (!live[k]) continue;
+    const uint64_t left = L.n - e0[k];
+    float y[8];
+    /* Fast path: no fp8 NaN/Inf code and no NaN product; then y saturates with min/max and
+     * narrows with the hardware RNE conversions, which agree with the CPU on such values. */
+    bool slow = codes_special<FMT>(c[k]);
+    bool nan = false;
+    if (!slow) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        y[i] = mul_rn(code_value_fast<FMT>(code_of<FMT>(c[k], i)), s[k]);
+        nan |= y[i] != y[i];
+      }
+      slow = nan;
+    }
+    if (slow) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) y[i] = decode_y(code_value<FMT>(code_of<FMT>(c[k], i)), s[k]);
+    }
+
+    if (OUT == kOutFp32 || OUT == kOutAcc) {
+      float out[8];
+      if (!slow) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) y[i] = fminf(fmaxf(y[i], -kFp32MaxF), kFp32MaxF);
+      }
+      if (OUT == kOutAcc) {
+        bool anynan = false;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+          out[i] = add_rn(acc[k][i], y[i]);
+          anynan |= out[i] != out[i];
+        }
+        if (anynan) {
+#pragma unroll
+          for (int i = 0; i < 8; i++) out[i] = x86_add(acc[k][i], y[i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = y[i];
+      }
+      float* d = static_cast<float*>(a.dst) + e0[k];
+      if (left >= 8 && a.dst_vec) {
+        reinterpret_cast<float4*>(d)[0] = make_float4(out[0], out[1], out[2], out[3]);
+        reinterpret_cast<float4*>(d)[1] = make_float4(out[4], out[5], out[6], out[7]);
+      } else {
+        for (uint32_t i = 0; i < 8 && i < left; i++) d[i] = out[i];
+      }
+    } else {
+      uint32_t h[4];
+      if (!slow) {
+        const float mx = OUT == kOutBf16 ? kBf16MaxF : kFp16MaxF;
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          float lo = fminf(fmaxf(y[i], -mx), mx), hi = fminf(fmaxf(y[i + 1], -mx), mx);
+          h[i >> 1] = OUT == kOutBf16 ? cvt_bf16x2(lo, hi) : cvt_f16x2(lo, hi);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          uint32_t lo = OUT == kOutBf16 ? fp32_to_bf16_sat(y[i]) : fp32_to_fp16_sat(y[i]);
+          uint32_t hi = OUT == kOutBf16 ? fp32_to_bf16_sat(y[i + 1]) : fp32_to_fp16_sat(y[i + 1]);
+          h[i >> 1] = lo | (hi << 16);
+        }
+      }
+      uint16_t* d = static_cast<uint16_t*>(a.dst) + e0[k];
+      if (left >= 8 && a.dst_vec) {
+        *reinterpret_cast<uint4*>(d) = make_uint4(h[0], h[1], h[2], h[3]);
+      } else {
+        for (uint32_t i = 0; i < 8 && i < left; i++) d[i] = (uint16_t)(h[i >> 1] >> (16 * (i & 1)));
+      }
+    }
+  }
+}
+
+/* ---- host side ---------------------------------------------------------------------------------- */
+
+/* kernel<<<grid, block, 0, st>>>(args), or its emulation. */
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), unsigned grid, unsigned block, cudaStream_t st, A... args) {
+#if defined(AGOQ_CUDA_EMULATION)
+  (void)st;
+  agoq_emu::launch(kernel, grid, block, static_cast<P>(args)...);
+#else
+  kernel<<<grid, block, 0, st>>>(static_cast<P>(args)...);
+#endif
+}
+
+thread_local int g_last_error = 0;
+
+int cuda_failed(cudaError_t e) {
+  g_last_error = (int)e;
+  return AGOQ_CUDA_CODEC_ECUDA;
+}
+
+int launched() {
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? AGOQ_CODEC_OK : cuda_failed(e);
+}
+
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
+
+uint32_t log2u(uint32_t v) {
+  uint32_t r = 0;
+  while ((1u << r) < v) r++;
+  return r;
+}
+
+/* The layout of a non-NONE body; false when a size overflows. */
+bool layout_init(Layout* L, const agoq_codec_params* p, size_t n, const void* body) {
+  size_t head = agoq_codec_body_size(p, n, 0);
+  if (head == SIZE_MAX || (head == 0 && n != 0)) return false;
+  memset(L, 0, sizeof *L);
+  L->body = static_cast<uint8_t*>(const_cast<void*>(body));
+  L->n = n;
+  L->block = p->block;
+  L->log2b = log2u(p->block);
+  L->esize = (uint32_t)agoq_dtype_size(p->dtype);
+  L->dtype = (uint32_t)p->dtype;
+  L->nb = agoq_codec_nblocks(p, n);
+  L->nwords = (L->nb + 63) / 64;
+  L->bitmap_bytes = L->nwords * 8;
+  L->scales_off = L->bitmap_bytes;
+  L->codes_off = L->scales_off + 4 * L->nb;
+  L->raw_off = L->codes_off + (p->format == AGOQ_FORMAT_INT4 ? (n + 1) / 2 : n);
+  L->raw_block = (uint64_t)p->block * L->esize;
+  L->head = head;
+  if (L->raw_off != head) return false; /* agrees with the CPU codec's own layout */
+  uint64_t wpr = (L->nwords + kRangesMax - 1) / kRangesMax;
+  if (wpr == 0) wpr = 1;
+  if (wpr > 0xffffffffull) return false;
+  L->words_per_range = (uint32_t)wpr;
+  L->ranges = (uint32_t)((L->nwords + wpr - 1) / wpr);
+  return true;
+}
+
+template <int FMT, int DT, int G, int C, bool STOCH>
+void launch_quantize_geom(const QuantArgs& a, cudaStream_t st) {
+  constexpr int kChunksPerLane = DT == kFp32 ? 2 : 4;
+  constexpr int U = kChunksPerLane / C > 0 ? kChunksPerLane / C : 1;
+  constexpr int kBlocksPerCta = (kThreads / 32) * (32 / G) * U;
+  uint64_t grid = (a.L.nb + kBlocksPerCta - 1) / kBlocksPerCta;
+  launch(quantize_kernel<FMT, DT, G, C, U, STOCH>, (unsigned)grid, kThreads, st, a);
+}
+
+template <int FMT, int DT, bool STOCH>
+void launch_quantize_block(const QuantArgs& a, cudaStream_t st) {
+  switch (a.L.block) {
+    case 32: launch_quantize_geom<FMT, DT, 4, 1, STOCH>(a, st); break;
+    case 64: launch_quantize_geom<FMT, DT, 8, 1, STOCH>(a, st); break;
+    case 128: launch_quantize_geom<FMT, DT, 16, 1, STOCH>(a, st); break;
+    case 256: launch_quantize_geom<FMT, DT, 32, 1, STOCH>(a, st); break;
+    case 512: launch_quantize_geom<FMT, DT, 32, 2, STOCH>(a, st); break;
+    default: launch_quantize_geom<FMT, DT, 32, 4, STOCH>(a, st); break;
+  }
+}
+
+template <int FMT, int DT>
+void launch_quantize_dt(const QuantArgs& a, bool stochastic, cudaStream_t st) {
+  if constexpr (FMT == kInt8 || FMT == kInt4) {
+    if (stochastic) {
+      launch_quantize_block<FMT, DT, true>(a, st);
+      return;
+    }
+  }
+  launch_quantize_block<FMT, DT, false>(a, st);
+}
+
+template <int FMT>
+void launch_quantize_fmt(const QuantArgs& a, agoq_dtype dt, bool stochastic, cudaStream_t st) {
+  switch (dt) {
+    case AGOQ_DTYPE_FP32: launch_quantize_dt<FMT, kFp32>(a, stochastic, st); break;
+    case AGOQ_DTYPE_BF16: launch_quantize_dt<FMT, kBf16>(a, stochastic, st); break;
+    default: launch_quantize_dt<FMT, kFp16>(a, stochastic, st); break;
+  }
+}
+
+void launch_quantize(const QuantArgs& a, const agoq_codec_params* p, cudaStream_t st) {
+  switch (p->format) {
+    case AGOQ_FORMAT_INT8: launch_quantize_fmt<kInt8>(a, p->dtype, p->stochastic, st); break;
+    case AGOQ_FORMAT_INT4: launch_quantize_fmt<kInt4>(a, p->dtype, p->stochastic, st); break;
+    case AGOQ_FORMAT_FP8E4M3: launch_quantize_fmt<kE4M3>(a, p->dtype, false, st); break;
+    default: launch_quantize_fmt<kE5M2>(a, p->dtype, false, st); break;
+  }
+}
+
+template <int FMT>
+void launch_decode_fmt(const DecodeArgs& a, int out, cudaStream_t st) {
+  const uint64_t per_cta = (uint64_t)kThreads * kDecodeChunks * 8;
+  const unsigned grid = (unsigned)((a.L.n + per_cta - 1) / per_cta);
+  switch (out) {
+    case kOutFp32: launch(decode_kernel<FMT, kOutFp32>, grid, kThreads, st, a); break;
+    case kOutBf16: launch(decode_kernel<FMT, kOutBf16>, grid, kThreads, st, a); break;
+    case kOutFp16: launch(decode_kernel<FMT, kOutFp16>, grid, kThreads, st, a); break;
+    default: launch(decode_kernel<FMT, kOutAcc>, grid, kThreads, st, a); break;
+  }
+}
+
+void launch_raw_decode(const Layout& L, Workspace* ws, void* dst, int out, cudaStream_t st) {
+  switch (out) {
+    case kOutFp32: launch(raw_decode_kernel<kOutFp32>, L.ranges, kThreads, st, L, ws, dst); break;
+    case kOutBf16: launch(raw_decode_kernel<kOutBf16>, L.ranges, kThreads, st, L, ws, dst); break;
+    case kOutFp16: launch(raw_decode_kernel<kOutFp16>, L.ranges, kThreads, st, L, ws, dst); break;
+    default: launch(raw_decode_kernel<kOutAcc>, L.ranges, kThreads, st, L, ws, dst); break;
+  }
+}
+
+void launch_none_decode(const void* body, size_t n, agoq_dtype in, void* dst, int out, cudaStream_t st) {
+  const uint64_t blocks = (n + kThreads - 1) / kThreads;
+  const unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
+  const uint8_t* b = static_cast<const uint8_t*>(body);
+  switch (out) {
+    case kOutFp32: launch(none_decode_kernel<kOutFp32>, grid, kThreads, st, b, n, in, dst); break;
+    case kOutBf16: launch(none_decode_kernel<kOutBf16>, grid, kThreads, st, b, n, in, dst); break;
+    case kOutFp16: launch(none_decode_kernel<kOutFp16>, grid, kThreads, st, b, n, in, dst); break;
+    default: launch(none_decode_kernel<kOutAcc>, grid, kThreads, st, b, n, in, dst); break;
+  }
+}
+
+bool params_ok(const agoq_codec_params* p) {
+  return p != nullptr && agoq_codec_params_check(p) == AGOQ_CODEC_OK;
+}
+
+/* Quantize into body; header != NULL adds a frame header there (body = header + 48). */
+int quantize_impl(const agoq_codec_params* p, const void* src, size_t n, void* body, size_t cap,
+                  void* workspace, agoq_cuda_codec_result* result, cudaStream_t st,
+                  uint8_t* header) {
+  if (!params_ok(p) || result == nullptr || workspace == nullptr || (src == nullptr && n != 0) ||
+      !aligned(src, agoq_dtype_size(p->dtype)) || !aligned(body, 4))
+    return AGOQ_CODEC_EARG;
+  if (n > kMaxCount) return AGOQ_CODEC_EARG;
+  if (p->format == AGOQ_FORMAT_NONE) {
+    const size_t bytes = n * agoq_dtype_size(p->dtype);
+    if (cap < bytes || (body == nullptr && bytes != 0)) return AGOQ_CODEC_ESPACE;
+    if (bytes != 0) {
+      cudaError_t e = cudaMemcpyAsync(body, src, bytes, cudaMemcpyDeviceToDevice, st);
+      if (e != cudaSuccess) return cuda_failed(e);
+    }
+    if (header != nullptr) launch(write_header_kernel, 1, 1, st, header, (uint8_t)p->dtype, n, bytes);
+    launch(write_result_kernel, 1, 1, st, result, bytes, 0, AGOQ_CODEC_OK);
+    return launched();
+  }
+  QuantArgs a;
+  memset(&a, 0, sizeof a);
+  if (!layout_init(&a.L, p, n, body)) return AGOQ_CODEC_EARG;
+  if (cap < a.L.head || (body == nullptr && a.L.head != 0)) return AGOQ_CODEC_ESPACE;
+  ScanArgs sa;
+  memset(&sa, 0, sizeof sa);
+  if (header != nullptr) {
+    sa.header = header;
+    sa.header_format = (uint8_t)p->format;
+    sa.header_dtype = (uint8_t)p->dtype;
+    sa.header_flags = p->stochastic ? AGOQ_FRAME_FLAG_STOCHASTIC : 0u;
+    sa.header_block = p->block;
+  }
+  if (n == 0) { /* an empty body */
+    if (header != nullptr) {
+      /* A frame of 0 elements still has its header: the scan kernel over no ranges
+       * writes it (and the result). */
+      sa.L = a.L;
+      sa.L.ranges = 0;
+      sa.ws = static_cast<Workspace*>(workspace);
+      sa.result = result;
+      sa.mode = kModeQuantize;
+      sa.cap = cap;
+      launch(scan_kernel, 1, kScanThreads, st, sa);
+      return launched();
+    }
+    launch(write_result_kernel, 1, 1, st, result, 0, 0, AGOQ_CODEC_OK);
+    return launched();
+  }
+  Workspace* ws = static_cast<Workspace*>(workspace);
+  a.src = static_cast<const uint8_t*>(src);
+  a.seed = p->seed;
+  a.first_index = p->first_index;
+  a.src_vec = aligned(src, 16);
+  a.codes8 = aligned(a.L.body + a.L.codes_off, 8);
+  launch_quantize(a, p, st);
+  launch(count_kernel, a.L.ranges, kThreads, st, a.L, ws, 0);
+  sa.L = a.L;
+  sa.ws = ws;
+  sa.result = result;
+  sa.mode = kModeQuantize;
+  sa.cap = cap;
+  launch(scan_kernel, 1, kScanThreads, st, sa);
+  launch(raw_copy_kernel, a.L.ranges, kThreads, st, a.L, ws, a.src);
+  return launched();
+}
+
+/* Decode into dst (out = dtype or kOutAcc). expected_escaped: from the frame header, or
+ * SIZE_MAX to derive it from body_len. */
+int decode_impl(const agoq_codec_params* p, const void* body, size_t body_len, size_t n, int out,
+                void* dst, void* workspace, agoq_cuda_codec_result* result, cudaStream_t st,
+                bool check_scales) {
+  const size_t osize = out == kOutAcc ? 4 : agoq_dtype_size((agoq_dtype)out);
+  if (!params_ok(p) || workspace == nullptr || (body == nullptr && body_len != 0) ||
+      (dst == nullptr && n != 0) || !aligned(body, 4) || !aligned(dst, osize))
+    return AGOQ_CODEC_EARG;
+  if (n > kMaxCount) return AGOQ_CODEC_EARG;
+  if (p->format == AGOQ_FORMAT_NONE) {
+    const size_t es = agoq_dtype_size(p->dtype);
+    if (body_len != n * es) return AGOQ_CODEC_ECORRUPT;
+    if (n != 0) {
+      if (out == (int)p->dtype) {
+        cudaError_t e = cudaMemcpyAsync(dst, body, body_len, cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) return cuda_failed(e);
+      } else {
+        launch_none_decode(body, n, p->dtype, dst, out, st);
+      }
+    }
+    if (result != nullptr) launch(write_result_kernel, 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
+    return launched();
+  }
+  Layout L;
+  if (!layout_init(&L, p, n, body)) return AGOQ_CODEC_EARG;
+  /* The body length fixes the number of escaped blocks (whole blocks in the raw region);
+   * the bitmap must then agree, which the device checks. */
+  if (body_len < L.head || (body_len - L.head) % L.raw_block != 0 ||
+      (body_len - L.head) / L.raw_block > L.nb)
+    return AGOQ_CODEC_ECORRUPT;
+  const uint64_t expected = (body_len - L.head) / L.raw_block;
+  if (n == 0) {
+    if (result != nullptr) launch(write_result_kernel, 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
+    return launched();
+  }
+  Workspace* ws = static_cast<Workspace*>(workspace);
+  launch(count_kernel, L.ranges, kThreads, st, L, ws, check_scales ? 1 : 0);
+  ScanArgs sa;
+  memset(&sa, 0, sizeof sa);
+  sa.L = L;
+  sa.ws = ws;
+  sa.result = result;
+  sa.mode = kModeDecode;
+  sa.expected = expected;
+  launch(scan_kernel, 1, kScanThreads, st, sa);
+  DecodeArgs da;
+  da.L = L;
+  da.ws = ws;
+  da.dst = dst;
+  da.codes8 = aligned(L.body + L.codes_off, 8);
+  da.dst_vec = aligned(dst, 16);
+  switch (p->format) {
+    case AGOQ_FORMAT_INT8: launch_decode_fmt<kInt8>(da, out, st); break;
+    case AGOQ_FORMAT_INT4: launch_decode_fmt<kInt4>(da, out, st); break;
+    case AGOQ_FORMAT_FP8E4M3: launch_decode_fmt<kE4M3>(da, out, st); break;
+    default: launch_decode_fmt<kE5M2>(da, out, st); break;
+  }
+  if (expected != 0) launch_raw_decode(L, ws, dst, out, st);
+  return launched();
+}
+
+uint32_t get_u32(const uint8_t* p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+uint64_t get_u64(const uint8_t* p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+/* The host half of agoq_frame_parse: everything but the payload CRC, the bitmap and the
+ * scales. Fills p and *escaped. */
+int frame_header_check(const void* header, size_t len, agoq_codec_params* p, uint64_t* count,
+                       uint64_t* payload_len, uint32_t* escaped) {
+  const uint8_t* h = static_cast<const uint8_t*>(header);
+  if (h == nullptr) return AGOQ_CODEC_EARG;
+  if (len < AGOQ_FRAME_HEADER_SIZE || get_u32(h) != AGOQ_FRAME_MAGIC) return AGOQ_CODEC_ECORRUPT;
+  if (h[4] != AGOQ_FRAME_VERSION) return AGOQ_CODEC_EVERSION;
+  if (agoq_crc32c(0, h, 44) != get_u32(h + 44)) return AGOQ_CODEC_ECORRUPT;
+  const uint32_t flags = h[7], block = get_u32(h + 8);
+  *escaped = get_u32(h + 12);
+  *count = get_u64(h + 16);
+  *payload_len = get_u64(h + 24);
+  const uint32_t payload_crc = get_u32(h + 32);
+  if (h[5] >= AGOQ_FORMAT_COUNT || h[6] >= AGOQ_DTYPE_COUNT ||
+      (flags & ~(AGOQ_FRAME_FLAG_PAYLOAD_CRC | AGOQ_FRAME_FLAG_STOCHASTIC)) != 0 ||
+      get_u32(h + 36) != 0 || get_u32(h + 40) != 0 || *count > AGOQ_FRAME_MAX_COUNT ||
+      (!(flags & AGOQ_FRAME_FLAG_PAYLOAD_CRC) && payload_crc != 0))
+    return AGOQ_CODEC_ECORRUPT;
+  memset(p, 0, sizeof *p);
+  p->format = (agoq_format)h[5];
+  p->dtype = (agoq_dtype)h[6];
+  p->block = block;
+  p->stochastic = (flags & AGOQ_FRAME_FLAG_STOCHASTIC) != 0;
+  if (p->format == AGOQ_FORMAT_NONE) {
+    if (block != 0 || *escaped != 0 || p->stochastic) return AGOQ_CODEC_ECORRUPT;
+  } else if (agoq_codec_params_check(p) != AGOQ_CODEC_OK) {
+    return AGOQ_CODEC_ECORRUPT;
+  }
+  const size_t n = (size_t)*count;
+  if (*escaped > agoq_codec_nblocks(p, n)) return AGOQ_CODEC_ECORRUPT;
+  if (*payload_len != (uint64_t)agoq_codec_body_size(p, n, *escaped)) return AGOQ_CODEC_ECORRUPT;
+  if (*payload_len > len - AGOQ_FRAME_HEADER_SIZE) return AGOQ_CODEC_ECORRUPT;
+  /* Valid so far; the payload CRC cannot be checked here. */
+  if (flags & AGOQ_FRAME_FLAG_PAYLOAD_CRC) return AGOQ_CODEC_EARG;
+  return AGOQ_CODEC_OK;
+}
+
+int frame_decode_impl(const void* header, const void* frame, size_t len, int out, void* dst,
+                      size_t dst_count, void* workspace, agoq_cuda_codec_result* result,
+                      cudaStream_t st) {
+  if (frame == nullptr || (dst == nullptr && dst_count != 0)) return AGOQ_CODEC_EARG;
+  agoq_codec_params p;
+  uint64_t count, payload_len;
+  uint32_t escaped;
+  int rc = frame_header_check(header, len, &p, &count, &payload_len, &escaped);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  if (count != (uint64_t)dst_count) return AGOQ_CODEC_ECORRUPT;
+  const uint8_t* body = static_cast<const uint8_t*>(frame) + AGOQ_FRAME_HEADER_SIZE;
+  /* The payload length matches the header's escaped count (checked above), so the count the
+   * device compares the bitmap with is the header's, as in agoq_frame_parse. */
+  return decode_impl(&p, body, (size_t)payload_len, dst_count, out, dst, workspace, result, st,
+                     true);
+}
+
+}  // namespace
+}  // namespace agoq_cuda
+
+using namespace agoq_cuda;
+
+extern "C" int agoq_cuda_quantize(const agoq_codec_params* p, const void* src, size_t n, void* body,
+                                  size_t cap, void* workspace, agoq_cuda_codec_result* result,
+                                  void* stream) {
+  return quantize_impl(p, src, n, body, cap, workspace, result, static_cast<cudaStream_t>(stream),
+                       nullptr);
+}
+
+extern "C" int agoq_cuda_dequantize(const agoq_codec_params* p, const void* body, size_t body_len,
+                                    size_t n, agoq_dtype out, void* dst, void* workspace,
+                                    agoq_cuda_codec_result* result, void* stream) {
+  if ((unsigned)out >= AGOQ_DTYPE_COUNT) return AGOQ_CODEC_EARG;
+  return decode_impl(p, body, body_len, n, (int)out, dst, workspace, result,
+                     static_cast<cudaStream_t>(stream), false);
+}
+
+extern "C" int agoq_cuda_dequantize_accumulate(const agoq_codec_params* p, const void* body,
+                                               size_t body_len, size_t n, float* acc, void* workspace,
+                                               agoq_cuda_codec_result* result, void* stream) {
+  return decode_impl(p, body, body_len, n, kOutAcc, acc, workspace, result,
+                     static_cast<cudaStream_t>(stream), false);
+}
+
+extern "C" int agoq_cuda_frame_encode(const agoq_codec_params* p, const void* src, size_t n,
+                                      void* frame, size_t cap, void* workspace,
+                                      agoq_cuda_codec_result* result, void* stream) {
+  if (!params_ok(p) || n > AGOQ_FRAME_MAX_COUNT) return AGOQ_CODEC_EARG;
+  if (frame == nullptr || cap < AGOQ_FRAME_HEADER_SIZE) return AGOQ_CODEC_ESPACE;
+  uint8_t* h = static_cast<uint8_t*>(frame);
+  return quantize_impl(p, src, n, h + AGOQ_FRAME_HEADER_SIZE, cap - AGOQ_FRAME_HEADER_SIZE,
+                       workspace, result, static_cast<cudaStream_t>(stream), h);
+}
+
+extern "C" int agoq_cuda_frame_decode(const void* header, const void* frame, size_t len,
+                                      agoq_dtype out, void* dst, size_t dst_count, void* workspace,
+                                      agoq_cuda_codec_result* result, void* stream) {
+  if ((unsigned)out >= AGOQ_DTYPE_COUNT) return AGOQ_CODEC_EARG;
+  return frame_decode_impl(header, frame, len, (int)out, dst, dst_count, workspace, result,
+                           static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int agoq_cuda_frame_decode_accumulate(const void* header, const void* frame, size_t len,
+                                                 float* acc, size_t acc_count, void* workspace,
+                                                 agoq_cuda_codec_result* result, void* stream) {
+  return frame_decode_impl(header, frame, len, kOutAcc, acc, acc_count, workspace, result,
+                           static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int agoq_cuda_codec_last_error(void) { return g_last_error; }
+
+extern "C" const char* agoq_cuda_codec_last_error_string(void) {
+  return cudaGetErrorName(static_cast<cudaError_t>(g_last_error));
+}

@@ -1,0 +1,93 @@
+/*
+ * The codec (kernels/agoq_codec.h, agoq_frame.h) on CUDA device buffers: the same operations
+ * and the same bits as the CPU codec, asynchronous on a caller's stream. Plain C; the stream
+ * is a cudaStream_t passed as void* (NULL = the legacy default stream), so callers need no
+ * CUDA headers.
+ *
+ * Pointers:
+ *  - src, body, dst, acc, frame, workspace: device memory (or anything the device can address).
+ *    Elements must be aligned to their size; body and frame to 4 bytes.
+ *  - result: device-accessible memory the kernels write when the work completes: device
+ *    memory, or pinned host memory (cudaHostAlloc / cudaMallocHost), which the host can read
+ *    after synchronising with the stream.
+ *  - workspace: AGOQ_CUDA_CODEC_WORKSPACE_SIZE bytes of device memory, used by one call at a
+ *    time (calls on one stream may share one; concurrent streams need one each).
+ *
+ * Errors: the return value is an agoq_codec_status for what the host can check before
+ * launching (parameters, sizes, a body length that fits no number of escaped blocks), or
+ * AGOQ_CUDA_CODEC_ECUDA when a CUDA call failed (agoq_cuda_codec_last_error tells which).
+ * What only the device can find out lands in result->status: a quantize whose escaped
+ * blocks do not fit in cap (AGOQ_CODEC_ESPACE), a decode whose escape bitmap disagrees with
+ * the body length or has a bit past the last block (AGOQ_CODEC_ECORRUPT). In both cases the
+ * kernels write nothing past cap and, for a corrupt body, nothing into dst / acc at all.
+ */
+#ifndef AGOQ_CODEC_CUDA_H
+#define AGOQ_CODEC_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agoq_codec.h"
+#include "agoq_frame.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Returned (as an int) when a CUDA runtime call or kernel launch failed. */
+#define AGOQ_CUDA_CODEC_ECUDA 100
+
+/* Bytes of device workspace every call below needs. */
+#define AGOQ_CUDA_CODEC_WORKSPACE_SIZE 16384u
+
+typedef struct {
+  uint64_t body_len;       /* quantize / frame encode: exact body (payload) length */
+  uint64_t escaped_blocks; /* quantize / frame encode: blocks stored raw; decode: as found */
+  uint32_t status;         /* agoq_codec_status: OK, ESPACE (quantize), ECORRUPT (decode) */
+  uint32_t reserved;
+} agoq_cuda_codec_result;
+
+/* Quantize n elements of p->dtype at src into body (capacity cap bytes). cap must hold the
+ * body without escaped blocks (agoq_codec_body_size(p, n, 0)), else AGOQ_CODEC_ESPACE now;
+ * agoq_codec_body_size_max(p, n) always suffices. result is required. */
+int agoq_cuda_quantize(const agoq_codec_params* p, const void* src, size_t n, void* body,
+                       size_t cap, void* workspace, agoq_cuda_codec_result* result, void* stream);
+
+/* Decode a body of n elements (made with p's format, dtype, block) into dst of type out, or
+ * add it to acc (fp32, before output rounding). result may be NULL (status then unreported;
+ * a corrupt body still leaves dst / acc untouched). */
+int agoq_cuda_dequantize(const agoq_codec_params* p, const void* body, size_t body_len, size_t n,
+                         agoq_dtype out, void* dst, void* workspace,
+                         agoq_cuda_codec_result* result, void* stream);
+int agoq_cuda_dequantize_accumulate(const agoq_codec_params* p, const void* body, size_t body_len,
+                                    size_t n, float* acc, void* workspace,
+                                    agoq_cuda_codec_result* result, void* stream);
+
+/* A complete frame (agoq_frame.h) without payload CRC: header and body, written by the
+ * device. The frame length is AGOQ_FRAME_HEADER_SIZE + result->body_len. cap: as for
+ * agoq_cuda_quantize plus the header (agoq_frame_size_max always suffices). */
+int agoq_cuda_frame_encode(const agoq_codec_params* p, const void* src, size_t n, void* frame,
+                           size_t cap, void* workspace, agoq_cuda_codec_result* result,
+                           void* stream);
+
+/* Decode a frame at `frame` (device, len bytes) whose first AGOQ_FRAME_HEADER_SIZE bytes the
+ * host also holds at `header` (e.g. read with cudaMemcpy, or received there): the header is
+ * validated on the host as agoq_frame_parse does (magic, version, fields, header CRC,
+ * lengths), the escape bitmap on the device. A frame with a payload CRC is refused with
+ * AGOQ_CODEC_EARG: the payload CRC is not computed on the device. dst_count / acc_count must
+ * equal the frame's count. */
+int agoq_cuda_frame_decode(const void* header, const void* frame, size_t len, agoq_dtype out,
+                           void* dst, size_t dst_count, void* workspace,
+                           agoq_cuda_codec_result* result, void* stream);
+int agoq_cuda_frame_decode_accumulate(const void* header, const void* frame, size_t len, float* acc,
+                                      size_t acc_count, void* workspace,
+                                      agoq_cuda_codec_result* result, void* stream);
+
+/* The cudaError_t of the last AGOQ_CUDA_CODEC_ECUDA in this thread and its name. */
+int agoq_cuda_codec_last_error(void);
+const char* agoq_cuda_codec_last_error_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,130 @@
+/*
+ * A CPU emulation of the part of the CUDA execution model that agoq_codec_cuda.cu uses, so
+ * that its kernels run, unchanged, in tests on machines without a GPU (and under ASan).
+ *
+ * A launch runs its CTAs one after another; the threads of a CTA are fibers on the calling
+ * thread, switched only at __syncthreads, __syncthreads_or and warp shuffles, which are real
+ * barriers (a shuffle: every lane of the warp deposits its value, all wait, each reads its
+ * source lane, all wait). __shared__ variables are function statics: one CTA at a time uses
+ * them. Device code sees the host arithmetic of agoq_codec_cuda_math.cuh (__CUDA_ARCH__ is
+ * not defined), which test_codec_cuda_math checks against the CPU codec; what this adds is
+ * the kernels' indexing, reductions, layout and control flow.
+ *
+ * Not emulated: warp divergence (every shuffle in the codec is executed by all 32 lanes, and
+ * a shuffle by fewer lanes deadlocks here, which the scheduler reports), memory ordering
+ * between CTAs (they run in sequence), and anything the codec does not use.
+ */
+#ifndef AGOQ_CUDA_EMU_H
+#define AGOQ_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_runtime_api.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+
+struct uint2 {
+  unsigned x, y;
+};
+struct uint4 {
+  unsigned x, y, z, w;
+};
+struct float4 {
+  float x, y, z, w;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+namespace agoq_emu {
+
+struct dim3 {
+  unsigned x, y, z;
+};
+
+extern dim3 g_block_idx, g_block_dim, g_grid_dim;
+unsigned thread_x();
+void syncthreads();
+int syncthreads_or(int pred);
+/* Every lane of the calling warp passes its value; returns the one of lane `src`. */
+uint64_t warp_exchange(uint64_t v, unsigned src);
+/* Runs fn(ctx) as `threads` fibers of one CTA; returns when all have finished. */
+void run_cta(unsigned threads, void (*fn)(void*), void* ctx);
+
+template <typename T>
+inline uint64_t to_u64(T v) {
+  uint64_t u = 0;
+  memcpy(&u, &v, sizeof v);
+  return u;
+}
+
+template <typename T>
+inline T from_u64(uint64_t u) {
+  T v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+template <typename F>
+void invoke(void* f) {
+  (*static_cast<F*>(f))();
+}
+
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), unsigned grid, unsigned block, A... args) {
+  g_grid_dim = {grid, 1, 1};
+  g_block_dim = {block, 1, 1};
+  auto body = [&]() { kernel(args...); };
+  for (unsigned b = 0; b < grid; b++) {
+    g_block_idx = {b, 0, 0};
+    run_cta(block, &invoke<decltype(body)>, &body);
+  }
+}
+
+}  // namespace agoq_emu
+
+#define threadIdx (agoq_emu::dim3{agoq_emu::thread_x(), 0, 0})
+#define blockIdx (agoq_emu::g_block_idx)
+#define blockDim (agoq_emu::g_block_dim)
+#define gridDim (agoq_emu::g_grid_dim)
+
+inline void __syncthreads() { agoq_emu::syncthreads(); }
+inline int __syncthreads_or(int pred) { return agoq_emu::syncthreads_or(pred); }
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  unsigned lane = agoq_emu::thread_x() & 31u;
+  return agoq_emu::from_u64<T>(agoq_emu::warp_exchange(agoq_emu::to_u64(v), lane ^ (unsigned)lane_mask));
+}
+
+template <typename T>
+inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  unsigned lane = agoq_emu::thread_x() & 31u;
+  return agoq_emu::from_u64<T>(agoq_emu::warp_exchange(agoq_emu::to_u64(v), lane >= delta ? lane - delta : lane));
+}
+
+inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+
+template <typename T>
+inline T __ldcs(const T* p) {
+  return *p;
+}
+
+template <typename T>
+inline T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+inline T max(T a, T b) {
+  return a < b ? b : a;
+}
+
+#endif

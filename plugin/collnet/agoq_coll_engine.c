@@ -1,0 +1,516 @@
+/*
+ * The engine: one thread per group that turns queued requests into pipeline chunks and
+ * moves each chunk through its stages (agoq_slot_stage):
+ *   POSTING  receives first (phase-1 contributions to our slice, phase-2 results of every
+ *            other slice), then per peer in rotated order: encode its slice (quantized
+ *            path) and send it; our own slice is encoded last.
+ *   WAIT_P1  until every contribution to our slice arrived.
+ *   POST_P2  reduce in rank order (strictly in chunk order, so phase-2 messages leave in
+ *            the order peers post their receives), then send the result to every peer.
+ *   WAIT_ALL until every send completed and every peer's result is decoded into place.
+ * Each connection's operations are posted in chunk order on every rank, which is what the
+ * net core's in-order matching needs; the pipeline depth is AGOQ_COLL_SLOTS chunks.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+
+ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size) {
+  if (size <= b->cap) return ncclSuccess;
+  /* Grown to what the largest chunk needs, then reused: no allocation per chunk. */
+  uint8_t* p = malloc(size);
+  if (p == NULL) {
+    AGOQ_WARN("CollNet: out of memory allocating %zu bytes of staging", size);
+    return ncclSystemError;
+  }
+  free(b->p);
+  b->p = p;
+  b->cap = size;
+  return ncclSuccess;
+}
+
+void agoq_coll_buf_free(agoq_coll_buf* b) {
+  free(b->p);
+  b->p = NULL;
+  b->cap = 0;
+}
+
+bool agoq_coll_fail(agoq_coll_comm* g, ncclResult_t res) {
+  int expected = ncclSuccess;
+  return atomic_compare_exchange_strong(&g->error, &expected, (int)res);
+}
+
+static agoq_coll_slot* agoq_slot_of(agoq_coll_comm* g, uint64_t seq) { return &g->slots[seq % AGOQ_COLL_SLOTS]; }
+
+/* ---- per-connection queues of pending operations ---------------------------------------- */
+
+static agoq_coll_connq* agoq_cq(agoq_coll_comm* g, int peer, int kind) {
+  return &g->cq[peer * AGOQ_CQ_COUNT + kind];
+}
+
+static void agoq_cq_push(agoq_coll_connq* q, const agoq_coll_comm* g, const agoq_coll_slot* s) {
+  /* At most one operation per slot per connection: the ring cannot overflow. */
+  q->slot[(q->head + q->count) % AGOQ_COLL_SLOTS] = (uint8_t)(s - g->slots);
+  q->count++;
+}
+
+static void** agoq_op_req(agoq_coll_slot* s, int kind, int peer) {
+  switch (kind) {
+    case AGOQ_CQ_P1S: return &s->p1s[peer];
+    case AGOQ_CQ_P1R: return &s->p1r[peer];
+    case AGOQ_CQ_P2S: return &s->p2s[peer];
+    default: return &s->p2r[peer];
+  }
+}
+
+/* ---- slot setup -------------------------------------------------------------------------- */
+
+static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c) {
+  int n = g->nranks, me = g->rank;
+  s->req = r;
+  s->seq = g->next_seq;
+  agoq_coll_chunk_layout(r, c, n, s->sb, s->sl);
+  size_t m = s->sl[me];
+  bool p1 = agoq_coll_has_p1(r), p2 = agoq_coll_has_p2(r);
+  s->pend_p1s = s->pend_p1r = s->pend_p2s = s->pend_p2r = 0;
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    if (p1 && s->sl[j] > 0) s->pend_p1s++;
+    if (p1 && m > 0) s->pend_p1r++;
+    if (p2 && m > 0) s->pend_p2s++;
+    if (p2 && s->sl[j] > 0) s->pend_p2r++;
+    s->s_len[j] = 0;
+  }
+  s->s_len[me] = 0;
+  s->post_recvs = s->post_sends = 0;
+  s->res_len = 0;
+  if (r->kind == AGOQ_COLL_ALLGATHER) return ncclSuccess;
+  return r->quantized ? agoq_coll_quant_reserve(g, s) : agoq_coll_exact_reserve(g, s);
+}
+
+/* ---- posting ----------------------------------------------------------------------------- */
+
+static ncclResult_t agoq_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                   bool* posted) {
+  void** reqp = agoq_op_req(s, kind, j);
+  int tag = j;
+  void* bufs[1] = {data};
+  size_t sizes[1] = {size};
+  AGOQ_CHECK(agoq_net_irecv(g->recv[kind == AGOQ_CQ_P1R ? 0 : 1][j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
+  *posted = *reqp != NULL;
+  if (*posted) agoq_cq_push(agoq_cq(g, j, kind), g, s);
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
+                                   size_t size, size_t raw, bool* posted) {
+  void** reqp = agoq_op_req(s, kind, j);
+  AGOQ_CHECK(agoq_net_isend(g->send[kind == AGOQ_CQ_P1S ? 0 : 1][j], (void*)data, size, g->rank, NULL, NULL, reqp));
+  *posted = *reqp != NULL;
+  if (*posted) {
+    agoq_coll_path_stats* st = agoq_coll_req_stats(g, s->req);
+    st->wire_raw += raw;
+    st->wire_sent += size;
+    agoq_cq_push(agoq_cq(g, j, kind), g, s);
+  }
+  return ncclSuccess;
+}
+
+/* Receives for every peer, then the phase-1 sends; returns with the slot still POSTING
+ * when the net core is busy (NULL request), to resume at the same operation. */
+static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_req* r = s->req;
+  int n = g->nranks, me = g->rank;
+  size_t m = s->sl[me];
+  bool p1 = agoq_coll_has_p1(r), p2 = agoq_coll_has_p2(r), posted = true;
+  for (; s->post_recvs < 2 * n; s->post_recvs++) {
+    int j = s->post_recvs / 2;
+    bool phase2 = s->post_recvs % 2;
+    if (j == me) continue;
+    if (!phase2 && p1 && m > 0) {
+      AGOQ_CHECK(agoq_post_recv(g, s, AGOQ_CQ_P1R, j, s->rbuf.p + (size_t)j * s->r_stride, s->r_stride, &posted));
+    } else if (phase2 && p2 && s->sl[j] > 0) {
+      if (r->quantized) {
+        AGOQ_CHECK(agoq_post_recv(g, s, AGOQ_CQ_P2R, j, s->gbuf.p + s->g_off[j],
+                                  agoq_coll_quant_result_cap(g, s->sl[j]), &posted));
+      } else {
+        AGOQ_CHECK(agoq_post_recv(g, s, AGOQ_CQ_P2R, j, agoq_coll_dst_at(r, s->sb[j]), s->sl[j] * r->esz, &posted));
+      }
+    }
+    if (!posted) return ncclSuccess;
+  }
+  /* Sends go to me+1, me+2, ... so the ranks do not all start on the same peer. */
+  for (; s->post_sends < n; s->post_sends++) {
+    int j = (me + 1 + s->post_sends) % n;
+    if (!p1 || s->sl[j] == 0) continue;
+    if (r->quantized && s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
+    if (j == me) continue; /* our own contribution stays here, encoded like the others */
+    size_t raw = s->sl[j] * r->esz;
+    if (r->quantized)
+      AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P1S, j, s->sbuf.p + s->s_off[j], s->s_len[j], raw, &posted));
+    else
+      AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P1S, j, agoq_coll_src_at(r, s->sb[j]), raw, raw, &posted));
+    if (!posted) return ncclSuccess;
+  }
+  s->stage = AGOQ_SLOT_WAIT_P1;
+  s->post_sends = 0; /* reused for the phase-2 sends */
+  return ncclSuccess;
+}
+
+/* ---- taking requests and admitting chunks -------------------------------------------------- */
+
+static void agoq_engine_complete(agoq_coll_comm* g, agoq_coll_req* r) {
+  if (r->kind == AGOQ_COLL_ALLGATHER && r->nparts > 1) {
+    size_t off = 0;
+    for (int i = 0; i < r->nparts; i++) {
+      memcpy(r->parts[i].address, r->flat + off, r->parts[i].size);
+      off += r->parts[i].size;
+    }
+  }
+  /* Unlink from the active list (requests can complete out of order). */
+  for (agoq_coll_req** pp = &g->act_head; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp != r) continue;
+    *pp = r->next;
+    if (g->act_tail == r) {
+      g->act_tail = NULL;
+      for (agoq_coll_req* q = g->act_head; q != NULL; q = q->next) g->act_tail = q;
+    }
+    break;
+  }
+  if (g->admit == r) g->admit = r->next;
+  agoq_coll_req_finish(r, ncclSuccess);
+}
+
+static void agoq_engine_take(agoq_coll_comm* g, agoq_coll_req* list) {
+  while (list != NULL) {
+    agoq_coll_req* r = list;
+    list = r->next;
+    r->next = NULL;
+    agoq_coll_path_stats* st = agoq_coll_req_stats(g, r);
+    st->calls++;
+    st->bytes_in += r->kind == AGOQ_COLL_ALLREDUCE ? r->result_bytes : r->count * r->esz;
+    if (r->kind == AGOQ_COLL_REDUCESCATTER && r->nparts > 1) {
+      size_t off = 0;
+      for (int i = 0; i < r->nparts; i++) {
+        memcpy(r->flat + off, r->parts[i].address, r->parts[i].size);
+        off += r->parts[i].size;
+      }
+    }
+    if (r->nchunks == 0) {
+      agoq_coll_req_finish(r, ncclSuccess);
+      continue;
+    }
+    if (g->act_tail != NULL)
+      g->act_tail->next = r;
+    else
+      g->act_head = r;
+    g->act_tail = r;
+    if (g->admit == NULL) g->admit = r;
+  }
+}
+
+static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
+  for (;;) {
+    if (g->next_seq > 0) {
+      agoq_coll_slot* prev = agoq_slot_of(g, g->next_seq - 1);
+      if (prev->stage == AGOQ_SLOT_POSTING) {
+        AGOQ_CHECK(agoq_slot_post(g, prev));
+        if (prev->stage == AGOQ_SLOT_POSTING) return ncclSuccess;
+        *progressed = true;
+      }
+    }
+    agoq_coll_req* r = g->admit;
+    while (r != NULL && r->chunks_admitted == r->nchunks) r = r->next;
+    g->admit = r;
+    if (r == NULL) return ncclSuccess;
+    agoq_coll_slot* s = agoq_slot_of(g, g->next_seq);
+    if (s->stage != AGOQ_SLOT_FREE) return ncclSuccess;
+    AGOQ_CHECK(agoq_slot_setup(g, s, r, r->chunks_admitted));
+    r->chunks_admitted++;
+    g->next_seq++;
+    s->stage = AGOQ_SLOT_POSTING;
+    *progressed = true;
+  }
+}
+
+/* ---- completions --------------------------------------------------------------------------- */
+
+static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size) {
+  agoq_coll_req* r = s->req;
+  switch (kind) {
+    case AGOQ_CQ_P1S: s->pend_p1s--; return ncclSuccess;
+    case AGOQ_CQ_P2S: s->pend_p2s--; return ncclSuccess;
+    case AGOQ_CQ_P1R:
+      s->p1r_size[j] = size;
+      s->pend_p1r--;
+      return ncclSuccess;
+    default: break;
+  }
+  s->pend_p2r--;
+  if (r->quantized) return agoq_coll_quant_decode(g, s, j, size);
+  if ((size_t)size == s->sl[j] * r->esz) return ncclSuccess;
+  AGOQ_WARN("CollNet: rank %d sent %d bytes for a slice of %zu bytes (ranks disagree on the call?)", j, size,
+            s->sl[j] * r->esz);
+  return ncclInvalidUsage;
+}
+
+/* Tests the oldest pending operation of each connection, and the next ones while they are
+ * done: operations on one connection complete in posting order. */
+static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
+  for (int j = 0; j < g->nranks; j++) {
+    if (j == g->rank) continue;
+    for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
+      agoq_coll_connq* q = agoq_cq(g, j, kind);
+      while (q->count > 0) {
+        agoq_coll_slot* s = &g->slots[q->slot[q->head]];
+        void** reqp = agoq_op_req(s, kind, j);
+        int done = 0, size = 0;
+        ncclResult_t res = agoq_net_test(*reqp, &done, &size);
+        if (res != ncclSuccess) {
+          if (agoq_coll_fail(g, res))
+            AGOQ_WARN("CollNet rank %d: %s rank %d failed (error %d); the group's requests fail", g->rank,
+                      kind == AGOQ_CQ_P1S || kind == AGOQ_CQ_P2S ? "sending to" : "receiving from", j, res);
+          return res;
+        }
+        if (!done) break;
+        *reqp = NULL;
+        q->head = (q->head + 1) % AGOQ_COLL_SLOTS;
+        q->count--;
+        *progressed = true;
+        AGOQ_CHECK(agoq_op_complete(g, s, kind, j, size));
+      }
+    }
+  }
+  return ncclSuccess;
+}
+
+/* ---- reduction of this rank's slice ------------------------------------------------------ */
+
+static ncclResult_t agoq_slot_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_req* r = s->req;
+  size_t m = s->sl[g->rank];
+  if (m == 0) return ncclSuccess;
+  if (r->kind == AGOQ_COLL_ALLGATHER) {
+    const uint8_t* src = agoq_coll_src_at(r, s->sb[g->rank]);
+    uint8_t* dst = agoq_coll_dst_at(r, s->sb[g->rank]);
+    if (src != dst) memmove(dst, src, m);
+    return ncclSuccess;
+  }
+  int64_t t0 = agoq_coll_now_ns();
+  ncclResult_t res = r->quantized ? agoq_coll_quant_reduce(g, s) : agoq_coll_exact_reduce(g, s);
+  agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
+  return res;
+}
+
+/* Reduces and sends results strictly in chunk order. */
+static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
+  int n = g->nranks, me = g->rank;
+  while (g->reduce_seq < g->next_seq) {
+    agoq_coll_slot* s = agoq_slot_of(g, g->reduce_seq);
+    if (s->stage == AGOQ_SLOT_WAIT_P1) {
+      if (s->pend_p1r > 0) return ncclSuccess;
+      AGOQ_CHECK(agoq_slot_reduce(g, s));
+      s->stage = AGOQ_SLOT_POST_P2;
+      *progressed = true;
+    }
+    if (s->stage != AGOQ_SLOT_POST_P2) return ncclSuccess;
+    agoq_coll_req* r = s->req;
+    size_t m = s->sl[me];
+    if (agoq_coll_has_p2(r) && m > 0) {
+      for (; s->post_sends < n - 1; s->post_sends++) {
+        int j = (me + 1 + s->post_sends) % n;
+        bool posted;
+        if (r->kind == AGOQ_COLL_ALLGATHER)
+          AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P2S, j, agoq_coll_src_at(r, s->sb[me]), m, m, &posted));
+        else
+          AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P2S, j, s->res.p, s->res_len, m * r->esz, &posted));
+        if (!posted) return ncclSuccess;
+      }
+    }
+    s->stage = AGOQ_SLOT_WAIT_ALL;
+    g->reduce_seq++;
+    *progressed = true;
+  }
+  return ncclSuccess;
+}
+
+static void agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    agoq_coll_slot* s = &g->slots[i];
+    if (s->stage != AGOQ_SLOT_WAIT_ALL || s->pend_p1s > 0 || s->pend_p2s > 0 || s->pend_p2r > 0) continue;
+    agoq_coll_req* r = s->req;
+    s->stage = AGOQ_SLOT_FREE;
+    s->req = NULL;
+    *progressed = true;
+    if (++r->chunks_done == r->nchunks) agoq_engine_complete(g, r);
+  }
+}
+
+/* ---- failure and the thread ---------------------------------------------------------------- */
+
+/* Ends every request the engine holds with `res`. The connections are closed first, so no
+ * progress thread writes into a buffer NCCL may reuse once it sees the failure. */
+static void agoq_engine_abort(agoq_coll_comm* g, ncclResult_t res) {
+  agoq_coll_close_conns(g);
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    g->slots[i].stage = AGOQ_SLOT_FREE;
+    g->slots[i].req = NULL;
+  }
+  for (int i = 0; i < g->nranks * AGOQ_CQ_COUNT; i++) g->cq[i].count = 0;
+  pthread_mutex_lock(&g->mu);
+  agoq_coll_req* queued = g->q_head;
+  g->q_head = g->q_tail = NULL;
+  pthread_mutex_unlock(&g->mu);
+  agoq_coll_req* lists[2] = {g->act_head, queued};
+  g->act_head = g->act_tail = g->admit = NULL;
+  for (int l = 0; l < 2; l++) {
+    while (lists[l] != NULL) {
+      agoq_coll_req* r = lists[l];
+      lists[l] = r->next;
+      agoq_coll_req_finish(r, res);
+    }
+  }
+}
+
+static void* agoq_coll_engine_main(void* arg) {
+  agoq_coll_comm* g = arg;
+  /* Short naps while waiting on the network should be short: 1 us of timer slack. */
+  (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  unsigned idle = 0;
+  int64_t idle_since = 0;
+  int idle_path = 0;
+  for (;;) {
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop && g->q_head == NULL && g->act_head == NULL) pthread_cond_wait(&g->cv, &g->mu);
+    bool stop = g->stop;
+    agoq_coll_req* taken = g->q_head;
+    g->q_head = g->q_tail = NULL;
+    pthread_mutex_unlock(&g->mu);
+    if (stop) {
+      agoq_engine_take(g, taken);
+      if (g->act_head != NULL)
+        AGOQ_INFO(NCCL_NET, "CollNet rank %d: group stopped with requests in flight; they fail", g->rank);
+      agoq_engine_abort(g, ncclInternalError);
+      break;
+    }
+    bool progressed = taken != NULL;
+    agoq_engine_take(g, taken);
+    ncclResult_t res = (ncclResult_t)atomic_load(&g->error);
+    if (res == ncclSuccess) res = agoq_engine_admit(g, &progressed);
+    if (res == ncclSuccess) res = agoq_engine_poll(g, &progressed);
+    if (res == ncclSuccess) res = agoq_engine_reduce(g, &progressed);
+    if (res == ncclSuccess) agoq_engine_retire(g, &progressed);
+    if (res != ncclSuccess) {
+      if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: group failed (error %d)", g->rank, res);
+      agoq_engine_abort(g, (ncclResult_t)atomic_load(&g->error));
+      idle = 0;
+      continue;
+    }
+    if (progressed) {
+      if (idle > 0) g->stats[idle_path].wait_ns += (uint64_t)(agoq_coll_now_ns() - idle_since);
+      idle = 0;
+      continue;
+    }
+    /* Waiting on the network: yield first (a peer's bytes are often microseconds away),
+     * then nap so few-core hosts keep their CPUs for the progress threads. */
+    if (idle++ == 0) {
+      idle_since = agoq_coll_now_ns();
+      idle_path = g->act_head != NULL && g->act_head->quantized ? 1 : 0;
+    }
+    if (idle < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return NULL;
+}
+
+static ncclResult_t agoq_slot_alloc(agoq_coll_slot* s, int n) {
+  size_t un = (size_t)n;
+  s->sb = calloc(un + 1, sizeof *s->sb);
+  s->sl = calloc(un, sizeof *s->sl);
+  s->p1s = calloc(un, sizeof *s->p1s);
+  s->p1r = calloc(un, sizeof *s->p1r);
+  s->p2s = calloc(un, sizeof *s->p2s);
+  s->p2r = calloc(un, sizeof *s->p2r);
+  s->p1r_size = calloc(un, sizeof *s->p1r_size);
+  s->s_off = calloc(un, sizeof *s->s_off);
+  s->s_len = calloc(un, sizeof *s->s_len);
+  s->g_off = calloc(un, sizeof *s->g_off);
+  if (s->sb && s->sl && s->p1s && s->p1r && s->p2s && s->p2r && s->p1r_size && s->s_off && s->s_len && s->g_off)
+    return ncclSuccess;
+  AGOQ_WARN("out of memory allocating CollNet pipeline state");
+  return ncclSystemError;
+}
+
+static void agoq_slot_release(agoq_coll_slot* s) {
+  free(s->sb);
+  free(s->sl);
+  free(s->p1s);
+  free(s->p1r);
+  free(s->p2s);
+  free(s->p2r);
+  free(s->p1r_size);
+  free(s->s_off);
+  free(s->s_len);
+  free(s->g_off);
+  agoq_coll_buf_free(&s->sbuf);
+  agoq_coll_buf_free(&s->rbuf);
+  agoq_coll_buf_free(&s->acc);
+  agoq_coll_buf_free(&s->res);
+  agoq_coll_buf_free(&s->gbuf);
+  memset(s, 0, sizeof *s);
+}
+
+ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  AGOQ_CHECK_GOTO(agoq_coll_pool_init(g), res, fail);
+  AGOQ_CALLOC_GOTO(g->cq, (size_t)g->nranks * AGOQ_CQ_COUNT, res, fail);
+  AGOQ_CALLOC_GOTO(g->reduce_in, (size_t)g->nranks, res, fail);
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) AGOQ_CHECK_GOTO(agoq_slot_alloc(&g->slots[i], g->nranks), res, fail);
+  int rc = pthread_create(&g->thread, NULL, agoq_coll_engine_main, g);
+  if (rc != 0) {
+    AGOQ_WARN("CollNet: cannot start the engine thread: %s", strerror(rc));
+    res = ncclSystemError;
+    goto fail;
+  }
+  char name[16];
+  snprintf(name, sizeof name, "agoq-coll-%d", g->rank % 10000);
+  (void)pthread_setname_np(g->thread, name);
+  g->has_thread = true;
+  return ncclSuccess;
+fail:
+  agoq_coll_engine_free(g);
+  return res;
+}
+
+void agoq_coll_engine_stop(agoq_coll_comm* g) {
+  pthread_mutex_lock(&g->mu);
+  g->stop = true;
+  bool join = g->has_thread;
+  g->has_thread = false;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  if (join) pthread_join(g->thread, NULL);
+}
+
+void agoq_coll_engine_free(agoq_coll_comm* g) {
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) agoq_slot_release(&g->slots[i]);
+  free(g->cq);
+  g->cq = NULL;
+  free(g->reduce_in);
+  g->reduce_in = NULL;
+  agoq_coll_pool_fini(g);
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+}

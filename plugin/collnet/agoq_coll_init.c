@@ -1,0 +1,238 @@
+/* CollNet lifecycle: contexts (per communicator on v11+, one per process before), devices
+ * and properties (the net core's), capabilities, memory registration, and the registry of
+ * open groups that lets finalize and library unload stop every engine thread. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+
+/* AGOQ_FORMAT's choices are listed in agoq_format order, so the index is the format. */
+_Static_assert(AGOQ_FORMAT_NONE == 0 && AGOQ_FORMAT_INT8 == 1 && AGOQ_FORMAT_INT4 == 2 &&
+                   AGOQ_FORMAT_FP8E4M3 == 3 && AGOQ_FORMAT_FP8E5M2 == 4,
+               "AGOQ_FORMAT choices follow agoq_format");
+
+static struct {
+  pthread_mutex_t mu;
+  agoq_coll_ctx* legacy;
+  agoq_coll_comm* groups; /* open groups */
+} agoq_coll_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static atomic_bool agoq_coll_inactive_warned;
+
+int64_t agoq_coll_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
+  AGOQ_CHECK(agoq_params_load());
+  cfg->format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
+  cfg->block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK); /* 32|64|...|1024 */
+  cfg->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
+  cfg->chunk_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  cfg->timeout_s = (int)agoq_param_int(AGOQ_PARAM_COLLNET_TIMEOUT_S);
+  cfg->stats = agoq_param_int(AGOQ_PARAM_STATS) != 0;
+  return ncclSuccess;
+}
+
+/* NCCL initialises CollNet for every communicator whether or not it will use it
+ * (src/plugin/net.cc ncclNetPluginInit); only NCCL_COLLNET_ENABLE=1 makes it use it
+ * (init.cc reads it per communicator, strtol(value, NULL, 0) == 1). Without it every
+ * reduction goes through the exact net path: say so once, where users look. */
+static void agoq_coll_warn_if_inactive(void) {
+  const char* v = getenv("NCCL_COLLNET_ENABLE");
+  if (v != NULL && strtol(v, NULL, 0) == 1) return;
+  if (atomic_exchange(&agoq_coll_inactive_warned, true)) return;
+  AGOQ_WARN("gradient compression is inactive: NCCL_COLLNET_ENABLE is %s%s%s, so NCCL will not "
+            "use agoq's CollNet and every reduction stays exact on the net transport. Set "
+            "NCCL_COLLNET_ENABLE=1 on every rank to enable it (CollNet needs 2 or more nodes).",
+            v == NULL ? "unset" : "\"", v == NULL ? "" : v, v == NULL ? "" : "\"");
+}
+
+ncclResult_t agoq_coll_init(void** ctx, uint64_t comm_id, ncclDebugLogger_t log_fn) {
+  ncclResult_t res = ncclSuccess;
+  agoq_coll_ctx* c = NULL;
+  if (ctx == NULL) {
+    AGOQ_WARN("CollNet init: NULL context pointer");
+    return ncclInternalError;
+  }
+  *ctx = NULL;
+  if (log_fn != NULL) agoq_log_set_logger(log_fn);
+  AGOQ_CALLOC_GOTO(c, 1, res, fail);
+  c->magic = AGOQ_COLL_CTX_MAGIC;
+  /* Same parameter checks as the net init: an invalid AGOQ_* value fails both. */
+  AGOQ_CHECK_GOTO(agoq_coll_config_load(&c->cfg), res, fail);
+  AGOQ_CHECK_GOTO(agoq_net_init(&c->net_ctx, comm_id, NCCL_NET_TRAFFIC_CLASS_UNDEF, log_fn, NULL), res, fail);
+  c->owns_net_ctx = true;
+  agoq_coll_warn_if_inactive();
+  *ctx = c;
+  return ncclSuccess;
+fail:
+  free(c);
+  return res;
+}
+
+ncclResult_t agoq_coll_legacy_init(ncclDebugLogger_t log_fn) {
+  ncclResult_t res = ncclSuccess;
+  agoq_coll_config cfg;
+  if (log_fn != NULL) agoq_log_set_logger(log_fn);
+  AGOQ_CHECK(agoq_coll_config_load(&cfg));
+  AGOQ_CHECK(agoq_net_legacy_init(log_fn, NULL));
+  pthread_mutex_lock(&agoq_coll_state.mu);
+  if (agoq_coll_state.legacy == NULL) {
+    agoq_coll_ctx* c = calloc(1, sizeof *c);
+    if (c == NULL) {
+      AGOQ_WARN("out of memory allocating the CollNet context");
+      res = ncclSystemError;
+    } else {
+      *c = (agoq_coll_ctx){.magic = AGOQ_COLL_CTX_MAGIC, .net_ctx = agoq_net_legacy_ctx(), .cfg = cfg};
+      agoq_coll_state.legacy = c;
+    }
+  }
+  pthread_mutex_unlock(&agoq_coll_state.mu);
+  if (res == ncclSuccess) agoq_coll_warn_if_inactive();
+  return res;
+}
+
+void* agoq_coll_legacy_ctx(void) {
+  pthread_mutex_lock(&agoq_coll_state.mu);
+  void* c = agoq_coll_state.legacy;
+  pthread_mutex_unlock(&agoq_coll_state.mu);
+  return c;
+}
+
+void agoq_coll_registry_add(agoq_coll_comm* comm) {
+  pthread_mutex_lock(&agoq_coll_state.mu);
+  comm->reg_next = agoq_coll_state.groups;
+  agoq_coll_state.groups = comm;
+  pthread_mutex_unlock(&agoq_coll_state.mu);
+}
+
+void agoq_coll_registry_remove(agoq_coll_comm* comm) {
+  pthread_mutex_lock(&agoq_coll_state.mu);
+  for (agoq_coll_comm** pp = &agoq_coll_state.groups; *pp != NULL; pp = &(*pp)->reg_next) {
+    if (*pp == comm) {
+      *pp = comm->reg_next;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&agoq_coll_state.mu);
+}
+
+ncclResult_t agoq_coll_finalize(void* ctx) {
+  agoq_coll_ctx* c = ctx;
+  if (c == NULL) return ncclSuccess; /* NCCL finalizes after a failed init too */
+  if (c->magic != AGOQ_COLL_CTX_MAGIC) {
+    AGOQ_WARN("CollNet finalize: not an agoq CollNet context (%p)", ctx);
+    return ncclInternalError;
+  }
+  /* NCCL may unload the library once the last communicator is finalized: no engine of
+   * this context may run past this point, even if its group is closed only later. The
+   * lock is held across the joins: an engine never takes it. */
+  pthread_mutex_lock(&agoq_coll_state.mu);
+  for (agoq_coll_comm* g = agoq_coll_state.groups; g != NULL; g = g->reg_next) {
+    if (g->ctx != c) continue;
+    agoq_coll_engine_stop(g);
+    agoq_coll_stats_print(g, "finalize");
+  }
+  pthread_mutex_unlock(&agoq_coll_state.mu);
+  ncclResult_t res = c->owns_net_ctx ? agoq_net_finalize(c->net_ctx) : ncclSuccess;
+  c->magic = 0;
+  free(c);
+  return res;
+}
+
+ncclResult_t agoq_coll_devices(int* ndev) {
+  if (ndev == NULL) {
+    AGOQ_WARN("CollNet devices: NULL output");
+    return ncclInternalError;
+  }
+  return agoq_net_devices(ndev);
+}
+
+ncclResult_t agoq_coll_get_properties(int dev, agoq_net_props* props) {
+  return agoq_net_get_properties(dev, props);
+}
+
+ncclResult_t agoq_coll_reduce_support(int data_type, int red_op, int* supported) {
+  if (supported == NULL) {
+    AGOQ_WARN("CollNet reduceSupport: NULL output");
+    return ncclInternalError;
+  }
+  /* Every type NCCL has, every op it hands a network (Avg and PreMulSum arrive as Sum). */
+  *supported = data_type >= 0 && data_type < ncclNumTypes && red_op >= ncclSum && red_op <= ncclMin;
+  return ncclSuccess;
+}
+
+static bool agoq_coll_comm_ok(void* coll_comm) {
+  agoq_coll_comm* g = coll_comm;
+  return g != NULL && g->magic == AGOQ_COLL_COMM_MAGIC;
+}
+
+ncclResult_t agoq_coll_reg_mr(void* coll_comm, void* data, size_t size, int type, void** mhandle) {
+  (void)data;
+  (void)size;
+  if (!agoq_coll_comm_ok(coll_comm) || mhandle == NULL) {
+    AGOQ_WARN("CollNet regMr: invalid arguments (comm %p)", coll_comm);
+    return ncclInternalError;
+  }
+  if (type != NCCL_PTR_HOST) {
+    /* Host memory only, as the net path: NCCL falls back to its own host buffers. */
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMr: memory type %d not supported (host memory only)", type);
+    return ncclInternalError;
+  }
+  agoq_coll_mr* mr = calloc(1, sizeof *mr);
+  if (mr == NULL) return ncclSystemError;
+  *mr = (agoq_coll_mr){.magic = AGOQ_COLL_MR_MAGIC, .type = type};
+  *mhandle = mr;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_reg_mr_dmabuf(void* coll_comm, void* data, size_t size, int type,
+                                     uint64_t offset, int fd, void** mhandle) {
+  (void)offset;
+  (void)fd;
+  if (type == NCCL_PTR_HOST) return agoq_coll_reg_mr(coll_comm, data, size, type, mhandle);
+  AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMrDmaBuf: DMA-BUF is not supported (host memory only)");
+  return ncclInternalError;
+}
+
+ncclResult_t agoq_coll_dereg_mr(void* coll_comm, void* mhandle) {
+  (void)coll_comm;
+  agoq_coll_mr* mr = mhandle;
+  if (mr == NULL) return ncclSuccess;
+  if (mr->magic != AGOQ_COLL_MR_MAGIC) {
+    AGOQ_WARN("CollNet deregMr: invalid handle %p", mhandle);
+    return ncclInternalError;
+  }
+  mr->magic = 0;
+  free(mr);
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_iflush(void* coll_comm, void* data, int size, void* mhandle, void** request) {
+  (void)coll_comm;
+  (void)data;
+  (void)size;
+  (void)mhandle;
+  (void)request;
+  /* NCCL flushes only after GPUDirect receives (coll_net.cc: useGdr && needFlush); a
+   * host-memory CollNet never gets one. */
+  AGOQ_WARN("CollNet iflush called, but agoq receives into host memory only");
+  return ncclInternalError;
+}
+
+/* Without finalize (v6..v10) groups NCCL never closed would keep their engine threads
+ * running in unmapped code after dlclose: stop them here, and free the legacy context. */
+__attribute__((destructor)) static void agoq_coll_unload(void) {
+  pthread_mutex_lock(&agoq_coll_state.mu);
+  for (agoq_coll_comm* g = agoq_coll_state.groups; g != NULL; g = g->reg_next) agoq_coll_engine_stop(g);
+  free(agoq_coll_state.legacy);
+  agoq_coll_state.legacy = NULL;
+  pthread_mutex_unlock(&agoq_coll_state.mu);
+}

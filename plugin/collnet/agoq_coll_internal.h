@@ -1,0 +1,252 @@
+/*
+ * Internal state of the CollNet core: contexts, listen comms, groups (collComms), their
+ * requests, the engine's pipeline slots, and the helpers each lifecycle file provides.
+ */
+#ifndef AGOQ_COLL_INTERNAL_H
+#define AGOQ_COLL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agoq_codec.h"
+#include "collnet/agoq_collnet.h"
+
+#define AGOQ_COLL_CTX_MAGIC 0x58434341u    /* "ACCX" */
+#define AGOQ_COLL_LISTEN_MAGIC 0x4c434341u /* "ACCL" */
+#define AGOQ_COLL_COMM_MAGIC 0x4d434341u   /* "ACCM" */
+#define AGOQ_COLL_REQ_MAGIC 0x51434341u    /* "ACCQ" */
+#define AGOQ_COLL_MR_MAGIC 0x52434341u     /* "ACCR" */
+
+/* Requests a group holds at once: NCCL keeps at most NCCL_STEPS per group of 8 channels
+ * in flight, so 128 covers 16 such groups; beyond it the caller gets "busy". */
+#define AGOQ_COLL_MAX_REQUESTS 128
+/* Pipeline chunks in flight per group. */
+#define AGOQ_COLL_SLOTS 8
+
+/* The settings a group runs with, read once per context; everything in the handle's
+ * fingerprint must agree on every rank, because it decides slicing and blocks. */
+typedef struct {
+  agoq_format format;
+  uint32_t block;
+  uint64_t min_bytes;
+  uint64_t chunk_bytes;
+  int timeout_s;
+  bool stats;
+} agoq_coll_config;
+
+typedef struct agoq_coll_ctx {
+  uint32_t magic;
+  void* net_ctx;
+  bool owns_net_ctx; /* v11+: created with the context, finalized with it */
+  agoq_coll_config cfg;
+} agoq_coll_ctx;
+
+typedef struct {
+  uint32_t magic;
+  agoq_coll_ctx* ctx;
+  void* net_listen;
+  int dev;
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE]; /* what listen gave NCCL: our own entry */
+} agoq_coll_listen_comm;
+
+typedef enum { AGOQ_COLL_ALLREDUCE = 0, AGOQ_COLL_REDUCESCATTER, AGOQ_COLL_ALLGATHER } agoq_coll_kind;
+typedef enum { AGOQ_COLL_REQ_PENDING = 0, AGOQ_COLL_REQ_DONE, AGOQ_COLL_REQ_FAILED } agoq_coll_req_state;
+
+/* Per-path statistics (index 0 exact, 1 quantized); engine-private until the engine stops. */
+typedef struct {
+  uint64_t calls;
+  uint64_t bytes_in;  /* payload bytes the calls covered */
+  uint64_t wire_raw;  /* what the messages would have been in the input type */
+  uint64_t wire_sent; /* what they were */
+  uint64_t codec_ns;  /* quantize, decode, accumulate, exact reductions, conversions */
+  uint64_t wait_ns;   /* engine idle with work outstanding: waiting on the network */
+} agoq_coll_path_stats;
+
+struct agoq_coll_comm;
+
+typedef struct agoq_coll_req {
+  uint32_t magic;
+  struct agoq_coll_comm* comm;
+  agoq_coll_kind kind;
+  int dtype, op;
+  bool quantized;
+  agoq_dtype codec_dtype; /* quantized path only */
+  size_t esz;             /* element size; 1 for allgather (bytes) */
+  size_t count;           /* elements of the request's element space */
+  size_t bpr, wo;         /* reducescatter/allgather: bytes per rank, window offset */
+  size_t my_begin;        /* first element of this rank's range (reducescatter/allgather) */
+  size_t chunk_elems;     /* allreduce: per chunk; others: per rank per chunk */
+  size_t nchunks;
+  const uint8_t* src;     /* allreduce: send buffer; RS: window input; AG: this rank's bytes */
+  uint8_t* dst;           /* allreduce: receive buffer; RS: this rank's part; AG: window output */
+  int nparts;             /* SGE parts when more than one: staged through `flat` */
+  agoq_coll_sge parts[AGOQ_COLL_MAX_PARTS];
+  uint8_t* flat;
+  size_t result_bytes;
+  /* Engine-private progress. */
+  size_t chunks_admitted, chunks_done;
+  struct agoq_coll_req* next; /* queue / active list link */
+  /* Completion, published last (release) after everything above is final. */
+  atomic_int state;
+  int error;
+} agoq_coll_req;
+
+typedef struct {
+  uint8_t* p;
+  size_t cap;
+} agoq_coll_buf;
+
+typedef enum {
+  AGOQ_SLOT_FREE = 0,
+  AGOQ_SLOT_POSTING, /* posting receives, encoding and posting phase-1 sends */
+  AGOQ_SLOT_WAIT_P1, /* waiting for the contributions to this rank's slice */
+  AGOQ_SLOT_POST_P2, /* reduced; posting phase-2 sends */
+  AGOQ_SLOT_WAIT_ALL /* waiting for every send and the phase-2 receives */
+} agoq_slot_stage;
+
+/* One pipeline chunk in flight. Arrays are indexed by rank. */
+typedef struct {
+  agoq_slot_stage stage;
+  agoq_coll_req* req;
+  uint64_t seq;
+  size_t* sb; /* slice j: elements [sb[j], sb[j] + sl[j]) of the request */
+  size_t* sl;
+  void** p1s;  /* net requests: phase-1 send to j, receive from j; phase-2 the same */
+  void** p1r;
+  void** p2s;
+  void** p2r;
+  int* p1r_size; /* bytes received */
+  int post_recvs; /* next peer whose receives to post (POSTING) */
+  int post_sends; /* sends posted so far (POSTING / POST_P2), in rotated order */
+  int pend_p1s, pend_p1r, pend_p2s, pend_p2r; /* not yet completed */
+  /* Quantized phase-1 frames (every slice, own included). */
+  agoq_coll_buf sbuf;
+  size_t* s_off;
+  size_t* s_len;
+  agoq_coll_buf rbuf; /* phase-1 receives, one region per rank */
+  size_t r_stride;
+  agoq_coll_buf acc;  /* fp32 (or typed) accumulator of this rank's slice */
+  agoq_coll_buf res;  /* this rank's phase-2 message */
+  size_t res_len;
+  agoq_coll_buf gbuf; /* quantized phase-2 receives, one region per rank */
+  size_t* g_off;
+} agoq_coll_slot;
+
+/* Pending net operations of one connection, in posting order (slot indices). */
+typedef struct {
+  uint8_t slot[AGOQ_COLL_SLOTS];
+  unsigned head, count;
+} agoq_coll_connq;
+
+enum { AGOQ_CQ_P1S = 0, AGOQ_CQ_P1R, AGOQ_CQ_P2S, AGOQ_CQ_P2R, AGOQ_CQ_COUNT };
+
+typedef struct agoq_coll_comm {
+  uint32_t magic;
+  const void* ctx; /* identity only (finalize stops its groups); never dereferenced */
+  agoq_coll_config cfg;
+  int rank, nranks, dev;
+  void** send[2]; /* [phase][peer] net send comms; NULL for self */
+  void** recv[2];
+  /* Shared between the proxy thread (enqueue, pool) and the engine. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  agoq_coll_req* q_head;
+  agoq_coll_req* q_tail;
+  agoq_coll_req* free_reqs;
+  agoq_coll_req* reqs; /* pool */
+  bool stop;
+  bool has_thread;
+  pthread_t thread;
+  atomic_int error; /* first failure of the group (ncclResult_t) */
+  /* Engine-private. */
+  agoq_coll_req* act_head; /* taken from the queue, not complete */
+  agoq_coll_req* act_tail;
+  agoq_coll_req* admit;    /* request whose next chunk is admitted next */
+  agoq_coll_slot slots[AGOQ_COLL_SLOTS];
+  uint64_t next_seq, reduce_seq;
+  agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind] */
+  const void** reduce_in; /* nranks input pointers of the slice being reduced */
+  agoq_coll_path_stats stats[2];
+  bool stats_printed;
+  struct agoq_coll_comm* reg_next; /* registry of open groups */
+} agoq_coll_comm;
+
+typedef struct {
+  uint32_t magic;
+  int type;
+} agoq_coll_mr;
+
+static inline bool agoq_coll_has_p1(const agoq_coll_req* r) { return r->kind != AGOQ_COLL_ALLGATHER; }
+static inline bool agoq_coll_has_p2(const agoq_coll_req* r) { return r->kind != AGOQ_COLL_REDUCESCATTER; }
+
+static inline agoq_codec_params agoq_coll_params(const agoq_coll_comm* g, agoq_dtype dtype) {
+  agoq_codec_params p = {.format = g->cfg.format, .dtype = dtype, .block = g->cfg.block};
+  return p;
+}
+
+static inline agoq_coll_path_stats* agoq_coll_req_stats(agoq_coll_comm* g, const agoq_coll_req* r) {
+  return &g->stats[r->quantized ? 1 : 0];
+}
+
+/* ---- agoq_coll_init.c ---- */
+int64_t agoq_coll_now_ns(void);
+void agoq_coll_registry_add(agoq_coll_comm* comm);
+void agoq_coll_registry_remove(agoq_coll_comm* comm);
+
+/* ---- agoq_coll_setup.c ---- */
+/* Closes every net connection of the group (idempotent). */
+void agoq_coll_close_conns(agoq_coll_comm* comm);
+
+/* ---- agoq_coll_engine.c ---- */
+ncclResult_t agoq_coll_engine_start(agoq_coll_comm* comm);
+/* Stops and joins the engine (idempotent); requests it had not completed fail. */
+void agoq_coll_engine_stop(agoq_coll_comm* comm);
+void agoq_coll_engine_free(agoq_coll_comm* comm);
+/* Records the group's first failure; returns true for the caller that set it. */
+bool agoq_coll_fail(agoq_coll_comm* comm, ncclResult_t res);
+
+/* ---- agoq_coll_request.c ---- */
+ncclResult_t agoq_coll_pool_init(agoq_coll_comm* comm);
+void agoq_coll_pool_fini(agoq_coll_comm* comm);
+void agoq_coll_req_finish(agoq_coll_req* req, ncclResult_t res);
+
+/* ---- agoq_coll_layout.c ---- */
+size_t agoq_coll_type_size(int dtype);
+/* First element of rank j's range in a reducescatter/allgather window. */
+size_t agoq_coll_rank_begin(const agoq_coll_req* req, int j);
+/* Slice starts and lengths of chunk c of req among n ranks. */
+void agoq_coll_chunk_layout(const agoq_coll_req* req, size_t c, int n, size_t* sb, size_t* sl);
+const uint8_t* agoq_coll_src_at(const agoq_coll_req* req, size_t elem);
+uint8_t* agoq_coll_dst_at(const agoq_coll_req* req, size_t elem);
+
+/* ---- agoq_coll_quant.c: the quantized path of a chunk ---- */
+size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n);
+ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
+/* Quantizes slice j of the chunk into its phase-1 frame. */
+ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j);
+/* Accumulates this rank's slice in fp32 and re-quantizes it (reducescatter: rounds it). */
+ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
+/* Decodes rank j's result frame (size bytes) into place. */
+ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
+
+/* ---- agoq_coll_reduce.c: the exact path ---- */
+ncclResult_t agoq_coll_exact_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
+ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
+/* out[i] = in[0][i] op in[1][i] op ... op in[n-1][i] in rank order (agoq_collnet.h rules).
+ * scratch holds m fp32 values (narrow float types). out must not alias any input. */
+void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, size_t m, void* out,
+                            float* scratch);
+/* fp32 -> dtype (fp32, bf16, fp16), RNE, IEEE overflow to Inf. */
+void agoq_coll_narrow_fp32(agoq_dtype out_type, const float* acc, size_t m, void* dst);
+
+/* ---- agoq_coll_stats.c ---- */
+void agoq_coll_stats_print(agoq_coll_comm* comm, const char* when);
+
+/* ---- buffers ---- */
+ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size);
+void agoq_coll_buf_free(agoq_coll_buf* b);
+
+#endif

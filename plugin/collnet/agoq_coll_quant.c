@@ -1,0 +1,92 @@
+/* The quantized path of one pipeline chunk: staging sizes, quantizing each slice once (the
+ * owner's own too), the owner's fp32 accumulation in rank order with one re-quantization,
+ * and decoding the owners' result frames. Frames are validated by the codec before use. */
+#include "agoq_frame.h"
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+
+size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n) {
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  return agoq_frame_size_max(&p32, n);
+}
+
+ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_req* r = s->req;
+  int n = g->nranks, me = g->rank;
+  size_t m = s->sl[me];
+  agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype);
+  size_t total = 0, gtotal = 0;
+  for (int j = 0; j < n; j++) {
+    s->s_off[j] = total;
+    s->g_off[j] = gtotal;
+    if (s->sl[j] == 0) continue;
+    total += agoq_frame_size_max(&pin, s->sl[j]);
+    if (j != me && agoq_coll_has_p2(r)) gtotal += agoq_coll_quant_result_cap(g, s->sl[j]);
+  }
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->sbuf, total));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->gbuf, gtotal));
+  s->r_stride = m > 0 ? agoq_frame_size_max(&pin, m) : 0;
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->rbuf, s->r_stride * (size_t)n));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->acc, m * sizeof(float)));
+  if (agoq_coll_has_p2(r) && m > 0) AGOQ_CHECK(agoq_coll_buf_reserve(&s->res, agoq_coll_quant_result_cap(g, m)));
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j) {
+  agoq_coll_req* r = s->req;
+  agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
+  int64_t t0 = agoq_coll_now_ns();
+  agoq_codec_status st = agoq_frame_encode(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], false,
+                                           s->sbuf.p + s->s_off[j], s->sbuf.cap - s->s_off[j], &s->s_len[j]);
+  agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
+  if (st != AGOQ_CODEC_OK) {
+    AGOQ_WARN("CollNet: quantizing %zu elements failed: %s", s->sl[j], agoq_codec_status_str(st));
+    return ncclInternalError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_req* r = s->req;
+  int n = g->nranks, me = g->rank;
+  size_t m = s->sl[me];
+  float* acc = (float*)s->acc.p;
+  /* acc = y_0, then acc += y_k in rank order: the bits do not depend on arrival order. */
+  for (int k = 0; k < n; k++) {
+    const uint8_t* f = k == me ? s->sbuf.p + s->s_off[me] : s->rbuf.p + (size_t)k * s->r_stride;
+    size_t len = k == me ? s->s_len[me] : (size_t)s->p1r_size[k];
+    agoq_codec_status st = k == 0 ? agoq_frame_decode(f, len, AGOQ_DTYPE_FP32, acc, m)
+                                  : agoq_frame_decode_accumulate(f, len, acc, m);
+    if (st != AGOQ_CODEC_OK) {
+      AGOQ_WARN("CollNet: invalid frame from rank %d (%zu bytes, %zu elements expected): %s", k, len, m,
+                agoq_codec_status_str(st));
+      return ncclSystemError;
+    }
+  }
+  uint8_t* dst = agoq_coll_dst_at(r, s->sb[me]);
+  if (r->kind == AGOQ_COLL_REDUCESCATTER) {
+    agoq_coll_narrow_fp32(r->codec_dtype, acc, m, dst);
+    return ncclSuccess;
+  }
+  /* The owner takes the same decoded bytes as everyone else, not its fp32 sum. */
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  agoq_codec_status st = agoq_frame_encode(&p32, acc, m, false, s->res.p, s->res.cap, &s->res_len);
+  if (st == AGOQ_CODEC_OK) st = agoq_frame_decode(s->res.p, s->res_len, r->codec_dtype, dst, m);
+  if (st != AGOQ_CODEC_OK) {
+    AGOQ_WARN("CollNet: quantizing the reduced slice failed: %s", agoq_codec_status_str(st));
+    return ncclInternalError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
+  agoq_coll_req* r = s->req;
+  int64_t t0 = agoq_coll_now_ns();
+  agoq_codec_status st = agoq_frame_decode(s->gbuf.p + s->g_off[j], (size_t)size, r->codec_dtype,
+                                           agoq_coll_dst_at(r, s->sb[j]), s->sl[j]);
+  agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
+  if (st == AGOQ_CODEC_OK) return ncclSuccess;
+  AGOQ_WARN("CollNet: invalid result frame from rank %d (%d bytes, %zu elements expected): %s", j, size, s->sl[j],
+            agoq_codec_status_str(st));
+  return ncclSystemError;
+}

@@ -1,0 +1,268 @@
+/* Requests: the collective calls validate their arguments, pick the path and hand a request
+ * to the group's engine; test() reads the state the engine published. Both run on NCCL's
+ * proxy thread and never block on the network or run codec work. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agoq_frame.h"
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+
+ncclResult_t agoq_coll_pool_init(agoq_coll_comm* g) {
+  g->reqs = calloc(AGOQ_COLL_MAX_REQUESTS, sizeof *g->reqs);
+  if (g->reqs == NULL) {
+    AGOQ_WARN("out of memory allocating CollNet requests");
+    return ncclSystemError;
+  }
+  for (int i = AGOQ_COLL_MAX_REQUESTS - 1; i >= 0; i--) {
+    g->reqs[i].next = g->free_reqs;
+    g->free_reqs = &g->reqs[i];
+  }
+  return ncclSuccess;
+}
+
+void agoq_coll_pool_fini(agoq_coll_comm* g) {
+  if (g->reqs == NULL) return;
+  for (int i = 0; i < AGOQ_COLL_MAX_REQUESTS; i++) free(g->reqs[i].flat);
+  free(g->reqs);
+  g->reqs = NULL;
+  g->free_reqs = NULL;
+}
+
+static agoq_coll_req* agoq_coll_req_alloc(agoq_coll_comm* g) {
+  pthread_mutex_lock(&g->mu);
+  agoq_coll_req* r = g->free_reqs;
+  if (r != NULL) g->free_reqs = r->next;
+  pthread_mutex_unlock(&g->mu);
+  if (r == NULL) return NULL;
+  uint8_t* flat = r->flat;
+  memset(r, 0, sizeof *r);
+  r->flat = flat; /* a staging buffer is kept for the next multi-part request */
+  r->magic = AGOQ_COLL_REQ_MAGIC;
+  r->comm = g;
+  atomic_init(&r->state, AGOQ_COLL_REQ_PENDING);
+  return r;
+}
+
+static void agoq_coll_req_release(agoq_coll_req* r) {
+  agoq_coll_comm* g = r->comm;
+  r->magic = 0;
+  pthread_mutex_lock(&g->mu);
+  r->next = g->free_reqs;
+  g->free_reqs = r;
+  pthread_mutex_unlock(&g->mu);
+}
+
+void agoq_coll_req_finish(agoq_coll_req* req, ncclResult_t res) {
+  req->error = res;
+  atomic_store_explicit(&req->state, res == ncclSuccess ? AGOQ_COLL_REQ_DONE : AGOQ_COLL_REQ_FAILED,
+                        memory_order_release);
+}
+
+static void agoq_coll_enqueue(agoq_coll_comm* g, agoq_coll_req* r) {
+  pthread_mutex_lock(&g->mu);
+  r->next = NULL;
+  if (g->q_tail != NULL)
+    g->q_tail->next = r;
+  else
+    g->q_head = r;
+  g->q_tail = r;
+  pthread_cond_signal(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Common checks; *g_out is the group, or the call fails. */
+static ncclResult_t agoq_coll_call_begin(void* coll_comm, void** request, const char* what, agoq_coll_comm** g_out) {
+  agoq_coll_comm* g = coll_comm;
+  if (g == NULL || g->magic != AGOQ_COLL_COMM_MAGIC || request == NULL) {
+    AGOQ_WARN("CollNet %s: invalid comm %p or request pointer", what, coll_comm);
+    return ncclInternalError;
+  }
+  *request = NULL;
+  ncclResult_t err = (ncclResult_t)atomic_load(&g->error);
+  if (err != ncclSuccess) return err; /* the group failed: so does every later call */
+  *g_out = g;
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_coll_check_type_op(const char* what, int dtype, int op, size_t* esz) {
+  *esz = agoq_coll_type_size(dtype);
+  if (*esz == 0 || op < ncclSum || op > ncclMin) {
+    AGOQ_WARN("CollNet %s: unsupported data type %d or operation %d", what, dtype, op);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
+/* The quantized path takes fp32/bf16/fp16 sums from AGOQ_MIN_BYTES up; the decision uses
+ * only values every rank has alike (call arguments and group settings). */
+static bool agoq_coll_quantizable(const agoq_coll_comm* g, int dtype, int op, size_t bytes, agoq_dtype* ct) {
+  if (g->cfg.format == AGOQ_FORMAT_NONE || op != ncclSum || bytes < g->cfg.min_bytes) return false;
+  switch (dtype) {
+    case ncclFloat32: *ct = AGOQ_DTYPE_FP32; return true;
+    case ncclBfloat16: *ct = AGOQ_DTYPE_BF16; return true;
+    case ncclFloat16: *ct = AGOQ_DTYPE_FP16; return true;
+    default: return false;
+  }
+}
+
+ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_data, size_t count,
+                                  int data_type, int red_op, void** request) {
+  agoq_coll_comm* g = NULL;
+  size_t esz;
+  AGOQ_CHECK(agoq_coll_call_begin(coll_comm, request, "iallreduce", &g));
+  AGOQ_CHECK(agoq_coll_check_type_op("iallreduce", data_type, red_op, &esz));
+  if (count > AGOQ_FRAME_MAX_COUNT || (count > 0 && (send_data == NULL || recv_data == NULL))) {
+    AGOQ_WARN("CollNet iallreduce: invalid buffers (send %p, recv %p, count %zu)", send_data, recv_data, count);
+    return ncclInvalidArgument;
+  }
+  agoq_coll_req* r = agoq_coll_req_alloc(g);
+  if (r == NULL) return ncclSuccess; /* every request busy: NCCL calls again */
+  r->kind = AGOQ_COLL_ALLREDUCE;
+  r->dtype = data_type;
+  r->op = red_op;
+  r->esz = esz;
+  r->count = count;
+  r->src = send_data;
+  r->dst = recv_data;
+  r->result_bytes = count * esz;
+  r->quantized = agoq_coll_quantizable(g, data_type, red_op, count * esz, &r->codec_dtype);
+  r->chunk_elems = agoq_coll_chunk_elems(g->cfg.chunk_bytes, esz, r->quantized ? g->cfg.block : 0);
+  r->nchunks = (count + r->chunk_elems - 1) / r->chunk_elems;
+  agoq_coll_enqueue(g, r);
+  *request = r;
+  return ncclSuccess;
+}
+
+/* Window checks shared by reducescatter and allgather; fills the element space. */
+static ncclResult_t agoq_coll_window(agoq_coll_comm* g, agoq_coll_req* r, const char* what, int nparts,
+                                     const agoq_coll_sge* parts, size_t bpr, size_t wo, size_t wb) {
+  size_t total = 0;
+  if (nparts < 1 || nparts > AGOQ_COLL_MAX_PARTS || parts == NULL) {
+    AGOQ_WARN("CollNet %s: %d buffer parts (1..%d supported)", what, nparts, AGOQ_COLL_MAX_PARTS);
+    return ncclInvalidArgument;
+  }
+  for (int i = 0; i < nparts; i++) {
+    if (parts[i].address == NULL && parts[i].size > 0) {
+      AGOQ_WARN("CollNet %s: part %d has no address", what, i);
+      return ncclInvalidArgument;
+    }
+    total += parts[i].size;
+    r->parts[i] = parts[i];
+  }
+  r->nparts = nparts;
+  size_t esz = r->esz;
+  /* Every offset must be whole elements, and the window inside the ranks' concatenation. */
+  if (total != wb || wb % esz != 0 || wo % esz != 0 || bpr % esz != 0 || bpr > (SIZE_MAX / 2) / (size_t)g->nranks ||
+      wo > bpr * (size_t)g->nranks || wb > bpr * (size_t)g->nranks - wo || wb / esz > AGOQ_FRAME_MAX_COUNT) {
+    AGOQ_WARN("CollNet %s: inconsistent window (bytes per rank %zu, offset %zu, bytes %zu, parts total %zu, "
+              "element size %zu, %d ranks)", what, bpr, wo, wb, total, esz, g->nranks);
+    return ncclInvalidArgument;
+  }
+  r->bpr = bpr;
+  r->wo = wo;
+  r->count = wb / esz;
+  r->my_begin = agoq_coll_rank_begin(r, g->rank);
+  size_t maxlen = 0;
+  for (int j = 0; j < g->nranks; j++) {
+    size_t len = agoq_coll_rank_begin(r, j + 1) - agoq_coll_rank_begin(r, j);
+    if (len > maxlen) maxlen = len;
+  }
+  /* Each chunk takes one piece of every rank's range: pieces of chunk / nranks bytes keep a
+   * chunk's total near AGOQ_COLLNET_CHUNK. */
+  size_t per_rank = g->cfg.chunk_bytes / (size_t)g->nranks;
+  r->chunk_elems = agoq_coll_chunk_elems(per_rank, esz, r->quantized ? g->cfg.block : 0);
+  r->nchunks = (maxlen + r->chunk_elems - 1) / r->chunk_elems;
+  if (nparts > 1) {
+    uint8_t* flat = realloc(r->flat, wb > 0 ? wb : 1);
+    if (flat == NULL) {
+      AGOQ_WARN("CollNet %s: out of memory staging %zu bytes of %d parts", what, wb, nparts);
+      return ncclSystemError;
+    }
+    r->flat = flat;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_ireducescatter(void* coll_comm, int n_send_parts, const agoq_coll_sge* send_parts,
+                                      void* recv_data, size_t bytes_per_rank, size_t window_offset,
+                                      size_t window_bytes, int data_type, int red_op, void** request) {
+  agoq_coll_comm* g = NULL;
+  size_t esz;
+  AGOQ_CHECK(agoq_coll_call_begin(coll_comm, request, "ireducescatter", &g));
+  AGOQ_CHECK(agoq_coll_check_type_op("ireducescatter", data_type, red_op, &esz));
+  agoq_coll_req* r = agoq_coll_req_alloc(g);
+  if (r == NULL) return ncclSuccess;
+  r->kind = AGOQ_COLL_REDUCESCATTER;
+  r->dtype = data_type;
+  r->op = red_op;
+  r->esz = esz;
+  r->quantized = agoq_coll_quantizable(g, data_type, red_op, window_bytes, &r->codec_dtype);
+  ncclResult_t res = agoq_coll_window(g, r, "ireducescatter", n_send_parts, send_parts, bytes_per_rank,
+                                      window_offset, window_bytes);
+  if (res == ncclSuccess) {
+    size_t mine = agoq_coll_rank_begin(r, g->rank + 1) - r->my_begin;
+    if (mine > 0 && recv_data == NULL) {
+      AGOQ_WARN("CollNet ireducescatter: no receive buffer for %zu elements", mine);
+      res = ncclInvalidArgument;
+    }
+    r->result_bytes = mine * esz;
+  }
+  if (res != ncclSuccess) {
+    agoq_coll_req_release(r);
+    return res;
+  }
+  r->src = n_send_parts > 1 ? r->flat : send_parts[0].address;
+  r->dst = recv_data;
+  agoq_coll_enqueue(g, r);
+  *request = r;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_parts,
+                                  const agoq_coll_sge* recv_parts, size_t bytes_per_rank,
+                                  size_t window_offset, size_t window_bytes, void** request) {
+  agoq_coll_comm* g = NULL;
+  AGOQ_CHECK(agoq_coll_call_begin(coll_comm, request, "iallgather", &g));
+  agoq_coll_req* r = agoq_coll_req_alloc(g);
+  if (r == NULL) return ncclSuccess;
+  r->kind = AGOQ_COLL_ALLGATHER;
+  r->dtype = ncclUint8;
+  r->op = ncclSum;
+  r->esz = 1;
+  ncclResult_t res = agoq_coll_window(g, r, "iallgather", n_recv_parts, recv_parts, bytes_per_rank,
+                                      window_offset, window_bytes);
+  if (res == ncclSuccess && send_data == NULL && agoq_coll_rank_begin(r, g->rank + 1) > r->my_begin) {
+    AGOQ_WARN("CollNet iallgather: no send buffer for this rank's bytes");
+    res = ncclInvalidArgument;
+  }
+  if (res != ncclSuccess) {
+    agoq_coll_req_release(r);
+    return res;
+  }
+  r->result_bytes = window_bytes;
+  r->src = send_data;
+  r->dst = n_recv_parts > 1 ? r->flat : recv_parts[0].address;
+  agoq_coll_enqueue(g, r);
+  *request = r;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_test(void* request, int* done, int* size) {
+  agoq_coll_req* r = request;
+  if (r == NULL || done == NULL || r->magic != AGOQ_COLL_REQ_MAGIC) {
+    AGOQ_WARN("CollNet test: invalid request %p", request);
+    return ncclInternalError;
+  }
+  *done = 0;
+  int st = atomic_load_explicit(&r->state, memory_order_acquire);
+  if (st == AGOQ_COLL_REQ_PENDING) return ncclSuccess;
+  ncclResult_t res = st == AGOQ_COLL_REQ_DONE ? ncclSuccess : (ncclResult_t)r->error;
+  if (res == ncclSuccess) {
+    *done = 1;
+    if (size != NULL) *size = r->result_bytes > INT_MAX ? INT_MAX : (int)r->result_bytes;
+  }
+  agoq_coll_req_release(r);
+  return res;
+}

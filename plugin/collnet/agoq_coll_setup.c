@@ -1,0 +1,530 @@
+/* Group creation and teardown: listen (a net listen plus the group-wide settings in NCCL's
+ * 128-byte handle), connect (the full mesh, two connection pairs per peer, blocking with a
+ * timeout), and close. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+#include "net/agoq_wire.h"
+
+/* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
+
+#define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
+#define AGOQ_COLL_HANDLE_VERSION 1
+#define AGOQ_COLL_HANDLE_OFFSET 64
+_Static_assert(AGOQ_HANDLE_WIRE_SIZE <= AGOQ_COLL_HANDLE_OFFSET, "net handle fits before ours");
+_Static_assert(AGOQ_COLL_HANDLE_OFFSET + 32 <= AGOQ_HANDLE_STATE_OFFSET, "ours ends before the state slot");
+
+/* First message on every connection: who is calling, for which phase; "ready" closes setup. */
+#define AGOQ_COLL_MSG_MAGIC 0x49514741u /* "AGQI" */
+#define AGOQ_COLL_MSG_SIZE 16
+enum { AGOQ_COLL_MSG_IDENT = 1, AGOQ_COLL_MSG_READY = 2 };
+
+static void agoq_put16(uint8_t* p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void agoq_put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void agoq_put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t agoq_get32(const uint8_t* p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The settings that decide messages and bits: every rank must have the same. */
+static void agoq_coll_handle_settings(const agoq_coll_config* cfg, uint8_t out[32]) {
+  memset(out, 0, 32);
+  agoq_put32(out + 0, AGOQ_COLL_HANDLE_MAGIC);
+  out[4] = AGOQ_COLL_HANDLE_VERSION;
+  out[5] = (uint8_t)cfg->format;
+  agoq_put16(out + 6, (uint16_t)cfg->block);
+  agoq_put64(out + 8, cfg->min_bytes);
+  agoq_put64(out + 16, cfg->chunk_bytes);
+}
+
+static void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks) {
+  memset(out, 0, AGOQ_COLL_MSG_SIZE);
+  agoq_put32(out, AGOQ_COLL_MSG_MAGIC);
+  out[4] = (uint8_t)kind;
+  out[5] = (uint8_t)phase;
+  agoq_put32(out + 8, (uint32_t)rank);
+  agoq_put32(out + 12, (uint32_t)nranks);
+}
+
+/* ---- listen ------------------------------------------------------------------------- */
+
+ncclResult_t agoq_coll_listen(void* ctx, int dev, void* handle, void** listen_comm) {
+  ncclResult_t res = ncclSuccess;
+  agoq_coll_ctx* c = ctx;
+  agoq_coll_listen_comm* lc = NULL;
+  AGOQ_ARG_CHECK(c != NULL && c->magic == AGOQ_COLL_CTX_MAGIC, res, fail);
+  AGOQ_ARG_CHECK(handle != NULL && listen_comm != NULL, res, fail);
+  *listen_comm = NULL;
+  AGOQ_CALLOC_GOTO(lc, 1, res, fail);
+  lc->magic = AGOQ_COLL_LISTEN_MAGIC;
+  lc->ctx = c;
+  lc->dev = dev;
+  uint8_t net_handle[NCCL_NET_HANDLE_MAXSIZE];
+  AGOQ_CHECK_GOTO(agoq_net_listen(c->net_ctx, dev, net_handle, &lc->net_listen), res, fail);
+  memset(lc->handle, 0, sizeof lc->handle);
+  memcpy(lc->handle, net_handle, AGOQ_COLL_HANDLE_OFFSET);
+  agoq_coll_handle_settings(&c->cfg, lc->handle + AGOQ_COLL_HANDLE_OFFSET);
+  memcpy(handle, lc->handle, NCCL_NET_HANDLE_MAXSIZE);
+  *listen_comm = lc;
+  return ncclSuccess;
+fail:
+  free(lc);
+  return res;
+}
+
+ncclResult_t agoq_coll_close_listen(void* listen_comm) {
+  agoq_coll_listen_comm* lc = listen_comm;
+  if (lc == NULL) return ncclSuccess;
+  if (lc->magic != AGOQ_COLL_LISTEN_MAGIC) {
+    AGOQ_WARN("CollNet closeListen: not an agoq listen comm (%p)", listen_comm);
+    return ncclInternalError;
+  }
+  ncclResult_t res = agoq_net_close_listen(lc->net_listen);
+  lc->magic = 0;
+  free(lc);
+  return res;
+}
+
+/* ---- connect -------------------------------------------------------------------------- */
+
+/* One accepted connection whose identity message has not arrived yet. */
+typedef struct {
+  void* comm;
+  void* req;
+  uint8_t msg[AGOQ_COLL_MSG_SIZE];
+} agoq_coll_accepted;
+
+typedef struct {
+  agoq_coll_comm* g;
+  agoq_coll_listen_comm* lc;
+  int64_t deadline_ns;
+  /* Per (peer, phase): our copy of the peer's net handle (the net core keeps its connect
+   * progress inside it), the identity send, and what has completed. */
+  uint8_t (*handles)[NCCL_NET_HANDLE_MAXSIZE];
+  void** ident_req;
+  bool* ident_done;
+  agoq_coll_accepted* acc;
+  int nacc, acc_cap;
+  int nsend_done, nrecv_known;
+  uint8_t ident[2][AGOQ_COLL_MSG_SIZE];
+  uint8_t ready[AGOQ_COLL_MSG_SIZE];
+} agoq_coll_setup;
+
+static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, agoq_coll_listen_comm* lc, agoq_coll_comm** out) {
+  ncclResult_t res = ncclSuccess;
+  agoq_coll_comm* g = NULL;
+  AGOQ_CALLOC_GOTO(g, 1, res, fail);
+  g->magic = AGOQ_COLL_COMM_MAGIC;
+  g->ctx = lc->ctx;
+  g->cfg = lc->ctx->cfg;
+  g->rank = rank;
+  g->nranks = nranks;
+  g->dev = lc->dev;
+  atomic_init(&g->error, ncclSuccess);
+  for (int ph = 0; ph < 2; ph++) {
+    AGOQ_CALLOC_GOTO(g->send[ph], nranks, res, fail);
+    AGOQ_CALLOC_GOTO(g->recv[ph], nranks, res, fail);
+  }
+  *out = g;
+  return ncclSuccess;
+fail:
+  if (g != NULL) {
+    for (int ph = 0; ph < 2; ph++) {
+      free(g->send[ph]);
+      free(g->recv[ph]);
+    }
+    free(g);
+  }
+  return res;
+}
+
+void agoq_coll_close_conns(agoq_coll_comm* g) {
+  for (int ph = 0; ph < 2; ph++) {
+    for (int p = 0; p < g->nranks; p++) {
+      if (g->send[ph] != NULL && g->send[ph][p] != NULL) {
+        (void)agoq_net_close_send(g->send[ph][p]);
+        g->send[ph][p] = NULL;
+      }
+      if (g->recv[ph] != NULL && g->recv[ph][p] != NULL) {
+        (void)agoq_net_close_recv(g->recv[ph][p]);
+        g->recv[ph][p] = NULL;
+      }
+    }
+  }
+}
+
+static void agoq_coll_comm_free(agoq_coll_comm* g) {
+  agoq_coll_close_conns(g);
+  for (int ph = 0; ph < 2; ph++) {
+    free(g->send[ph]);
+    free(g->recv[ph]);
+  }
+  g->magic = 0;
+  free(g);
+}
+
+/* Gives up the connects still in progress in our handle copies. Without an abort in the net
+ * core their state (and sockets) cannot be released: it stays reachable here until the
+ * process ends, which only happens when a peer listened but never joined. */
+#ifndef AGOQ_NET_HAS_CONNECT_ABORT
+static struct {
+  pthread_mutex_t mu;
+  void* list; /* nodes {next, abandoned handle array} */
+} agoq_coll_abandoned = {.mu = PTHREAD_MUTEX_INITIALIZER};
+#endif
+
+static void agoq_coll_abandon(agoq_coll_setup* s, int nranks) {
+  if (s->handles == NULL) return;
+#ifdef AGOQ_NET_HAS_CONNECT_ABORT
+  for (int i = 0; i < 2 * nranks; i++) agoq_net_connect_abort(s->handles[i]);
+#else
+  bool pending = false;
+  for (int i = 0; i < 2 * nranks && !pending; i++) {
+    void* state;
+    memcpy(&state, s->handles[i] + AGOQ_HANDLE_STATE_OFFSET, sizeof state);
+    pending = state != NULL;
+  }
+  if (pending) {
+    void** node = malloc(2 * sizeof(void*));
+    if (node != NULL) {
+      pthread_mutex_lock(&agoq_coll_abandoned.mu);
+      node[0] = agoq_coll_abandoned.list;
+      node[1] = s->handles;
+      agoq_coll_abandoned.list = node;
+      pthread_mutex_unlock(&agoq_coll_abandoned.mu);
+      s->handles = NULL;
+    }
+  }
+#endif
+}
+
+static bool agoq_coll_expired(const agoq_coll_setup* s) { return agoq_coll_now_ns() > s->deadline_ns; }
+
+/* Sends each (peer, phase) connection's identity once the connection exists. */
+static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed) {
+  agoq_coll_comm* g = s->g;
+  void* net_ctx = s->lc->ctx->net_ctx;
+  for (int p = 0; p < g->nranks; p++) {
+    if (p == g->rank) continue;
+    for (int ph = 0; ph < 2; ph++) {
+      int i = p * 2 + ph;
+      if (g->send[ph][p] == NULL) {
+        AGOQ_CHECK(agoq_net_connect(net_ctx, g->dev, s->handles[i], &g->send[ph][p]));
+        if (g->send[ph][p] == NULL) continue;
+        *progressed = true;
+      }
+      if (s->ident_done[i]) continue;
+      if (s->ident_req[i] == NULL) {
+        AGOQ_CHECK(agoq_net_isend(g->send[ph][p], s->ident[ph], AGOQ_COLL_MSG_SIZE, g->rank, NULL, NULL,
+                                  &s->ident_req[i]));
+        if (s->ident_req[i] == NULL) continue;
+      }
+      int done = 0, size = 0;
+      AGOQ_CHECK(agoq_net_test(s->ident_req[i], &done, &size));
+      if (done) {
+        s->ident_req[i] = NULL;
+        s->ident_done[i] = true;
+        s->nsend_done++;
+        *progressed = true;
+      }
+    }
+  }
+  return ncclSuccess;
+}
+
+/* Identifies an accepted connection by its first message. */
+static ncclResult_t agoq_coll_setup_identify(agoq_coll_setup* s, agoq_coll_accepted* a, int size) {
+  agoq_coll_comm* g = s->g;
+  const uint8_t* m = a->msg;
+  if (size != AGOQ_COLL_MSG_SIZE || agoq_get32(m) != AGOQ_COLL_MSG_MAGIC || m[4] != AGOQ_COLL_MSG_IDENT) {
+    AGOQ_WARN("CollNet group creation: unexpected first message (%d bytes) on an accepted connection", size);
+    return ncclRemoteError;
+  }
+  uint32_t rank = agoq_get32(m + 8), nranks = agoq_get32(m + 12), phase = m[5];
+  if (nranks != (uint32_t)g->nranks || rank >= nranks || rank == (uint32_t)g->rank || phase > 1 ||
+      g->recv[phase][rank] != NULL) {
+    AGOQ_WARN("CollNet group creation: rank %d got a connection claiming rank %u of %u, phase %u "
+              "(this group has %d ranks%s)", g->rank, rank, nranks, phase, g->nranks,
+              rank < (uint32_t)g->nranks && phase <= 1 && g->recv[phase][rank] != NULL ? "; duplicate" : "");
+    return ncclRemoteError;
+  }
+  g->recv[phase][rank] = a->comm;
+  a->comm = NULL;
+  s->nrecv_known++;
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_coll_setup_accept(agoq_coll_setup* s, bool* progressed) {
+  for (;;) {
+    void* rc = NULL;
+    AGOQ_CHECK(agoq_net_accept(s->lc->net_listen, &rc));
+    if (rc == NULL) break;
+    if (s->nacc == s->acc_cap) {
+      (void)agoq_net_close_recv(rc);
+      AGOQ_WARN("CollNet group creation: rank %d accepted more connections than the group has", s->g->rank);
+      return ncclRemoteError;
+    }
+    s->acc[s->nacc++] = (agoq_coll_accepted){.comm = rc};
+    *progressed = true;
+  }
+  for (int i = 0; i < s->nacc; i++) {
+    agoq_coll_accepted* a = &s->acc[i];
+    if (a->comm == NULL) continue;
+    if (a->req == NULL) {
+      void* data = a->msg;
+      size_t size = AGOQ_COLL_MSG_SIZE;
+      int tag = 0;
+      AGOQ_CHECK(agoq_net_irecv(a->comm, 1, &data, &size, &tag, NULL, NULL, &a->req));
+      if (a->req == NULL) continue;
+    }
+    int done = 0, size = 0;
+    AGOQ_CHECK(agoq_net_test(a->req, &done, &size));
+    if (!done) continue;
+    a->req = NULL;
+    AGOQ_CHECK(agoq_coll_setup_identify(s, a, size));
+    *progressed = true;
+  }
+  return ncclSuccess;
+}
+
+static void agoq_coll_setup_missing(const agoq_coll_setup* s, char* out, size_t len) {
+  const agoq_coll_comm* g = s->g;
+  size_t used = 0;
+  out[0] = '\0';
+  for (int p = 0; p < g->nranks && used + 32 < len; p++) {
+    if (p == g->rank) continue;
+    bool out_ok = s->ident_done[p * 2] && s->ident_done[p * 2 + 1];
+    bool in_ok = g->recv[0][p] != NULL && g->recv[1][p] != NULL;
+    if (out_ok && in_ok) continue;
+    used += (size_t)snprintf(out + used, len - used, "%s%d(%s%s)", used ? " " : "", p, out_ok ? "" : "to",
+                             in_ok ? "" : (out_ok ? "from" : ",from"));
+  }
+}
+
+static void agoq_coll_nap(void) {
+  struct timespec ts = {0, 200000};
+  nanosleep(&ts, NULL);
+}
+
+/* Every peer says "ready" on its phase-0 connection once its own mesh is complete, and
+ * nobody returns success before hearing it from everyone: a rank that failed closes its
+ * connections instead, and its peers fail too rather than run a half-built group. */
+static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
+  agoq_coll_comm* g = s->g;
+  int n = g->nranks, left = 0;
+  void** sreq = calloc((size_t)n, sizeof *sreq);
+  void** rreq = calloc((size_t)n, sizeof *rreq);
+  uint8_t(*rmsg)[AGOQ_COLL_MSG_SIZE] = calloc((size_t)n, AGOQ_COLL_MSG_SIZE);
+  bool* sdone = calloc((size_t)n, sizeof *sdone);
+  bool* rdone = calloc((size_t)n, sizeof *rdone);
+  ncclResult_t res = ncclSuccess;
+  if (sreq == NULL || rreq == NULL || rmsg == NULL || sdone == NULL || rdone == NULL) {
+    AGOQ_WARN("out of memory in CollNet group creation");
+    res = ncclSystemError;
+    goto out;
+  }
+  for (int p = 0; p < n; p++) sdone[p] = rdone[p] = p == g->rank;
+  left = 2 * (n - 1);
+  while (left > 0) {
+    bool progressed = false;
+    for (int p = 0; p < n; p++) {
+      int done = 0, size = 0;
+      if (!sdone[p]) {
+        if (sreq[p] == NULL)
+          AGOQ_CHECK_GOTO(agoq_net_isend(g->send[0][p], s->ready, AGOQ_COLL_MSG_SIZE, g->rank, NULL, NULL, &sreq[p]),
+                          res, out);
+        if (sreq[p] != NULL) {
+          AGOQ_CHECK_GOTO(agoq_net_test(sreq[p], &done, &size), res, out);
+          if (done) {
+            sreq[p] = NULL;
+            sdone[p] = true;
+            left--;
+            progressed = true;
+          }
+        }
+      }
+      if (!rdone[p]) {
+        if (rreq[p] == NULL) {
+          void* data = rmsg[p];
+          size_t cap = AGOQ_COLL_MSG_SIZE;
+          int tag = p;
+          AGOQ_CHECK_GOTO(agoq_net_irecv(g->recv[0][p], 1, &data, &cap, &tag, NULL, NULL, &rreq[p]), res, out);
+        }
+        if (rreq[p] != NULL) {
+          AGOQ_CHECK_GOTO(agoq_net_test(rreq[p], &done, &size), res, out);
+          if (done) {
+            rreq[p] = NULL;
+            if (size != AGOQ_COLL_MSG_SIZE || agoq_get32(rmsg[p]) != AGOQ_COLL_MSG_MAGIC ||
+                rmsg[p][4] != AGOQ_COLL_MSG_READY || agoq_get32(rmsg[p] + 8) != (uint32_t)p) {
+              AGOQ_WARN("CollNet group creation: rank %d got a malformed ready message from rank %d", g->rank, p);
+              res = ncclRemoteError;
+              goto out;
+            }
+            rdone[p] = true;
+            left--;
+            progressed = true;
+          }
+        }
+      }
+    }
+    if (left == 0) break;
+    if (agoq_coll_expired(s)) {
+      AGOQ_WARN("CollNet group creation timed out after %d s (AGOQ_COLLNET_TIMEOUT_S) waiting for every "
+                "rank to finish its connections (rank %d of %d)", g->cfg.timeout_s, g->rank, n);
+      res = ncclRemoteError;
+      goto out;
+    }
+    if (!progressed) agoq_coll_nap();
+  }
+out:
+  free(sreq);
+  free(rreq);
+  free(rmsg);
+  free(sdone);
+  free(rdone);
+  return res;
+}
+
+/* Checks every handle: ours at our rank, the same settings everywhere. */
+static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int rank, const agoq_coll_listen_comm* lc) {
+  const uint8_t* mine = lc->handle + AGOQ_COLL_HANDLE_OFFSET;
+  for (int i = 0; i < nranks; i++) {
+    const uint8_t* h = handles[i];
+    if (h == NULL) {
+      AGOQ_WARN("CollNet connect: handle of rank %d is NULL", i);
+      return ncclInternalError;
+    }
+    if (agoq_get32(h + AGOQ_COLL_HANDLE_OFFSET) != AGOQ_COLL_HANDLE_MAGIC ||
+        h[AGOQ_COLL_HANDLE_OFFSET + 4] != AGOQ_COLL_HANDLE_VERSION) {
+      AGOQ_WARN("CollNet connect: handle of rank %d was not made by this agoq version's CollNet listen", i);
+      return ncclInvalidUsage;
+    }
+    if (memcmp(h + AGOQ_COLL_HANDLE_OFFSET, mine, 32) != 0) {
+      /* Every rank sees the same handles, so every rank fails here alike. */
+      AGOQ_WARN("CollNet connect: rank %d runs with different AGOQ_FORMAT, AGOQ_BLOCK, AGOQ_MIN_BYTES or "
+                "AGOQ_COLLNET_CHUNK than rank %d; every rank needs the same values", i, rank);
+      return ncclInvalidUsage;
+    }
+  }
+  if (memcmp(handles[rank], lc->handle, NCCL_NET_HANDLE_MAXSIZE) != 0) {
+    AGOQ_WARN("CollNet connect: handles[%d] is not the handle this rank's listen produced", rank);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_coll_setup_run(agoq_coll_setup* s) {
+  agoq_coll_comm* g = s->g;
+  int want = 2 * (g->nranks - 1);
+  while (s->nsend_done < want || s->nrecv_known < want) {
+    bool progressed = false;
+    AGOQ_CHECK(agoq_coll_setup_connect(s, &progressed));
+    AGOQ_CHECK(agoq_coll_setup_accept(s, &progressed));
+    if (s->nsend_done == want && s->nrecv_known == want) break;
+    if (agoq_coll_expired(s)) {
+      char missing[256];
+      agoq_coll_setup_missing(s, missing, sizeof missing);
+      AGOQ_WARN("CollNet group creation timed out after %d s (AGOQ_COLLNET_TIMEOUT_S): rank %d of %d is "
+                "missing connections with rank(s) %s", g->cfg.timeout_s, g->rank, g->nranks, missing);
+      return ncclRemoteError;
+    }
+    if (!progressed) agoq_coll_nap();
+  }
+  return agoq_coll_setup_barrier(s);
+}
+
+ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
+  ncclResult_t res = ncclSuccess;
+  agoq_coll_listen_comm* lc = listen_comm;
+  agoq_coll_setup s;
+  memset(&s, 0, sizeof s);
+  AGOQ_ARG_CHECK(lc != NULL && lc->magic == AGOQ_COLL_LISTEN_MAGIC && coll_comm != NULL && handles != NULL, res, out);
+  *coll_comm = NULL;
+  if (nranks < 1 || nranks > AGOQ_COLL_MAX_RANKS || rank < 0 || rank >= nranks) {
+    AGOQ_WARN("CollNet connect: rank %d of %d is out of range (at most %d ranks)", rank, nranks, AGOQ_COLL_MAX_RANKS);
+    res = ncclInvalidArgument;
+    goto fail;
+  }
+  AGOQ_CHECK_GOTO(agoq_coll_check_handles(handles, nranks, rank, lc), res, fail);
+  AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, lc, &s.g), res, fail);
+  s.lc = lc;
+  s.deadline_ns = agoq_coll_now_ns() + (int64_t)lc->ctx->cfg.timeout_s * 1000000000;
+  size_t nconn = 2 * (size_t)nranks;
+  s.acc_cap = 2 * (nranks - 1);
+  s.handles = calloc(nconn, sizeof *s.handles);
+  s.ident_req = calloc(nconn, sizeof *s.ident_req);
+  s.ident_done = calloc(nconn, sizeof *s.ident_done);
+  s.acc = calloc((size_t)s.acc_cap + 1, sizeof *s.acc);
+  if (s.handles == NULL || s.ident_req == NULL || s.ident_done == NULL || s.acc == NULL) {
+    AGOQ_WARN("out of memory in CollNet group creation");
+    res = ncclSystemError;
+    goto fail;
+  }
+  for (int p = 0; p < nranks; p++)
+    for (int ph = 0; ph < 2; ph++) memcpy(s.handles[p * 2 + ph], handles[p], AGOQ_COLL_HANDLE_OFFSET);
+  for (int ph = 0; ph < 2; ph++) agoq_coll_msg_encode(s.ident[ph], AGOQ_COLL_MSG_IDENT, ph, rank, nranks);
+  agoq_coll_msg_encode(s.ready, AGOQ_COLL_MSG_READY, 0, rank, nranks);
+  int64_t t0 = agoq_coll_now_ns();
+  AGOQ_CHECK_GOTO(agoq_coll_setup_run(&s), res, fail);
+  AGOQ_CHECK_GOTO(agoq_coll_engine_start(s.g), res, fail);
+  agoq_coll_registry_add(s.g);
+  if (s.g->cfg.format == AGOQ_FORMAT_NONE)
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet group of %d ranks created (rank %d) in %.1f ms; compression off "
+              "(AGOQ_FORMAT=none): every reduction exact", nranks, rank, (double)(agoq_coll_now_ns() - t0) / 1e6);
+  else
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet group of %d ranks created (rank %d) in %.1f ms; fp32/bf16/fp16 Sum "
+              "from %llu bytes quantized to %s, block %u; pipeline chunks of %llu bytes", nranks, rank,
+              (double)(agoq_coll_now_ns() - t0) / 1e6, (unsigned long long)s.g->cfg.min_bytes,
+              agoq_format_name(s.g->cfg.format), s.g->cfg.block, (unsigned long long)s.g->cfg.chunk_bytes);
+  *coll_comm = s.g;
+  s.g = NULL;
+  goto out;
+fail:
+  /* NCCL drops the listen comm of a failed connect without closing it (coll_net.cc
+   * sharedConnect): release its socket now; a closeListen that does come frees the rest. */
+  (void)agoq_net_close_listen(lc->net_listen);
+  lc->net_listen = NULL;
+  agoq_coll_abandon(&s, nranks);
+  for (int i = 0; i < s.nacc; i++)
+    if (s.acc[i].comm != NULL) (void)agoq_net_close_recv(s.acc[i].comm);
+  if (s.g != NULL) agoq_coll_comm_free(s.g);
+  s.g = NULL;
+out:
+  free(s.handles);
+  free(s.ident_req);
+  free(s.ident_done);
+  free(s.acc);
+  return res;
+}
+
+ncclResult_t agoq_coll_close_coll(void* coll_comm) {
+  agoq_coll_comm* g = coll_comm;
+  if (g == NULL) return ncclSuccess;
+  if (g->magic != AGOQ_COLL_COMM_MAGIC) {
+    AGOQ_WARN("CollNet closeColl: not an agoq collective comm (%p)", coll_comm);
+    return ncclInternalError;
+  }
+  /* Leaving the registry first: a concurrent finalize is done with this group once it is
+   * out, so the engine below is stopped (and joined) by exactly one caller. */
+  agoq_coll_registry_remove(g);
+  agoq_coll_engine_stop(g);
+  /* The engine is gone; closing the connections detaches the progress threads, so nothing
+   * writes into NCCL's buffers or ours after this. */
+  agoq_coll_close_conns(g);
+  agoq_coll_stats_print(g, "close");
+  agoq_coll_engine_free(g);
+  agoq_coll_comm_free(g);
+  return ncclSuccess;
+}
