@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # From a fresh checkout to a first measurement, in one command:
 #   installs the build dependencies, configures and builds ./build, shows what the plugin
-#   sees (agoq-info) and measures point-to-point bandwidth through the plugin over the
-#   loopback interface (agoq-perf p2p). Safe to re-run: every step is incremental.
+#   sees (agoq-info), measures point-to-point bandwidth through the plugin over the
+#   loopback interface (agoq-perf p2p) and runs the main demo: a 4-rank bf16 all-reduce
+#   quantized to int8 on the wire (agoq-perf allreduce). Safe to re-run.
 #
 # Environment knobs (all optional):
 #   AGOQ_JOBS              parallel build jobs (default: nproc)
@@ -47,6 +48,10 @@ fi
 echo
 echo "quickstart: point-to-point bandwidth through the plugin, 1 MiB .. 256 MiB, over $AGOQ_SOCKET_IFNAME"
 run env AGOQ_SOCKET_IFNAME="$AGOQ_SOCKET_IFNAME" build/bin/agoq-perf p2p -b 1M -e 256M -f 4
+# The main demo: a 4-rank bf16 all-reduce through the plugin's CollNet table, quantized to
+# int8 (block 128) on the wire; the table shows bandwidth, wire-bytes ratio, the error
+# against an fp64 reference and `diverged` (elements whose bits differ between ranks: 0).
+run env AGOQ_SOCKET_IFNAME="$AGOQ_SOCKET_IFNAME" build/bin/agoq-perf allreduce -n 4 -t bf16 -b 64K -e 64M -f 4 --format int8
 
 cat <<EOF
 

@@ -66,6 +66,11 @@ ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
 ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm);
+/* Abandons a connect still in progress on this handle buffer: closes its sockets and frees
+ * its state; a no-op when there is none. For callers that give up waiting (CollNet group
+ * creation timeout); NCCL itself never abandons a connect. */
+#define AGOQ_NET_HAS_CONNECT_ABORT 1
+void agoq_net_connect_abort(void* handle);
 ncclResult_t agoq_net_accept(void* listen_comm, void** recv_comm);
 ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
 ncclResult_t agoq_net_reg_mr_dmabuf(void* comm, void* data, size_t size, int type,

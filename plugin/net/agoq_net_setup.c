@@ -361,6 +361,14 @@ out:
   return res;
 }
 
+void agoq_net_connect_abort(void* handle) {
+  if (handle == NULL) return;
+  agoq_connect_state** slot = agoq_handle_state_slot(handle);
+  agoq_connect_state* st = *slot;
+  *slot = NULL;
+  if (st != NULL && st->magic == AGOQ_CONNECT_MAGIC) agoq_connect_state_free(st);
+}
+
 /* ---- accept ------------------------------------------------------------------------ */
 
 static void agoq_pending_drop(agoq_listen_comm* lc, int index, bool close_fd) {
