@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,20 +76,27 @@ static void perf_tune_tcp(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-int perf_boot_tcp(perf_boot* b, int rank, const char* addr, int timeout_s) {
+/* Resolves --addr HOST:PORT; `passive` for the side that listens. 0 ok, -1 with a message. */
+static int perf_resolve_addr(const char* addr, bool passive, struct addrinfo** res) {
   char host[256], port[32];
   if (perf_split_addr(addr, host, sizeof(host), port, sizeof(port)) != 0) {
     fprintf(stderr, "agoq-perf: --addr '%s' is not HOST:PORT\n", addr);
     return -1;
   }
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-  if (rank == 1) hints.ai_flags = AI_PASSIVE;
-  struct addrinfo* res = NULL;
-  int gai = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  *res = NULL;
+  int gai = getaddrinfo(host[0] ? host : NULL, port, &hints, res);
   if (gai != 0) {
     fprintf(stderr, "agoq-perf: cannot resolve '%s': %s\n", addr, gai_strerror(gai));
     return -1;
   }
+  return 0;
+}
+
+int perf_boot_tcp(perf_boot* b, int rank, const char* addr, int timeout_s) {
+  struct addrinfo* res = NULL;
+  if (perf_resolve_addr(addr, rank == 1, &res) != 0) return -1;
   int fd = -1;
   double deadline = perf_now_us() + timeout_s * 1e6;
   if (rank == 1) {
@@ -295,19 +303,8 @@ int perf_group_tcp(perf_group* g, int rank, int nranks, const char* addr, int ti
   g->rank = rank;
   g->nranks = nranks;
   g->up = (perf_boot){.fd = -1};
-  char host[256], port[32];
-  if (perf_split_addr(addr, host, sizeof(host), port, sizeof(port)) != 0) {
-    fprintf(stderr, "agoq-perf: --addr '%s' is not HOST:PORT\n", addr);
-    return -1;
-  }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-  if (rank == 0) hints.ai_flags = AI_PASSIVE;
   struct addrinfo* res = NULL;
-  int gai = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
-  if (gai != 0) {
-    fprintf(stderr, "agoq-perf: cannot resolve '%s': %s\n", addr, gai_strerror(gai));
-    return -1;
-  }
+  if (perf_resolve_addr(addr, rank == 0, &res) != 0) return -1;
   double deadline = perf_now_us() + timeout_s * 1e6;
   uint8_t hello[8];
   int rc = -1;
