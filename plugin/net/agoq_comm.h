@@ -15,6 +15,7 @@
 #include "net/agoq_request.h"
 #include "net/agoq_wire.h"
 #include "agoq_netif.h"
+#include "net/agoq_typed.h"
 
 #define AGOQ_CTX_MAGIC 0x58544341u    /* "ACTX" */
 #define AGOQ_LISTEN_MAGIC 0x4e534c41u /* "ALSN" */
@@ -27,6 +28,7 @@ typedef struct {
   uint64_t comm_id;
   int traffic_class;
   agoq_net_attr attr;
+  ncclProfilerCallback_t prof_fn; /* NCCL's profiler callback (v10+), NULL before */
 } agoq_ctx;
 
 /* Process-wide transport state, fixed after the first successful init. */
@@ -106,6 +108,10 @@ typedef struct agoq_comm {
   agoq_request* rx_inline_req; /* inline payload being read, if any */
   int rx_inline_slot;
   size_t rx_inline_got;
+  /* Typed payloads (agoq_typed.h). */
+  ncclProfilerCallback_t prof_fn; /* sender: the oracle's way into NCCL's profiler */
+  agoq_stage_cache stage;
+  agoq_typed_stats typed_stats;
   char peer[64];
 } agoq_comm;
 

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "agoq_frame.h"
 #include "core/agoq_check.h"
 #include "net/agoq_comm.h"
 
@@ -86,7 +87,7 @@ static ncclResult_t agoq_send_progress(agoq_comm* comm) {
         iov[niov++] = (struct iovec){req->wire_hdr + req->ctrl_sent, AGOQ_MSG_HDR_SIZE - req->ctrl_sent};
       size_t body_done = req->ctrl_sent > AGOQ_MSG_HDR_SIZE ? req->ctrl_sent - AGOQ_MSG_HDR_SIZE : 0;
       size_t body_total = req->ctrl_total - AGOQ_MSG_HDR_SIZE;
-      if (body_done < body_total) iov[niov++] = (struct iovec){req->data[0] + body_done, body_total - body_done};
+      if (body_done < body_total) iov[niov++] = (struct iovec){req->wire_data + body_done, body_total - body_done};
       struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
       ssize_t n = sendmsg(comm->ctrl_fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n > 0) {
@@ -108,7 +109,6 @@ static ncclResult_t agoq_send_progress(agoq_comm* comm) {
 ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                             void** request) {
   (void)mhandle;
-  (void)phandle;
   agoq_comm* comm = agoq_comm_from(send_comm, AGOQ_SEND_MAGIC);
   if (comm == NULL || request == NULL || (data == NULL && size > 0)) {
     AGOQ_WARN("isend: invalid arguments (comm %p, data %p, size %zu)", send_comm, data, size);
@@ -120,8 +120,20 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_SEND, comm);
   if (req == NULL) return ncclSuccess; /* all requests busy: NCCL retries */
 
+  /* A p2p float payload whose type the profiler chain established travels as a frame
+   * (agoq_typed.h); everything else exactly as NCCL handed it over. */
+  size_t wire_size = size;
+  req->wire_data = data;
+  if (phandle != NULL && agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, data, size,
+                                           &req->stage[0], &wire_size)) {
+    req->wire_data = agoq_stage_ptr(&comm->stage, req->stage[0]);
+  } else {
+    comm->typed_stats.exact_msgs++;
+    comm->typed_stats.exact_bytes += size;
+  }
   agoq_msg_hdr hdr;
-  agoq_msg_plan(size, comm->inline_max, comm->min_chunk, comm->nsocks, &hdr);
+  agoq_msg_plan(wire_size, comm->inline_max, comm->min_chunk, comm->nsocks, &hdr);
+  if (req->stage[0] >= 0) hdr.flags |= AGOQ_MSG_FLAG_FRAME;
   hdr.tag = tag;
   hdr.seq = comm->seq++;
   if (hdr.nchunks > 0) {
@@ -133,14 +145,14 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   req->data[0] = data;
   req->posted[0] = req->actual[0] = size;
   req->tags[0] = tag;
-  req->ctrl_total = AGOQ_MSG_HDR_SIZE + ((hdr.flags & AGOQ_MSG_FLAG_INLINE) ? size : 0);
+  req->ctrl_total = AGOQ_MSG_HDR_SIZE + ((hdr.flags & AGOQ_MSG_FLAG_INLINE) ? wire_size : 0);
   /* Payload pieces go to the progress threads right away; the receiver reads them in the
    * same per-socket order once it has matched the header. */
   atomic_store(&req->pending_pieces, hdr.nchunks);
   for (unsigned k = 0; k < hdr.nchunks; k++) {
     uint64_t off = (uint64_t)k * hdr.chunk;
-    uint64_t len = size - off < hdr.chunk ? size - off : hdr.chunk;
-    if (!agoq_stream_post(&comm->streams[(hdr.first_sock + k) % comm->nsocks], (uint8_t*)data + off, len, req)) {
+    uint64_t len = wire_size - off < hdr.chunk ? wire_size - off : hdr.chunk;
+    if (!agoq_stream_post(&comm->streams[(hdr.first_sock + k) % comm->nsocks], req->wire_data + off, len, req)) {
       AGOQ_WARN("isend: data socket queue overflow (internal limit exceeded)");
       return agoq_comm_fail(comm, ncclInternalError);
     }
@@ -172,6 +184,11 @@ static ncclResult_t agoq_recv_protocol_error(agoq_comm* comm, ncclResult_t res, 
   return (ncclResult_t)atomic_load(&comm->error);
 }
 
+/* Where a receive buffer's bytes land: NCCL's buffer, or the staging buffer of a frame. */
+static uint8_t* agoq_recv_dst(agoq_comm* comm, const agoq_request* req, int slot) {
+  return req->stage[slot] >= 0 ? agoq_stage_ptr(&comm->stage, req->stage[slot]) : req->data[slot];
+}
+
 static bool agoq_recv_all_matched(const agoq_request* req) {
   return req->matched_mask == (req->n == 32 ? UINT32_MAX : (1u << req->n) - 1);
 }
@@ -195,6 +212,18 @@ static ncclResult_t agoq_recv_dispatch(agoq_comm* comm, agoq_request* req, const
              (unsigned long long)hdr->size, req->posted[slot]);
     return agoq_recv_protocol_error(comm, ncclInvalidUsage, what);
   }
+  if (hdr->flags & AGOQ_MSG_FLAG_FRAME) {
+    /* Staged, decoded at completion. A frame is never larger than the bytes it stands
+     * for, so the posted size bounds the staging buffer too. */
+    if (hdr->size < AGOQ_FRAME_HEADER_SIZE)
+      return agoq_recv_protocol_error(comm, ncclSystemError, "frame shorter than a frame header");
+    int idx = agoq_stage_get(&comm->stage, hdr->size);
+    if (idx < 0) return agoq_recv_protocol_error(comm, ncclSystemError, "out of memory staging a frame");
+    req->stage[slot] = idx;
+  } else {
+    comm->typed_stats.exact_msgs++;
+    comm->typed_stats.exact_bytes += hdr->size;
+  }
   req->actual[slot] = hdr->size;
   req->matched_mask |= 1u << slot;
   if (hdr->flags & AGOQ_MSG_FLAG_INLINE) {
@@ -208,7 +237,8 @@ static ncclResult_t agoq_recv_dispatch(agoq_comm* comm, agoq_request* req, const
     for (unsigned k = 0; k < hdr->nchunks; k++) {
       uint64_t off = (uint64_t)k * hdr->chunk;
       uint64_t len = hdr->size - off < hdr->chunk ? hdr->size - off : hdr->chunk;
-      if (!agoq_stream_post(&comm->streams[(hdr->first_sock + k) % comm->nsocks], req->data[slot] + off, len, req))
+      if (!agoq_stream_post(&comm->streams[(hdr->first_sock + k) % comm->nsocks], agoq_recv_dst(comm, req, slot) + off,
+                            len, req))
         return agoq_recv_protocol_error(comm, ncclInternalError, "data socket queue overflow");
     }
   }
@@ -222,7 +252,7 @@ static ncclResult_t agoq_recv_progress(agoq_comm* comm) {
     agoq_request* inl = comm->rx_inline_req;
     if (inl != NULL) {
       size_t want = inl->actual[comm->rx_inline_slot] - comm->rx_inline_got;
-      ssize_t n = agoq_ctrl_read(comm, inl->data[comm->rx_inline_slot] + comm->rx_inline_got, want);
+      ssize_t n = agoq_ctrl_read(comm, agoq_recv_dst(comm, inl, comm->rx_inline_slot) + comm->rx_inline_got, want);
       if (n < 0) return (ncclResult_t)atomic_load(&comm->error);
       if (n == 0) return ncclSuccess;
       comm->rx_inline_got += (size_t)n;
@@ -314,6 +344,26 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
                   (comm->is_send ? req->control_done
                                  : agoq_recv_all_matched(req) && comm->rx_inline_req != req);
   if (finished) {
+    for (int i = 0; i < req->n; i++) {
+      if (req->stage[i] < 0) continue;
+      if (comm->is_send) {
+        agoq_stage_put(&comm->stage, req->stage[i]);
+        req->stage[i] = -1;
+        continue;
+      }
+      size_t decoded = 0;
+      ncclResult_t res = agoq_typed_decode(&comm->typed_stats, agoq_stage_ptr(&comm->stage, req->stage[i]),
+                                           req->actual[i], req->data[i], req->posted[i], &decoded, comm->peer);
+      agoq_stage_put(&comm->stage, req->stage[i]);
+      req->stage[i] = -1;
+      if (res != ncclSuccess) {
+        /* Nothing of a rejected frame reached NCCL's buffer; the connection is unusable. */
+        agoq_comm_fail(comm, res);
+        comm->error_reported = true;
+        return res;
+      }
+      req->actual[i] = decoded;
+    }
     if (sizes != NULL)
       for (int i = 0; i < req->n; i++) sizes[i] = agoq_size_to_int(req->actual[i]);
     agoq_request_release(&comm->pool, req);

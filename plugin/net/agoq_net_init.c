@@ -46,6 +46,7 @@ static ncclResult_t agoq_config_load(void) {
   c->timeout_s = (int)agoq_param_int(AGOQ_PARAM_TIMEOUT_S);
   c->handshake_timeout_ms = agoq_param_int(AGOQ_PARAM_HANDSHAKE_TIMEOUT_MS);
   c->max_pending = (int)agoq_param_int(AGOQ_PARAM_MAX_PENDING_CONNECTIONS);
+  agoq_typed_policy_load();
 
   char line[512] = "", one[160], desc[128];
   for (int i = 0; i < c->nifs; i++) {
@@ -58,13 +59,15 @@ static ncclResult_t agoq_config_load(void) {
   return ncclSuccess;
 }
 
-static ncclResult_t agoq_ctx_create(uint64_t comm_id, int traffic_class, agoq_ctx** out) {
+static ncclResult_t agoq_ctx_create(uint64_t comm_id, int traffic_class, ncclProfilerCallback_t prof_fn,
+                                    agoq_ctx** out) {
   ncclResult_t res = ncclSuccess;
   agoq_ctx* ctx = NULL;
   AGOQ_CALLOC_GOTO(ctx, 1, res, out);
   ctx->magic = AGOQ_CTX_MAGIC;
   ctx->comm_id = comm_id;
   ctx->traffic_class = traffic_class;
+  ctx->prof_fn = prof_fn;
   ctx->attr.op = ctx->attr.algo = ctx->attr.proto = UINT32_MAX;
   *out = ctx;
 out:
@@ -82,14 +85,13 @@ static ncclResult_t agoq_init_common_locked(ncclDebugLogger_t log_fn) {
 
 ncclResult_t agoq_net_init(void** ctx, uint64_t comm_id, int traffic_class, ncclDebugLogger_t log_fn,
                            ncclProfilerCallback_t prof_fn) {
-  (void)prof_fn; /* the profiler route to datatypes arrives with the typed-net-path work */
   ncclResult_t res = ncclSuccess;
   agoq_ctx* c = NULL;
   if (ctx == NULL) return ncclInternalError;
   *ctx = NULL;
   pthread_mutex_lock(&agoq_state.mu);
   AGOQ_CHECK_GOTO(agoq_init_common_locked(log_fn), res, out);
-  AGOQ_CHECK_GOTO(agoq_ctx_create(comm_id, traffic_class, &c), res, out);
+  AGOQ_CHECK_GOTO(agoq_ctx_create(comm_id, traffic_class, prof_fn, &c), res, out);
   agoq_state.live_ctx++;
   *ctx = c;
   AGOQ_INFO(NCCL_INIT | NCCL_NET, "init for communicator %016llx (%d active)", (unsigned long long)comm_id,
@@ -119,14 +121,15 @@ ncclResult_t agoq_net_finalize(void* ctx) {
 }
 
 ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback_t prof_fn) {
-  (void)prof_fn;
   ncclResult_t res = ncclSuccess;
   pthread_mutex_lock(&agoq_state.mu);
   AGOQ_CHECK_GOTO(agoq_init_common_locked(log_fn), res, out);
   if (agoq_state.legacy_ctx == NULL) {
     /* Before v11 NCCL has no per-communicator init, no comm id and no finalize: one
      * process-wide context; the library destructor stops the threads. */
-    AGOQ_CHECK_GOTO(agoq_ctx_create(0, NCCL_NET_TRAFFIC_CLASS_UNDEF, &agoq_state.legacy_ctx), res, out);
+    AGOQ_CHECK_GOTO(agoq_ctx_create(0, NCCL_NET_TRAFFIC_CLASS_UNDEF, prof_fn, &agoq_state.legacy_ctx), res, out);
+  } else if (prof_fn != NULL) {
+    agoq_state.legacy_ctx->prof_fn = prof_fn; /* v10: the same callback for every init */
   }
 out:
   pthread_mutex_unlock(&agoq_state.mu);

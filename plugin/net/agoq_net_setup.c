@@ -117,6 +117,9 @@ void agoq_comm_destroy(agoq_comm* comm) {
     free(comm->streams);
   }
   if (comm->ctrl_fd >= 0) close(comm->ctrl_fd);
+  if (comm->typed_stats.frames > 0 || comm->typed_stats.unknown_type > 0)
+    agoq_typed_stats_log(&comm->typed_stats, comm->is_send, comm->peer);
+  agoq_stage_fini(&comm->stage); /* after the streams: no worker reads a frame any more */
   agoq_request_pool_fini(&comm->pool);
   comm->magic = 0;
   free(comm);
@@ -351,6 +354,7 @@ ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm
   for (unsigned i = 0; i <= st->nsocks; i++) st->fds[i] = -1;
   agoq_connect_state_free(st);
   if (res != ncclSuccess) return res;
+  comm->prof_fn = c->prof_fn;
   AGOQ_INFO(NCCL_NET, "connected to %s with %u data sockets (dev %d)", comm->peer, comm->nsocks, dev);
   *send_comm = comm;
   return ncclSuccess;

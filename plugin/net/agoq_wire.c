@@ -153,7 +153,7 @@ agoq_wire_status agoq_msg_hdr_decode(const uint8_t* in, size_t len, unsigned nso
   m->chunk = get64(in + 16);
   m->tag = (int32_t)get32(in + 24);
   m->seq = get32(in + 28);
-  if ((flags >> 24) != 0 || (m->flags & ~AGOQ_MSG_FLAG_INLINE) != 0) return AGOQ_WIRE_BAD_FIELD;
+  if ((flags >> 24) != 0 || (m->flags & ~AGOQ_MSG_FLAGS_KNOWN) != 0) return AGOQ_WIRE_BAD_FIELD;
   if (m->flags & AGOQ_MSG_FLAG_INLINE) {
     m->nchunks = 0;
     if (m->chunk != 0 || m->first_sock != 0 || ((flags >> 16) & 0xff) != 0) return AGOQ_WIRE_BAD_FIELD;

@@ -59,6 +59,10 @@ typedef struct {
 typedef enum { AGOQ_ACK_ACCEPTED = 0, AGOQ_ACK_REJECTED = 1 } agoq_ack_status;
 
 #define AGOQ_MSG_FLAG_INLINE 0x1u
+/* The payload is a codec frame (agoq_frame.h) of a typed p2p transfer: the receiver
+ * decodes it into the posted buffer and reports the decoded size. */
+#define AGOQ_MSG_FLAG_FRAME 0x2u
+#define AGOQ_MSG_FLAGS_KNOWN (AGOQ_MSG_FLAG_INLINE | AGOQ_MSG_FLAG_FRAME)
 typedef struct {
   uint64_t size;       /* payload bytes */
   uint64_t chunk;      /* bytes per data socket piece (last may be shorter); 0 when inline */
