@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "agoq_netif.h"
+
 #define AGOQ_TOPO_MAX_GPUS 64
 #define AGOQ_TOPO_MAX_NICS 64
 #define AGOQ_TOPO_MAX_NUMA 64
@@ -144,6 +146,12 @@ int agoq_topo_numa_find(const agoq_topo* t, int os_index);
  * `allowed` (the process's sched_getaffinity set). False (out cleared) when the node is
  * unknown or the intersection is empty: then do not pin. */
 bool agoq_topo_placement_cpus(const agoq_topo* t, int os_index, const cpu_set_t* allowed, cpu_set_t* out);
+
+/* The TCP transport's interfaces (agoq_netif.h) completed from the topology: NUMA node and
+ * its CPUs, the PCI device's sysfs path as pciPath, and the link speed when sysfs had none.
+ * Interfaces the topology does not know (lo, virtual ones) are left as they are. Returns
+ * how many were matched. */
+int agoq_topo_annotate_netifs(const agoq_topo* t, agoq_netif* ifs, int n);
 
 /* ---- Output ----------------------------------------------------------------------------- */
 
