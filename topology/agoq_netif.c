@@ -91,6 +91,7 @@ static int agoq_netif_collect(struct ifaddrs* list, const char* spec, agoq_netif
       strcpy(nif->name, ifa->ifa_name);
       nif->addr_len = pass_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
       memcpy(&nif->addr, ifa->ifa_addr, nif->addr_len);
+      nif->numa_node = -1; /* the topology fills it in (agoq_topo_annotate_netifs) */
       agoq_netif_read_sysfs(sysfs_root, nif);
     }
   }

@@ -8,6 +8,7 @@
 
 #include <limits.h>
 #include <net/if.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <sys/socket.h>
@@ -23,7 +24,11 @@ typedef struct {
   socklen_t addr_len;
   int speed_mbps;               /* from sysfs; AGOQ_NETIF_DEFAULT_SPEED_MBPS when unknown */
   bool has_pci_path;
-  char pci_path[PATH_MAX];      /* realpath of /sys/class/net/<name>/device */
+  char pci_path[PATH_MAX];      /* realpath of /sys/class/net/<name>/device, or of its PCI
+                                 * device when the topology knows it (agoq_topo_annotate_netifs) */
+  int numa_node;                /* NUMA node the NIC is local to; -1 unknown */
+  bool has_local_cpus;
+  cpu_set_t local_cpus;         /* CPUs of that node (not yet intersected with the process's) */
 } agoq_netif;
 
 /* True when `name` passes the filter `spec` (NCCL_SOCKET_IFNAME syntax: comma-separated

@@ -9,6 +9,7 @@
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 #include "net/agoq_comm.h"
+#include "agoq_topo.h"
 
 agoq_transport_config agoq_config;
 
@@ -18,6 +19,35 @@ static struct {
   int live_ctx;         /* contexts handed out and not finalized */
   agoq_ctx* legacy_ctx; /* the one context of v6..v10 */
 } agoq_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* NUMA node, CPUs and the PCI device's path of each interface, from hwloc when it can be
+ * loaded, else sysfs. Never fatal: without it the interfaces keep what agoq_netif found. */
+static void agoq_config_topology(agoq_transport_config* c) {
+  agoq_topo* topo = calloc(1, sizeof *topo);
+  if (topo == NULL) return;
+  bool fallback = false;
+  int rc = agoq_topo_discover(topo, &fallback);
+  if (fallback) {
+    char why[256];
+    agoq_topo_hwloc_available(why, sizeof why);
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "hwloc not used (%s): NUMA nodes and PCI paths from sysfs", why);
+  }
+  if (rc != AGOQ_TOPO_OK) {
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "topology discovery failed: %s", agoq_topo_strerror(rc));
+    free(topo);
+    return;
+  }
+  agoq_topo_annotate_netifs(topo, c->ifs, c->nifs);
+  for (int i = 0; i < c->nifs; i++) {
+    const agoq_netif* nif = &c->ifs[i];
+    char cpus[AGOQ_TOPO_CPUS_LEN] = "";
+    if (nif->has_local_cpus) agoq_topo_cpulist(&nif->local_cpus, cpus, sizeof cpus);
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "dev %d %s: NUMA node %d%s%s, pciPath %s (topology from %s)", i, nif->name,
+              nif->numa_node, cpus[0] ? " cpus " : "", cpus, nif->has_pci_path ? nif->pci_path : "none",
+              topo->source);
+  }
+  free(topo);
+}
 
 static ncclResult_t agoq_config_load(void) {
   AGOQ_CHECK(agoq_params_load());
@@ -35,6 +65,7 @@ static ncclResult_t agoq_config_load(void) {
               agoq_param_source(AGOQ_PARAM_SOCKET_IFNAME), spec, agoq_param_str(AGOQ_PARAM_SOCKET_FAMILY));
     return ncclSystemError;
   }
+  agoq_config_topology(c);
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int64_t nsocks = agoq_param_int(AGOQ_PARAM_SOCKET_NSOCKS);
   c->nsocks = nsocks > 0 ? (unsigned)nsocks : (ncpu < 4 ? 2u : 4u);

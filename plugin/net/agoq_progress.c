@@ -1,7 +1,9 @@
 #include "net/agoq_progress.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,8 @@
 
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
+#include "net/agoq_comm.h"
+#include "agoq_topo.h"
 
 /* Bytes one stream may move per pass before the worker turns to its other streams. */
 #define AGOQ_STREAM_PASS_BUDGET (4u << 20)
@@ -28,6 +32,8 @@ typedef struct agoq_worker {
   atomic_uint_fast64_t posts; /* bumped on every post: lets the worker skip a stale sleep */
   struct pollfd* pfds; /* worker-private */
   int pfds_cap;
+  int numa;           /* AGOQ_PLACEMENT=auto: the NUMA node it runs on, else -1 */
+  cpu_set_t cpus;     /* its affinity when numa >= 0 */
 } agoq_worker;
 
 static struct {
@@ -195,13 +201,74 @@ static void agoq_pool_stop_locked(void) {
   agoq_pool.stop_when_idle = false;
 }
 
+/* AGOQ_PLACEMENT=auto: the distinct NUMA nodes of the interfaces, in device order; worker
+ * i serves homes[i % n]. Nodes whose CPUs the process may not use are left out (a thread
+ * is never pinned outside sched_getaffinity). Returns the count; 0 = do not pin. */
+static int agoq_placement_homes(int* homes, cpu_set_t* cpus, int max) {
+  if (agoq_param_int(AGOQ_PARAM_PLACEMENT) != 0) {
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "AGOQ_PLACEMENT=none: progress threads are not pinned");
+    return 0;
+  }
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "placement: sched_getaffinity failed (%s); progress threads are not pinned",
+              strerror(errno));
+    return 0;
+  }
+  int n = 0;
+  for (int d = 0; d < agoq_config.nifs && n < max; d++) {
+    const agoq_netif* nif = &agoq_config.ifs[d];
+    bool seen = false;
+    for (int i = 0; i < n; i++) seen |= homes[i] == nif->numa_node;
+    if (seen || nif->numa_node < 0 || !nif->has_local_cpus) continue;
+    CPU_AND(&cpus[n], &nif->local_cpus, &allowed);
+    if (CPU_COUNT(&cpus[n]) == 0) {
+      AGOQ_INFO(NCCL_INIT | NCCL_NET, "placement: no allowed CPU on NUMA node %d of %s; not pinning for it",
+                nif->numa_node, nif->name);
+      continue;
+    }
+    homes[n++] = nif->numa_node;
+  }
+  if (n == 0) AGOQ_INFO(NCCL_INIT | NCCL_NET, "placement: NUMA nodes of the interfaces unknown; progress threads are not pinned");
+  return n;
+}
+
+static int agoq_worker_start(agoq_worker* w, int index) {
+  pthread_attr_t attr;
+  pthread_attr_t* use = NULL;
+  if (w->numa >= 0 && pthread_attr_init(&attr) == 0) {
+    /* Pinned from birth: no first run on a remote node, no window where its stacks and
+     * pollfd array are first touched elsewhere. */
+    if (pthread_attr_setaffinity_np(&attr, sizeof w->cpus, &w->cpus) == 0) use = &attr;
+  }
+  int rc = pthread_create(&w->thread, use, agoq_worker_main, w);
+  if (rc != 0 && use != NULL) {
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "placement: pinned start of progress thread %d failed (%s); starting it unpinned",
+              index, strerror(rc));
+    w->numa = -1;
+    rc = pthread_create(&w->thread, NULL, agoq_worker_main, w);
+  }
+  if (use != NULL) pthread_attr_destroy(use);
+  if (rc == 0 && w->numa >= 0) {
+    char list[AGOQ_TOPO_CPUS_LEN];
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "progress thread %d pinned to NUMA node %d, cpus %s", index, w->numa,
+              agoq_topo_cpulist(&w->cpus, list, sizeof list));
+  }
+  return rc;
+}
+
 static ncclResult_t agoq_pool_start_locked(void) {
   ncclResult_t res = ncclSuccess;
   int n = (int)agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS);
   if (n == 0) n = agoq_progress_default_threads();
   AGOQ_CALLOC_GOTO(agoq_pool.workers, n, res, fail);
+  int homes[AGOQ_NETIF_MAX];
+  cpu_set_t home_cpus[AGOQ_NETIF_MAX];
+  int nhomes = agoq_placement_homes(homes, home_cpus, AGOQ_NETIF_MAX);
   for (int i = 0; i < n; i++) {
     agoq_worker* w = &agoq_pool.workers[i];
+    w->numa = nhomes > 0 ? homes[i % nhomes] : -1;
+    if (nhomes > 0) w->cpus = home_cpus[i % nhomes];
     pthread_mutex_init(&w->mu, NULL);
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->wake_fd < 0) {
@@ -210,7 +277,7 @@ static ncclResult_t agoq_pool_start_locked(void) {
       res = ncclSystemError;
       goto fail;
     }
-    int rc = pthread_create(&w->thread, NULL, agoq_worker_main, w);
+    int rc = agoq_worker_start(w, i);
     if (rc != 0) {
       AGOQ_WARN("cannot start progress thread: %s", strerror(rc));
       agoq_worker_destroy(w);
@@ -226,11 +293,42 @@ fail:
   return res;
 }
 
+/* NUMA node of the interface a socket is bound to (its local address), -1 if unknown. */
+static int agoq_stream_numa(const agoq_stream* s) {
+  struct sockaddr_storage local;
+  socklen_t len = sizeof local;
+  if (getsockname(s->fd, (struct sockaddr*)&local, &len) != 0) return -1;
+  for (int d = 0; d < agoq_config.nifs; d++) {
+    const struct sockaddr* a = (const struct sockaddr*)&agoq_config.ifs[d].addr;
+    if (a->sa_family != local.ss_family) continue;
+    if (a->sa_family == AF_INET &&
+        ((const struct sockaddr_in*)a)->sin_addr.s_addr == ((const struct sockaddr_in*)&local)->sin_addr.s_addr)
+      return agoq_config.ifs[d].numa_node;
+    if (a->sa_family == AF_INET6 && memcmp(&((const struct sockaddr_in6*)a)->sin6_addr,
+                                           &((const struct sockaddr_in6*)&local)->sin6_addr, sizeof(struct in6_addr)) == 0)
+      return agoq_config.ifs[d].numa_node;
+  }
+  return -1;
+}
+
+/* Round robin, restricted to the workers on the stream's NUMA node when there are any. */
+static agoq_worker* agoq_pool_pick_locked(int numa) {
+  int nlocal = 0;
+  for (int i = 0; numa >= 0 && i < agoq_pool.nworkers; i++) nlocal += agoq_pool.workers[i].numa == numa;
+  unsigned turn = agoq_pool.next++;
+  if (nlocal == 0) return &agoq_pool.workers[turn % (unsigned)agoq_pool.nworkers];
+  int want = (int)(turn % (unsigned)nlocal);
+  for (int i = 0; i < agoq_pool.nworkers; i++)
+    if (agoq_pool.workers[i].numa == numa && want-- == 0) return &agoq_pool.workers[i];
+  return &agoq_pool.workers[0];
+}
+
 ncclResult_t agoq_progress_attach(agoq_stream* s) {
   ncclResult_t res = ncclSuccess;
+  int numa = agoq_stream_numa(s);
   pthread_mutex_lock(&agoq_pool.mu);
   if (agoq_pool.nworkers == 0) AGOQ_CHECK_GOTO(agoq_pool_start_locked(), res, out);
-  agoq_worker* w = &agoq_pool.workers[agoq_pool.next++ % (unsigned)agoq_pool.nworkers];
+  agoq_worker* w = agoq_pool_pick_locked(numa);
   s->worker = w;
   s->failed = false;
   atomic_store(&s->busy, false);
@@ -296,6 +394,17 @@ void agoq_progress_shutdown(void) {
   pthread_mutex_lock(&agoq_pool.mu);
   agoq_pool_stop_locked();
   pthread_mutex_unlock(&agoq_pool.mu);
+}
+
+int agoq_progress_worker_numa(int i, cpu_set_t* cpus) {
+  pthread_mutex_lock(&agoq_pool.mu);
+  int numa = -2;
+  if (i >= 0 && i < agoq_pool.nworkers) {
+    numa = agoq_pool.workers[i].numa;
+    if (cpus != NULL && pthread_getaffinity_np(agoq_pool.workers[i].thread, sizeof *cpus, cpus) != 0) CPU_ZERO(cpus);
+  }
+  pthread_mutex_unlock(&agoq_pool.mu);
+  return numa;
 }
 
 int agoq_progress_nworkers(void) {

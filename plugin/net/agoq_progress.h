@@ -8,6 +8,7 @@
 #ifndef AGOQ_PROGRESS_H
 #define AGOQ_PROGRESS_H
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -63,6 +64,9 @@ void agoq_progress_shutdown(void);
 /* Stops the workers now if no stream is attached, else when the last one detaches. */
 void agoq_progress_shutdown_when_idle(void);
 int agoq_progress_nworkers(void);
+/* Worker i's NUMA node under AGOQ_PLACEMENT=auto (-1 = not pinned, -2 = no such worker)
+ * and, if `cpus` is not NULL, its current affinity (tests, agoq-info). */
+int agoq_progress_worker_numa(int i, cpu_set_t* cpus);
 
 /* Records the first failure of a comm; returns true for the caller that set it (and so
  * should log it). */

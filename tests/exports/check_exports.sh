@@ -1,10 +1,10 @@
 #!/bin/sh
 # Checks what the built plugin exposes to the dynamic linker.
 #   check_exports.sh symbols NM LIB   defined dynamic symbols are exactly the plugin tables
-#   check_exports.sh needed READELF LIB   no NEEDED entry for NCCL or CUDA libraries
+#   check_exports.sh needed READELF LIB   no NEEDED entry for NCCL, CUDA or hwloc libraries
 # NCCL resolves the tables by name with RTLD_LOCAL; anything else exported could clash
 # with the application, and a NEEDED libnccl/libcuda would stop the library loading on
-# hosts without them (or load a second NCCL).
+# hosts without them (or load a second NCCL). hwloc is dlopened for the same reason.
 set -eu
 
 usage() {
@@ -44,7 +44,7 @@ needed)
   sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' "$tmp/dyn" >"$tmp/needed"
   # Every shared library here needs at least libc; none means readelf output we did not parse.
   [ -s "$tmp/needed" ] || { echo "FAIL: no NEEDED entries parsed from $lib" >&2; exit 1; }
-  if grep -E '^(libnccl|libcudart|libcuda)([.-]|$)' "$tmp/needed" >"$tmp/bad"; then
+  if grep -E '^(libnccl|libcudart|libcuda|libhwloc)([.-]|$)' "$tmp/needed" >"$tmp/bad"; then
     echo "FAIL: $lib must not depend on:" >&2
     cat "$tmp/bad" >&2
     exit 1

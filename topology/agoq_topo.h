@@ -1,0 +1,169 @@
+/*
+ * The node as the plugin needs to see it: GPUs, NICs, NUMA nodes and the PCI bridges in
+ * between, the path type between every GPU and NIC (NCCL's vocabulary), the NIC and the
+ * cores that serve each GPU. Knows nothing of NCCL: it only reproduces how NCCL's
+ * topology code classifies paths so the pciPath we report leads NCCL to the same answer.
+ *
+ * Sources, best first: hwloc 2.x loaded at run time with dlopen (the plugin never gets a
+ * NEEDED libhwloc), then a plain sysfs scan. Everything is plain data once discovered, so
+ * the path rules and the NIC choice are tested without hwloc.
+ */
+#ifndef AGOQ_TOPO_H
+#define AGOQ_TOPO_H
+
+#include <limits.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "agoq_netif.h"
+
+#define AGOQ_TOPO_MAX_GPUS 64
+#define AGOQ_TOPO_MAX_NICS 64
+#define AGOQ_TOPO_MAX_NUMA 64
+#define AGOQ_TOPO_MAX_DEPTH 16 /* PCI bridges between a host bridge and a device */
+#define AGOQ_TOPO_BUSID_LEN 13 /* "dddd:bb:dd.f" + NUL */
+#define AGOQ_TOPO_NAME_LEN 64
+#define AGOQ_TOPO_CPUS_LEN 256 /* cpulist text: "0-55,112-167" */
+
+/* Return codes (negative): the caller decides how to log them. */
+enum {
+  AGOQ_TOPO_OK = 0,
+  AGOQ_TOPO_ENOHWLOC = -1,  /* hwloc not compiled in, not installed, or wrong major */
+  AGOQ_TOPO_ENOENT = -2,    /* XML file missing or unreadable */
+  AGOQ_TOPO_EINVAL = -3,    /* XML file hwloc rejects, or a bad argument */
+  AGOQ_TOPO_ELOAD = -4,     /* hwloc failed to build the topology */
+  AGOQ_TOPO_ENOMEM = -5,
+};
+const char* agoq_topo_strerror(int rc);
+
+/* Path types, best first. Numbering is ours; names are NCCL's. */
+typedef enum {
+  AGOQ_TOPO_PATH_LOC = 0, /* same device */
+  AGOQ_TOPO_PATH_NVL,     /* NVLink/C2C, only when the nvlink hook says so */
+  AGOQ_TOPO_PATH_PIX,     /* one PCIe switch between */
+  AGOQ_TOPO_PATH_PXB,     /* several PCIe switches, no host bridge */
+  AGOQ_TOPO_PATH_PHB,     /* through the host bridge of one CPU (NUMA node) */
+  AGOQ_TOPO_PATH_SYS,     /* across CPUs (NUMA nodes / sockets) */
+} agoq_topo_path_type;
+const char* agoq_topo_path_name(agoq_topo_path_type t);
+
+/* Where a PCI device sits: its bus id, the PCI-to-PCI bridges from the root port down to
+ * its parent, the root bus, and the NUMA node it is local to. */
+typedef struct {
+  char busid[AGOQ_TOPO_BUSID_LEN];
+  unsigned domain, root_bus;                    /* Linux's pci<domain>:<root_bus> */
+  int nbridges;
+  char bridges[AGOQ_TOPO_MAX_DEPTH][AGOQ_TOPO_BUSID_LEN]; /* [0] = root port */
+  int numa;                                     /* NUMA node os index, -1 unknown */
+} agoq_topo_pci;
+
+typedef struct {
+  agoq_topo_pci pci;
+  uint16_t vendor, device, class_id;
+} agoq_topo_gpu;
+
+typedef enum { AGOQ_TOPO_NIC_NET = 0, AGOQ_TOPO_NIC_IB = 1 } agoq_topo_nic_kind;
+
+typedef struct {
+  char name[AGOQ_TOPO_NAME_LEN];   /* "mlx5_0", "mlx4_0:2" (multi-port), "eth0" */
+  char ibdev[AGOQ_TOPO_NAME_LEN];  /* InfiniBand/RoCE device ("mlx4_0"), "" for IP-only NICs */
+  char netdev[IF_NAMESIZE + 1];    /* IP interface of this NIC, "" if none (IB only) */
+  agoq_topo_nic_kind kind;
+  bool has_pci;
+  agoq_topo_pci pci;
+  char pci_path[PATH_MAX];         /* /sys/devices/... of the PCI device; "" if none */
+  int port;                        /* 1-based; 0 unknown */
+  uint64_t guid;                   /* node GUID for IB; 0 unknown */
+  int speed_mbps;                  /* -1 unknown */
+} agoq_topo_nic;
+
+typedef struct {
+  int os_index;
+  cpu_set_t cpus;
+  uint64_t memory_bytes;
+} agoq_topo_numa;
+
+typedef struct {
+  int ngpus, nnics, nnuma;
+  agoq_topo_gpu gpus[AGOQ_TOPO_MAX_GPUS];
+  agoq_topo_nic nics[AGOQ_TOPO_MAX_NICS];
+  agoq_topo_numa numa[AGOQ_TOPO_MAX_NUMA];
+  bool this_system;     /* discovered on this machine (sysfs paths are real) */
+  char source[32];      /* "hwloc", "hwloc-xml", "sysfs" */
+} agoq_topo;
+
+/* ---- Discovery ------------------------------------------------------------------------ */
+
+/* True when hwloc could be loaded (cached after the first call). `why` (may be NULL)
+ * receives the reason when it could not. */
+bool agoq_topo_hwloc_available(char* why, size_t len);
+
+/* This machine through hwloc. AGOQ_TOPO_ENOHWLOC when hwloc is not usable. */
+int agoq_topo_discover_hwloc(agoq_topo* t);
+/* An hwloc XML file. Never falls back to this machine: a missing file is
+ * AGOQ_TOPO_ENOENT, one hwloc refuses AGOQ_TOPO_EINVAL. */
+int agoq_topo_load_xml(const char* path, agoq_topo* t);
+/* An hwloc XML document in memory (fuzzing, embedded tests). */
+int agoq_topo_load_xml_buffer(const char* buf, int len, agoq_topo* t);
+/* This machine from sysfs alone, below `sysfs_root` ("/sys" except in tests). */
+int agoq_topo_discover_sysfs(const char* sysfs_root, agoq_topo* t);
+/* hwloc, else sysfs. *used_fallback tells which. */
+int agoq_topo_discover(agoq_topo* t, bool* used_fallback);
+
+/* ---- Paths ---------------------------------------------------------------------------- */
+
+/* Asked for every GPU-NIC pair before the PCI rules: true = NVLink/C2C path (NVML knows;
+ * we do not link NVML). NULL (the default) = never. */
+typedef bool (*agoq_topo_nvl_hook)(void* arg, const char* gpu_busid, const char* nic_busid);
+void agoq_topo_set_nvl_hook(agoq_topo_nvl_hook hook, void* arg);
+
+/* NCCL's classification of the path between two PCI devices; *hops (may be NULL)
+ * receives the number of links in NCCL's model of the tree. */
+agoq_topo_path_type agoq_topo_pci_path(const agoq_topo_pci* a, const agoq_topo_pci* b, int* hops);
+/* GPU g to NIC n; a NIC without a PCI device is attached to the first CPU as NCCL does. */
+agoq_topo_path_type agoq_topo_gpu_nic_path(const agoq_topo* t, int g, int n, int* hops);
+
+/* ---- NIC and core choice ---------------------------------------------------------------- */
+
+typedef struct {
+  int nic[AGOQ_TOPO_MAX_GPUS];                    /* index into nics, -1 = none */
+  agoq_topo_path_type path[AGOQ_TOPO_MAX_GPUS];   /* of the chosen NIC */
+  bool rail_aligned;                              /* 1:1 pairing per PCIe switch */
+} agoq_topo_choice;
+
+/* Rail-aligned 1:1 when every group of GPUs and NICs joined by PIX/PXB paths holds as
+ * many NICs as GPUs; else the nearest NIC: best path type, then fewest hops, then lowest
+ * index. */
+void agoq_topo_choose(const agoq_topo* t, agoq_topo_choice* out);
+
+/* Index into t->numa of NUMA node `os_index`, or -1. */
+int agoq_topo_numa_find(const agoq_topo* t, int os_index);
+
+/* CPUs to run on for work local to NUMA node `os_index`: the node's CPUs intersected with
+ * `allowed` (the process's sched_getaffinity set). False (out cleared) when the node is
+ * unknown or the intersection is empty: then do not pin. */
+bool agoq_topo_placement_cpus(const agoq_topo* t, int os_index, const cpu_set_t* allowed, cpu_set_t* out);
+
+/* The TCP transport's interfaces (agoq_netif.h) completed from the topology: NUMA node and
+ * its CPUs, the PCI device's sysfs path as pciPath, and the link speed when sysfs had none.
+ * Interfaces the topology does not know (lo, virtual ones) are left as they are. Returns
+ * how many were matched. */
+int agoq_topo_annotate_netifs(const agoq_topo* t, agoq_netif* ifs, int n);
+
+/* ---- Output ----------------------------------------------------------------------------- */
+
+/* "0-55,112-167"; "" for an empty set. */
+const char* agoq_topo_cpulist(const cpu_set_t* set, char* buf, size_t len);
+/* Parses a kernel cpulist ("0-3,8,10-11"); -1 on syntax errors. */
+int agoq_topo_cpulist_parse(const char* text, cpu_set_t* set);
+/* Linux's sysfs path of a PCI device from its bridge chain:
+ * /sys/devices/pci0000:00/0000:00:01.0/.../<busid>. */
+void agoq_topo_pci_sysfs_path(const agoq_topo_pci* p, char* buf, size_t len);
+
+void agoq_topo_print_text(FILE* out, const agoq_topo* t, const agoq_topo_choice* c);
+void agoq_topo_print_json(FILE* out, const agoq_topo* t, const agoq_topo_choice* c);
+
+#endif
