@@ -26,6 +26,9 @@
 # lines. Then tools/gpu/torch_allreduce_check.py runs a PyTorch bf16 all_reduce through
 # CollNet on the same processes-on-one-GPU layout: identical bits on every rank and a
 # relative L2 error within 1.2% of an fp64 reference (skipped, and reported so, without torch).
+# After the SendRecv runs, tools/gpu/torch_p2p_check.py sends bf16 activations and int64
+# tensors around a ring of the same processes through the typed net path (agoq's profiler
+# as the type oracle): bf16 quantized within 1.2%, int64 exact, all_reduce identical.
 #
 # Environment knobs:
 #   AGOQ_GPU_CHECK_LAUNCHER  auto (default) | mpi | driver
@@ -37,6 +40,7 @@
 #                            "collnet collnet-exact"; "" for none)
 #   AGOQ_GPU_CHECK_TORCH=0   skip the PyTorch check
 #   AGOQ_GPU_CHECK_TORCH_ARGS    more arguments for torch_allreduce_check.py (e.g. "--sizes 1M,32M")
+#   AGOQ_GPU_CHECK_TORCH_P2P_ARGS  more arguments for torch_p2p_check.py
 #   AGOQ_GPU_CHECK_TORCH_TIMEOUT seconds for the PyTorch check (default 240)
 #   AGOQ_GPU_CHECK_PYTHON    the Python that has torch (default python3)
 #   AGOQ_GPU_CHECK_RUN_TIMEOUT  seconds per run (default 150)
@@ -164,15 +168,16 @@ collnet_log_lines() {
   cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep -c 'via COLLNET/AGOQ'
 }
 
-# The PyTorch check's line for the summary; sets torch_failed. Reads logs/torch.{rc,out}.
+# A PyTorch check's line for the summary; adds to torch_failed. Reads logs/NAME.{rc,out}.
+# usage: torch_summary NAME PREFIX TITLE PASSED-TEXT (PREFIX: the check's own line prefix)
 torch_summary() {
-  torch_failed=0
-  [[ -f "$logs/torch.rc" ]] || return 0
+  local name=$1 prefix=$2 title=$3 passed=$4
+  [[ -f "$logs/$name.rc" ]] || return 0
   local rc status
-  rc=$(cat "$logs/torch.rc")
+  rc=$(cat "$logs/$name.rc")
   case "$rc" in
-    0) status="PASSED: identical on all ranks, within the error bound" ;;
-    77) status="SKIPPED ($(sed -n 's/^torch-check: SKIPPED: //p' "$logs/torch.out" | head -n 1))" ;;
+    0) status="PASSED: $passed" ;;
+    77) status="SKIPPED ($(sed -n "s/^$prefix: SKIPPED: //p" "$logs/$name.out" | head -n 1))" ;;
     skipped*) status="SKIPPED (${rc#skipped: })" ;;
     124 | 137)
       status="TIMED OUT (exit $rc)"
@@ -183,10 +188,10 @@ torch_summary() {
       torch_failed=1
       ;;
   esac
-  echo "torch all_reduce through CollNet: $status"
-  # The per-size table and the NCCL log facts, as the check printed them.
-  grep -E '^ +[0-9]+ |^ +elements|^torch-check: (torch |NCCL logs|FAILED|PASSED)' \
-    "$logs/torch.out" 2>/dev/null | cut -c1-160 | sed 's/^/  /'
+  echo "$title: $status"
+  # The per-size table and the log facts, as the check printed them.
+  grep -E "^ +[0-9]+ |^ +elements|^all_reduce|^$prefix: (torch |NCCL logs|plugin logs|FAILED|PASSED)" \
+    "$logs/$name.out" 2>/dev/null | cut -c1-160 | sed 's/^/  /'
   return 0
 }
 
@@ -313,15 +318,22 @@ write_summary() {
       echo
       codec_summary
     fi
+    torch_failed=0
     if [[ -f "$logs/torch.rc" ]]; then
       echo
-      torch_summary
+      torch_summary torch torch-check "torch all_reduce through CollNet" \
+        "identical on all ranks, within the error bound"
+    fi
+    if [[ -f "$logs/torch-p2p.rc" ]]; then
+      echo
+      torch_summary torch-p2p torch-p2p-check "torch send/recv through the typed net path" \
+        "bf16 quantized within the bound, int64 exact, all_reduce identical"
     fi
     echo
     local reasons=()
     ((failed)) && reasons+=("an agoq run failed, had wrong values, or did not use AGOQ or its CollNet")
     ((codec_failed)) && reasons+=("the CUDA codec check failed: see the codec line")
-    ((torch_failed)) && reasons+=("the PyTorch all_reduce check failed: see its line")
+    ((torch_failed)) && reasons+=("a PyTorch check failed: see its line")
     if ((${#reasons[@]} == 0)); then
       echo "VERDICT: agoq runs correct"
     else
@@ -661,33 +673,34 @@ run_one() {
   pack_logs
 }
 
-# The PyTorch check: its own processes (torch's NCCL, this build's plugin), logs under logs/torch.
+# A PyTorch check: its own processes (torch's NCCL, this build's plugin), logs under
+# logs/NAME. usage: run_torch NAME SCRIPT [extra arguments...]
 run_torch() {
+  local name=$1 script=$2
+  shift 2
   local py=${AGOQ_GPU_CHECK_PYTHON:-python3}
   local remaining=$((budget - $(elapsed)))
-  : >"$logs/torch.out"
+  : >"$logs/$name.out"
   if [[ "${AGOQ_GPU_CHECK_TORCH:-1}" == 0 ]]; then
-    echo "skipped: AGOQ_GPU_CHECK_TORCH=0" >"$logs/torch.rc"
+    echo "skipped: AGOQ_GPU_CHECK_TORCH=0" >"$logs/$name.rc"
   elif ! command -v "$py" >/dev/null 2>&1; then
-    echo "skipped: $py not found" >"$logs/torch.rc"
+    echo "skipped: $py not found" >"$logs/$name.rc"
   elif ((remaining < 40)); then
-    echo "skipped: $remaining s of the ${budget} s budget left" >"$logs/torch.rc"
+    echo "skipped: $remaining s of the ${budget} s budget left" >"$logs/$name.rc"
   fi
-  if [[ -f "$logs/torch.rc" ]]; then
-    log "torch: $(cat "$logs/torch.rc")"
+  if [[ -f "$logs/$name.rc" ]]; then
+    log "$name: $(cat "$logs/$name.rc")"
     return
   fi
   local limit=$torch_timeout
   ((limit > remaining - 10)) && limit=$((remaining - 10))
-  local cmd=("$py" "$repo/tools/gpu/torch_allreduce_check.py" --plugin "$plugin"
-             --nranks "$nranks" --log-dir "$logs/torch" --timeout $((limit - 15)))
-  # shellcheck disable=SC2206 # AGOQ_GPU_CHECK_TORCH_ARGS is a list of arguments by design
-  cmd+=(${AGOQ_GPU_CHECK_TORCH_ARGS:-})
-  log "torch: ${cmd[*]} (limit ${limit} s, $(elapsed) s elapsed)"
-  timeout --kill-after=10 "$limit" "${cmd[@]}" >"$logs/torch.out" 2>&1
-  echo "$?" >"$logs/torch.rc"
-  grep -v '^    ' "$logs/torch.out" | tail -n 15
-  log "torch: exit $(cat "$logs/torch.rc")"
+  local cmd=("$py" "$repo/tools/gpu/$script" --plugin "$plugin"
+             --nranks "$nranks" --log-dir "$logs/$name" --timeout $((limit - 15)) "$@")
+  log "$name: ${cmd[*]} (limit ${limit} s, $(elapsed) s elapsed)"
+  timeout --kill-after=10 "$limit" "${cmd[@]}" >"$logs/$name.out" 2>&1
+  echo "$?" >"$logs/$name.rc"
+  grep -v '^    ' "$logs/$name.out" | tail -n 15
+  log "$name: exit $(cat "$logs/$name.rc")"
   pack_logs
 }
 
@@ -703,7 +716,10 @@ for test in all_reduce sendrecv; do
   for config in $test_configs; do
     run_one "$config" "$test"
   done
-  [[ "$test" == all_reduce ]] && run_torch
+  # shellcheck disable=SC2086 # the *_ARGS variables are lists of arguments by design
+  [[ "$test" == all_reduce ]] && run_torch torch torch_allreduce_check.py ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
+  # shellcheck disable=SC2086
+  [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
 done
 
 write_summary

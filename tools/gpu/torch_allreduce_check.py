@@ -268,12 +268,17 @@ def stop(procs):
             p.wait()
 
 
-def run_ranks(args, plugin, log_dir):
-    """Starts the ranks and waits; returns (exit codes, why it stopped early or None)."""
+def run_ranks(args, plugin, log_dir, script=None, cfg_base=None, env_fn=None):
+    """Starts the ranks (`script --worker CFG`, this file's by default) and waits; returns
+    (exit codes, why it stopped early or None). Other checks reuse it with their own
+    worker script, configuration and environment."""
     port = free_port()
-    cfg_base = {"nranks": args.nranks, "device": args.device, "sizes": args.size_list,
-                "dtype": args.dtype, "seed": args.seed, "iters": args.iters,
-                "timeout": args.timeout}
+    script = os.path.abspath(script or __file__)
+    env_fn = env_fn or rank_env
+    if cfg_base is None:
+        cfg_base = {"nranks": args.nranks, "device": args.device, "sizes": args.size_list,
+                    "dtype": args.dtype, "seed": args.seed, "iters": args.iters,
+                    "timeout": args.timeout}
     procs, outs = [], []
     try:
         for r in range(args.nranks):
@@ -281,8 +286,8 @@ def run_ranks(args, plugin, log_dir):
             out = open(os.path.join(log_dir, "rank%d.log" % r), "w")
             outs.append(out)
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
-                env=rank_env(args, r, plugin, port, log_dir), stdout=out,
+                [sys.executable, script, "--worker", json.dumps(cfg)],
+                env=env_fn(args, r, plugin, port, log_dir), stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.time() + args.timeout
         why = None
