@@ -1,6 +1,7 @@
 #!/bin/sh
 # Checks what the built plugin exposes to the dynamic linker.
 #   check_exports.sh symbols NM LIB   defined dynamic symbols are exactly the plugin tables
+#                                     (net, collnet, profiler, tuner)
 #   check_exports.sh needed READELF LIB   no NEEDED entry for NCCL, CUDA or hwloc libraries
 # NCCL resolves the tables by name with RTLD_LOCAL; anything else exported could clash
 # with the application, and a NEEDED libnccl/libcuda would stop the library loading on
@@ -28,7 +29,10 @@ symbols)
     echo "ncclNetPlugin_v$v"
     echo "ncclCollNetPlugin_v$v"
     v=$((v + 1))
-  done | LC_ALL=C sort >"$tmp/expected"
+  done >"$tmp/expected.in"
+  # The type oracle and the tuner live in the same library (NCCL 2.28.3+ looks there).
+  printf '%s\n' ncclProfiler_v5 ncclProfiler_v6 ncclTunerPlugin_v5 ncclTunerPlugin_v6 >>"$tmp/expected.in"
+  LC_ALL=C sort "$tmp/expected.in" >"$tmp/expected"
   "$tool" -D --defined-only "$lib" >"$tmp/nm"
   awk 'NF { print $NF }' "$tmp/nm" | LC_ALL=C sort >"$tmp/actual"
   if ! diff -u "$tmp/expected" "$tmp/actual" >"$tmp/diff"; then
@@ -37,7 +41,7 @@ symbols)
     tail -n +3 "$tmp/diff" | grep '^[-+]' >&2 || true
     exit 1
   fi
-  echo "OK: $(wc -l <"$tmp/actual") symbols, exactly ncclNetPlugin_v6..v12 and ncclCollNetPlugin_v6..v12"
+  echo "OK: $(wc -l <"$tmp/actual") symbols, exactly ncclNetPlugin_v6..v12, ncclCollNetPlugin_v6..v12, ncclProfiler_v5..v6, ncclTunerPlugin_v5..v6"
   ;;
 needed)
   "$tool" -d "$lib" >"$tmp/dyn"

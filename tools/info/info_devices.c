@@ -1,4 +1,5 @@
 /* agoq-info's default view: load the plugin as NCCL does and show what NCCL will see. */
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -9,6 +10,9 @@
 #include "agoq_info.h"
 #include "agoq_loader.h"
 
+/* Newest profiler/tuner ABI version looked for (ncclProfiler_v1.., ncclTunerPlugin_v1..). */
+#define AGOQ_INFO_MAX_AUX_VERSION 8
+
 typedef struct {
   const char* path;
   char resolved[PATH_MAX];
@@ -17,6 +21,10 @@ typedef struct {
   int n_net_versions;
   int collnet_versions[AGOQ_LOADER_NUM_VERSIONS];
   int n_collnet_versions;
+  int profiler_versions[AGOQ_INFO_MAX_AUX_VERSION];
+  int n_profiler_versions;
+  int tuner_versions[AGOQ_INFO_MAX_AUX_VERSION];
+  int n_tuner_versions;
 
   agoq_net_view net;
   char net_error[128];  /* first failing call, empty when all succeeded */
@@ -34,6 +42,21 @@ static const char* agoq_info_result_name(ncclResult_t r) {
       "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
       "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
   return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "unknown result";
+}
+
+/* The profiler and tuner tables NCCL also looks for in the net library (2.28.3+), newest
+ * first. The library is already loaded; dlopen of the same path only takes a reference. */
+static void agoq_info_aux_versions(agoq_info_report* rep) {
+  void* h = dlopen(rep->path, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) return;
+  for (int v = AGOQ_INFO_MAX_AUX_VERSION; v >= 1; v--) {
+    char name[64];
+    snprintf(name, sizeof name, "ncclProfiler_v%d", v);
+    if (dlsym(h, name) != NULL) rep->profiler_versions[rep->n_profiler_versions++] = v;
+    snprintf(name, sizeof name, "ncclTunerPlugin_v%d", v);
+    if (dlsym(h, name) != NULL) rep->tuner_versions[rep->n_tuner_versions++] = v;
+  }
+  dlclose(h);
 }
 
 static void agoq_info_call_failed(char* buf, size_t len, int version, const char* call,
@@ -146,6 +169,9 @@ static void agoq_info_print_text(FILE* out, const agoq_info_report* rep) {
   fprintf(out, "%-20s %s\n", "plugin:", rep->path);
   agoq_info_print_versions(out, "net ABI:", rep->net_versions, rep->n_net_versions);
   agoq_info_print_versions(out, "collnet ABI:", rep->collnet_versions, rep->n_collnet_versions);
+  agoq_info_print_versions(out, "profiler ABI:", rep->profiler_versions,
+                           rep->n_profiler_versions);
+  agoq_info_print_versions(out, "tuner ABI:", rep->tuner_versions, rep->n_tuner_versions);
 
   fprintf(out, "\nnet devices through ncclNetPlugin_v%d \"%s\": %d\n", rep->net.version,
           rep->net.name != NULL ? rep->net.name : "", rep->ndev);
@@ -216,6 +242,10 @@ static void agoq_info_print_json(FILE* out, const agoq_info_report* rep) {
   agoq_info_json_versions(out, rep->net_versions, rep->n_net_versions);
   fputs(",\n  \"collnet_versions\": ", out);
   agoq_info_json_versions(out, rep->collnet_versions, rep->n_collnet_versions);
+  fputs(",\n  \"profiler_versions\": ", out);
+  agoq_info_json_versions(out, rep->profiler_versions, rep->n_profiler_versions);
+  fputs(",\n  \"tuner_versions\": ", out);
+  agoq_info_json_versions(out, rep->tuner_versions, rep->n_tuner_versions);
   fprintf(out, ",\n  \"net\": {\n    \"version\": %d,\n    \"name\": ", rep->net.version);
   agoq_info_json_string(out, rep->net.name);
   fputs(",\n    \"error\": ", out);
@@ -282,6 +312,7 @@ int agoq_info_devices(FILE* out, const char* lib_path, bool json) {
       agoq_netlib_net_versions(lib, rep.net_versions, AGOQ_LOADER_NUM_VERSIONS);
   rep.n_collnet_versions =
       agoq_netlib_collnet_versions(lib, rep.collnet_versions, AGOQ_LOADER_NUM_VERSIONS);
+  agoq_info_aux_versions(&rep);
   /* agoq_netlib_open guarantees at least one net version. */
   agoq_info_collect_net(lib, &rep);
   agoq_info_collect_collnet(lib, &rep);

@@ -1,0 +1,141 @@
+/*
+ * agoq's profiler core, shared by plugin/profiler/ and the exported ncclProfiler_v5/v6
+ * tables (plugin/tables/agoq_profiler_tables.c). Version-neutral: the tables unpack NCCL's
+ * descriptor and call one start function per event type.
+ *
+ * What it tracks, and how:
+ *  - Coll task: no object. The handle is a static sentinel that encodes the protocol and
+ *    datatype, so a ProxyOp under it knows it carries collective traffic.
+ *  - P2p task, ProxyOp, ProxyStep: one 64-byte object each from a per-context fixed pool.
+ *    A child copies what it learned from its parent when it starts (NCCL stops the task
+ *    event right after posting the proxy ops, before the proxy thread starts them), so no
+ *    object depends on its parent's lifetime.
+ *  - NetPlugin: the net side's agoq_xfer_desc is filled from the step's copy; the handle
+ *    is a static sentinel.
+ * A parent pointer is trusted only if it lies inside this context's pool of the right
+ * kind, at an object boundary, with the right magic; anything else (another profiler's
+ * handle, another process's under PXN, NULL) makes the transfer unknown.
+ */
+#ifndef AGOQ_PROF_H
+#define AGOQ_PROF_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "abi/agoq_nccl_common.h"
+#include "abi/agoq_nccl_profiler_v5.h" /* event-type bits: the same in every version */
+#include "profiler/agoq_oracle.h"
+
+#define AGOQ_PROF_NAME "AGOQ"
+
+/* Pool sizes per communicator (powers of two). Generous so that a stopped P2p object is
+ * not recycled before the proxy thread has started its ops: that would take 4096 later
+ * p2p tasks of the same communicator in between. 16384 x 64 B = 1 MiB per communicator. */
+#define AGOQ_PROF_P2P_POOL 4096u
+#define AGOQ_PROF_OP_POOL 4096u
+#define AGOQ_PROF_STEP_POOL 8192u
+/* Slots a start tries before giving up (pool full: the transfer is simply unknown). */
+#define AGOQ_PROF_ALLOC_PROBES 64u
+/* The most channels NCCL uses for one p2p peer (MAXCHANNELS): the LL bound below. */
+#define AGOQ_PROF_MAX_P2P_CHANNELS 64
+#define AGOQ_PROF_P2P_LL_THRESHOLD_DEFAULT 16384
+
+typedef enum {
+  AGOQ_PROF_OBJ_P2P = 0,
+  AGOQ_PROF_OBJ_OP = 1,
+  AGOQ_PROF_OBJ_STEP = 2,
+  AGOQ_PROF_OBJ_KINDS = 3
+} agoq_prof_obj_kind;
+
+/* What a chain link knows about its transfer. */
+typedef struct {
+  agoq_xfer_kind kind;
+  int dtype; /* ncclDataType_t, -1 unknown */
+  agoq_xfer_proto proto;
+  int is_send; /* 1 send, 0 recv */
+  int peer;
+  uint64_t task_bytes;
+} agoq_prof_info;
+
+/* One pool object. `magic` is written once at context creation and only read afterwards;
+ * everything else is atomic: `busy` claims the slot, and `seq` is a sequence lock around
+ * info/bytes so a reader that races with a recycling writer sees a changed sequence and
+ * reports "unknown" instead of a torn mix. */
+typedef struct {
+  _Alignas(64) uint32_t magic;
+  _Atomic uint32_t busy;
+  _Atomic uint32_t seq; /* odd while being written; 0: never written */
+  _Atomic uint64_t info;
+  _Atomic uint64_t bytes;
+} agoq_prof_obj;
+
+typedef struct {
+  agoq_prof_obj* objs;
+  uint32_t n; /* power of two */
+  uint32_t magic;
+  _Alignas(64) _Atomic uint32_t cursor; /* next slot in ring order; own cache line */
+} agoq_prof_pool;
+
+typedef struct {
+  uint32_t magic; /* AGOQ_PROF_CTX_MAGIC while alive */
+  uint64_t comm_id;
+  int rank, nranks, nnodes;
+  agoq_prof_pool pools[AGOQ_PROF_OBJ_KINDS];
+} agoq_prof_ctx;
+
+#define AGOQ_PROF_CTX_MAGIC 0x43505141u /* "AQPC" */
+
+/* ---- pools (agoq_prof_pool.c) ---- */
+/* The magic of each kind's objects. */
+uint32_t agoq_prof_magic(agoq_prof_obj_kind kind);
+ncclResult_t agoq_prof_pool_init(agoq_prof_pool* p, uint32_t n, uint32_t magic);
+void agoq_prof_pool_fini(agoq_prof_pool* p);
+/* A free slot in ring order, claimed; NULL when AGOQ_PROF_ALLOC_PROBES slots were busy. */
+agoq_prof_obj* agoq_prof_pool_alloc(agoq_prof_pool* p);
+/* `ptr` as one of this pool's objects, or NULL; never dereferences a pointer outside. */
+agoq_prof_obj* agoq_prof_pool_find(const agoq_prof_pool* p, const void* ptr);
+/* Writes info under the sequence lock (the caller owns the claimed object). */
+void agoq_prof_obj_publish(agoq_prof_obj* o, const agoq_prof_info* info);
+/* Reads a consistent copy; false while being written, never written, or torn. */
+bool agoq_prof_obj_read(const agoq_prof_obj* o, agoq_prof_info* info);
+/* Marks a stopped object free (the magic must match one of the kinds). */
+void agoq_prof_obj_release(agoq_prof_obj* o);
+/* True when `ptr` looks like any pool object (by its magic): only for handles NCCL got
+ * from us, which stopEvent receives. */
+bool agoq_prof_obj_is_ours(const void* ptr);
+
+/* ---- parsing NCCL's strings (agoq_prof_parse.c) ---- */
+/* "ncclFloat32" -> ncclFloat32, ...; -1 for anything else (2.28 prints "Unknown" for
+ * ncclUint8). */
+int agoq_prof_parse_dtype(const char* s);
+size_t agoq_prof_dtype_size(int dtype);
+/* "LL" / "LL128" / "SIMPLE" (or "Simple") -> the xfer proto; UNKNOWN otherwise. */
+agoq_xfer_proto agoq_prof_parse_proto(const char* s);
+/* "Send" -> 1, "Recv" -> 0, else -1. */
+int agoq_prof_parse_p2p_func(const char* s);
+
+/* ---- lifecycle (agoq_prof_init.c) ---- */
+ncclResult_t agoq_prof_init(void** ctx, uint64_t comm_id, int* activation_mask,
+                            const char* comm_name, int nnodes, int nranks, int rank,
+                            ncclDebugLogger_t log_fn);
+ncclResult_t agoq_prof_finalize(void* ctx);
+/* The live context behind NCCL's `context` argument, or NULL. */
+agoq_prof_ctx* agoq_prof_ctx_get(void* ctx);
+/* getpid() of the process that initialised the profiler, 0 before any init. */
+pid_t agoq_prof_pid(void);
+/* Largest p2p task (bytes) NCCL may send with LL: 64 x NCCL_P2P_LL_THRESHOLD. */
+uint64_t agoq_prof_ll_limit(void);
+
+/* ---- events (agoq_prof_events.c): each returns the handle for *eHandle ---- */
+void* agoq_prof_start_coll(void* ctx, const char* datatype, const char* proto);
+void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, size_t count,
+                          int peer);
+void* agoq_prof_start_op(void* ctx, const void* parent, pid_t pid, int peer, int is_send);
+void* agoq_prof_start_step(void* ctx, const void* parent);
+void* agoq_prof_start_net(void* ctx, const void* parent, int64_t plugin_id, void* data);
+ncclResult_t agoq_prof_stop(void* handle);
+
+#endif

@@ -1,0 +1,115 @@
+/* Event handlers: what each start records, how a child finds and checks its parent, and
+ * stop. Called by NCCL from the user thread (tasks) and from proxy threads (ops, steps and
+ * the net plugin's events), concurrently; everything shared is in the pools' atomics. */
+#include "core/agoq_log.h"
+#include "profiler/agoq_prof.h"
+
+/* Coll handles: one static byte per (protocol, datatype + 1). The address says what a
+ * ProxyOp under the collective needs to know, without an object to allocate or free. */
+static char agoq_prof_coll_tags[AGOQ_XFER_PROTO_LL128 + 1][ncclNumTypes + 1];
+/* The handle of a NetPlugin event whose descriptor was ours (filled or not). */
+static char agoq_prof_net_tag;
+
+static bool agoq_prof_coll_tag_decode(const void* h, agoq_prof_info* info) {
+  uintptr_t off = (uintptr_t)h - (uintptr_t)&agoq_prof_coll_tags[0][0];
+  if (off >= sizeof agoq_prof_coll_tags) return false;
+  info->kind = AGOQ_XFER_COLL;
+  info->proto = (agoq_xfer_proto)(off / (ncclNumTypes + 1));
+  info->dtype = (int)(off % (ncclNumTypes + 1)) - 1;
+  info->task_bytes = 0;
+  return true;
+}
+
+void* agoq_prof_start_coll(void* ctx, const char* datatype, const char* proto) {
+  (void)ctx;
+  int dtype = agoq_prof_parse_dtype(datatype);
+  return &agoq_prof_coll_tags[agoq_prof_parse_proto(proto)][dtype + 1];
+}
+
+void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, size_t count,
+                          int peer) {
+  agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
+  if (c == NULL) return NULL;
+  agoq_prof_info info = {.kind = AGOQ_XFER_P2P, .peer = peer};
+  info.is_send = agoq_prof_parse_p2p_func(func);
+  info.dtype = agoq_prof_parse_dtype(datatype);
+  /* A type we cannot name is not worth an object: its transfers are unknown (exact). */
+  if (info.is_send < 0 || info.dtype < 0) return NULL;
+  uint64_t bytes;
+  if (__builtin_mul_overflow((uint64_t)count, (uint64_t)agoq_prof_dtype_size(info.dtype), &bytes))
+    bytes = UINT64_MAX;
+  info.task_bytes = bytes;
+  info.proto = bytes <= agoq_prof_ll_limit() ? AGOQ_XFER_PROTO_LL : AGOQ_XFER_PROTO_SIMPLE;
+  agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_P2P]);
+  if (o == NULL) return NULL;
+  agoq_prof_obj_publish(o, &info);
+  return o;
+}
+
+void* agoq_prof_start_op(void* ctx, const void* parent, pid_t pid, int peer, int is_send) {
+  /* Under PXN the op runs in a proxy of another process: its parent handle, and even the
+   * context pointer, belong to that process. Check the pid before touching either. */
+  if (parent == NULL || pid != agoq_prof_pid()) return NULL;
+  agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
+  if (c == NULL) return NULL;
+  agoq_prof_info info;
+  if (agoq_prof_coll_tag_decode(parent, &info)) {
+    info.peer = peer;
+    info.is_send = is_send != 0;
+  } else {
+    const agoq_prof_obj* p = agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_P2P], parent);
+    if (p == NULL || !agoq_prof_obj_read(p, &info)) return NULL;
+    /* A recycled or mismatched parent shows here: the op must go to the task's peer in the
+     * task's direction. */
+    if (info.peer != peer || info.is_send != (is_send != 0)) return NULL;
+  }
+  agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_OP]);
+  if (o == NULL) return NULL;
+  agoq_prof_obj_publish(o, &info);
+  return o;
+}
+
+void* agoq_prof_start_step(void* ctx, const void* parent) {
+  if (parent == NULL) return NULL; /* op not tracked (PXN, unknown, pool full) */
+  agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
+  if (c == NULL) return NULL;
+  const agoq_prof_obj* p = agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_OP], parent);
+  agoq_prof_info info;
+  if (p == NULL || !agoq_prof_obj_read(p, &info)) return NULL;
+  agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_STEP]);
+  if (o == NULL) return NULL;
+  agoq_prof_obj_publish(o, &info);
+  return o;
+}
+
+void* agoq_prof_start_net(void* ctx, const void* parent, int64_t plugin_id, void* data) {
+  /* Another net plugin's event (IB, Socket, ...): its data is not ours to read. */
+  if (plugin_id != AGOQ_PROF_NET_PLUGIN_ID || data == NULL) return NULL;
+  agoq_xfer_desc* d = data;
+  if (d->magic != AGOQ_XFER_DESC_MAGIC) return NULL;
+  if (parent != NULL) {
+    agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
+    const agoq_prof_obj* p =
+        c != NULL ? agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_STEP], parent) : NULL;
+    agoq_prof_info info;
+    if (p != NULL && agoq_prof_obj_read(p, &info)) {
+      d->kind = info.kind;
+      d->dtype = info.dtype;
+      d->proto = info.proto;
+      d->is_send = info.is_send;
+      d->peer = info.peer;
+      d->task_bytes = info.task_bytes;
+      d->filled = 1;
+    }
+  }
+  return &agoq_prof_net_tag;
+}
+
+ncclResult_t agoq_prof_stop(void* handle) {
+  if (handle == NULL || handle == &agoq_prof_net_tag) return ncclSuccess;
+  agoq_prof_info ignored;
+  if (agoq_prof_coll_tag_decode(handle, &ignored)) return ncclSuccess;
+  /* Every other handle NCCL can pass is one of our pool objects. */
+  if (agoq_prof_obj_is_ours(handle)) agoq_prof_obj_release(handle);
+  return ncclSuccess;
+}
