@@ -74,6 +74,9 @@ static atomic_bool agoq_said_no_oracle;
 
 /* Once per process: why big p2p payloads are going exact. */
 static void agoq_typed_explain_unknown(ncclProfilerCallback_t prof_fn) {
+  /* With agoq's profiler loaded, "unknown" is the normal answer for everything it does not
+   * track (receives, integers, LL-sized sends): nothing to explain. */
+  if (prof_fn != NULL && agoq_oracle_profiler_loaded()) return;
   if (atomic_exchange(&agoq_said_no_oracle, true)) return;
   if (prof_fn == NULL) {
     AGOQ_INFO(NCCL_NET | NCCL_P2P, "p2p payloads go exact: NCCL gave no profiler callback (net ABI before v10)");
@@ -83,8 +86,6 @@ static void agoq_typed_explain_unknown(ncclProfilerCallback_t prof_fn) {
               "p2p payloads go exact: agoq's profiler is not loaded (NCCL_PROFILER_PLUGIN=%s), so no transfer's "
               "datatype is known; unset it to let NCCL find agoq's profiler in this library",
               p != NULL ? p : "(unset; another libnccl-profiler.so was found first?)");
-  } else {
-    AGOQ_INFO(NCCL_NET | NCCL_P2P, "a p2p payload goes exact: its datatype could not be established");
   }
 }
 

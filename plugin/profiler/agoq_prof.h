@@ -34,9 +34,17 @@
 /* Pool sizes per communicator (powers of two). Generous so that a stopped P2p object is
  * not recycled before the proxy thread has started its ops: that would take 4096 later
  * p2p tasks of the same communicator in between. 16384 x 64 B = 1 MiB per communicator. */
-#define AGOQ_PROF_P2P_POOL 4096u
+#define AGOQ_PROF_P2P_POOL 16384u
 #define AGOQ_PROF_OP_POOL 4096u
 #define AGOQ_PROF_STEP_POOL 8192u
+/* A stopped P2p object is not reused for this long: NCCL may stop a task's event before
+ * the proxy thread starts its ops (hostStreamPlanTask), and an op that started after its
+ * task's slot was taken by another p2p with the same peer and direction would read the
+ * wrong datatype. Ring order alone bounds that by 16384 later tasks, which a preempted
+ * thread can see on a busy host; the quarantine bounds it by time as well (the proxy picks
+ * up posted ops within its loop, far inside 2 s). Sustained rates above 16384 p2p per 2 s
+ * per communicator find no free slot: those transfers are unknown, i.e. exact. */
+#define AGOQ_PROF_P2P_QUARANTINE_MS 2000u
 /* Slots a start tries before giving up (pool full: the transfer is simply unknown). */
 #define AGOQ_PROF_ALLOC_PROBES 64u
 /* The most channels NCCL uses for one p2p peer (MAXCHANNELS): the LL bound below. */
@@ -70,12 +78,14 @@ typedef struct {
   _Atomic uint32_t seq; /* odd while being written; 0: never written */
   _Atomic uint64_t info;
   _Atomic uint64_t bytes;
+  _Atomic uint64_t released_ms; /* when stopEvent freed it (quarantined pools) */
 } agoq_prof_obj;
 
 typedef struct {
   agoq_prof_obj* objs;
   uint32_t n; /* power of two */
   uint32_t magic;
+  uint32_t quarantine_ms; /* 0: a stopped object is free at once */
   _Alignas(64) _Atomic uint32_t cursor; /* next slot in ring order; own cache line */
 } agoq_prof_pool;
 

@@ -40,6 +40,13 @@ void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, siz
     bytes = UINT64_MAX;
   info.task_bytes = bytes;
   info.proto = bytes <= agoq_prof_ll_limit() ? AGOQ_XFER_PROTO_LL : AGOQ_XFER_PROTO_SIMPLE;
+  /* Only what the net side could quantize gets an object: a SIMPLE send of fp32, bf16 or
+   * fp16. Everything else is exact whether its type is known or not, and leaving it
+   * untracked keeps the quarantined pool (agoq_prof.h) for the transfers that matter; a
+   * NULL handle makes NCCL pass NULL parents down the chain. */
+  if (info.is_send != 1 || info.proto != AGOQ_XFER_PROTO_SIMPLE ||
+      (info.dtype != ncclFloat32 && info.dtype != ncclBfloat16 && info.dtype != ncclFloat16))
+    return NULL;
   agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_P2P]);
   if (o == NULL) return NULL;
   agoq_prof_obj_publish(o, &info);

@@ -63,6 +63,7 @@ ncclResult_t agoq_prof_init(void** ctx, uint64_t comm_id, int* activation_mask,
     AGOQ_CHECK_GOTO(agoq_prof_pool_init(&c->pools[k], sizes[k],
                                         agoq_prof_magic((agoq_prof_obj_kind)k)),
                     res, fail);
+  c->pools[AGOQ_PROF_OBJ_P2P].quarantine_ms = AGOQ_PROF_P2P_QUARANTINE_MS;
   c->comm_id = comm_id;
   c->rank = rank;
   c->nranks = nranks;

@@ -2,6 +2,7 @@
  * before the communicator's profiler context is finalized. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/agoq_check.h"
 #include "profiler/agoq_prof.h"
@@ -41,12 +42,24 @@ void agoq_prof_pool_fini(agoq_prof_pool* p) {
   p->n = 0;
 }
 
+/* A coarse clock is enough for a 2 s quarantine and costs a few ns (vDSO). */
+static uint64_t agoq_prof_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 agoq_prof_obj* agoq_prof_pool_alloc(agoq_prof_pool* p) {
+  const uint64_t now = p->quarantine_ms ? agoq_prof_now_ms() : 0;
   for (uint32_t probe = 0; probe < AGOQ_PROF_ALLOC_PROBES; probe++) {
     uint32_t i = atomic_fetch_add_explicit(&p->cursor, 1, memory_order_relaxed) & (p->n - 1);
     agoq_prof_obj* o = &p->objs[i];
     /* Cheap look first: under load most probes that fail, fail here without a CAS. */
     if (atomic_load_explicit(&o->busy, memory_order_relaxed) != 0) continue;
+    if (p->quarantine_ms != 0) {
+      uint64_t freed = atomic_load_explicit(&o->released_ms, memory_order_relaxed);
+      if (freed != 0 && now - freed < p->quarantine_ms) continue;
+    }
     uint32_t expect = 0;
     if (atomic_compare_exchange_strong_explicit(&o->busy, &expect, 1, memory_order_acquire,
                                                 memory_order_relaxed))
@@ -110,6 +123,8 @@ bool agoq_prof_obj_is_ours(const void* ptr) {
 }
 
 void agoq_prof_obj_release(agoq_prof_obj* o) {
+  /* Stamp first, then free: an allocator that sees the slot free also sees its stamp. */
+  atomic_store_explicit(&o->released_ms, agoq_prof_now_ms() | 1u, memory_order_relaxed);
   atomic_store_explicit(&o->busy, 0, memory_order_release);
 }
 
