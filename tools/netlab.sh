@@ -152,7 +152,7 @@ case "$op" in
   p2p)
     ((nranks_given && nranks != 2)) && die "--op p2p runs exactly 2 ranks (got --nranks $nranks)"
     nranks=2
-    ((dtype_given)) && log "-t is ignored by p2p (it moves bytes)"
+    # With -t the p2p is typed (agoq-perf p2p --dtype): run with --format F and with none.
     ;;
   *) die "--op must be allreduce, reducescatter, allgather or p2p (got '$op')" ;;
 esac
@@ -451,11 +451,12 @@ run_collective() { # tag format
   wait_ranks "$tag"
 }
 
-run_p2p() { # tag
+run_p2p() { # tag [typed p2p arguments...]
   local tag=$1 addr sweep
+  shift
   addr=$(addr_of 1):$port
   sweep_args
-  local args=(--addr "$addr" "${sweep[@]}" --json "${extra[@]}")
+  local args=(--addr "$addr" "${sweep[@]}" --json "$@" "${extra[@]}")
   log "$tag: node 1: AGOQ_SOCKET_IFNAME==nlr1 $perf p2p --rank 1 ${args[*]}"
   log "$tag: node 0: AGOQ_SOCKET_IFNAME==nlr0 $perf p2p --rank 0 ${args[*]}"
   # Rank 1 listens; rank 0 dials it (and retries until it is up).
@@ -509,6 +510,37 @@ def fmt_num(v, spec):
     return "-" if v is None else format(v, spec)
 
 link_gb = rate_bits / 8e9
+
+if mode == "p2p" and len(files) == 2:
+    # Typed p2p: --format F next to --format none, same sizes; speedup = time none / time F.
+    runs = [[d for d in rows(f) if d.get("test") == "p2p"] for f in files]
+    wires = [[d for d in rows(f) if d.get("test") == "p2p-wire"] for f in files]
+    if not runs[0]:
+        sys.exit(3)
+    if json_out:
+        for f, r, w in zip((fmt, "none"), runs, wires):
+            for d in r + w:
+                print(json.dumps(dict(d, format=f)))
+        sys.exit(0)
+    b = {int(size_of(d)): d for d in runs[1]}
+    print("# %12s | %11s %9s %9s %5s | %11s %9s %5s | %7s" % (
+        "size(B)", "time(us)", "GB/s", "rel_l2", "exact", "time(us)", "GB/s", "exact", "speedup"))
+    for d in runs[0]:
+        s = int(size_of(d))
+        e = b.get(s, {})
+        ta, tb = pick(d, ("time_us",)), pick(e, ("time_us",))
+        print("  %12d | %11s %9s %9s %5s | %11s %9s %5s | %7s" % (
+            s, fmt_num(ta, ".1f"), fmt_num(pick(d, ("bw_GBps",)), ".3f"), fmt_num(pick(d, ("rel_l2",)), ".2e"),
+            "yes" if d.get("exact") else "no", fmt_num(tb, ".1f"), fmt_num(pick(e, ("bw_GBps",)), ".3f"),
+            "yes" if e.get("exact") else "no", fmt_num(tb / ta if ta and tb else None, ".2f")))
+    for f, w in zip((fmt, "none"), wires):
+        for d in w:
+            print("# --format %s: plugin p2p stats: %d quantized messages, %.1f MiB in %.1f MiB on the wire "
+                  "(%.3fx fewer bytes)" % (f, d.get("frames", 0), d.get("in_MiB", 0), d.get("wire_MiB", 0),
+                                           d.get("reduction", 1)))
+    print("# link %.3f GB/s per direction; speedup = time with --format none / time with --format %s"
+          % (link_gb, fmt))
+    sys.exit(0)
 
 if mode == "p2p":
     data = rows(files[0])
@@ -611,7 +643,26 @@ if ((want_iperf)); then
 fi
 
 status=0
-if [[ "$op" == p2p ]]; then
+if [[ "$op" == p2p ]] && ((dtype_given)); then
+  files=()
+  tags=("$format")
+  [[ "$format" != none ]] && tags+=(none)
+  for t in "${tags[@]}"; do
+    if run_p2p "p2p.$t" -t "$dtype" --format "$t"; then
+      files+=("$logdir/p2p.$t.r0.out")
+    else
+      status=1
+      break
+    fi
+  done
+  if ((status == 0)); then
+    log "typed p2p, -t $dtype: node 0 -> node 1 through agoq's net table and its profiler"
+    render p2p "$rate_bits" "$format" "$json" "${files[@]}"
+    rc=$?
+    ((rc == 3)) && { log "rank 0 printed no JSON; its output:"; render_raw "${files[@]}"; }
+    ((rc != 0 && rc != 3)) && status=1
+  fi
+elif [[ "$op" == p2p ]]; then
   if run_p2p p2p; then
     log "p2p: node 0 -> node 1 through agoq's net table"
     print_iperf

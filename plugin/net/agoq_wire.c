@@ -183,8 +183,14 @@ void agoq_msg_plan(uint64_t size, uint64_t inline_max, uint64_t min_chunk, unsig
   uint64_t chunk = (size + nsocks - 1) / nsocks;
   if (chunk < min_chunk) chunk = min_chunk;
   if (chunk > size) chunk = size;
+  /* Whole pieces only: a remainder shorter than a piece is spread over the others rather
+   * than sent as a small piece of its own, which would cost another socket and thread
+   * hand-off for a few bytes (a 66 KiB frame would otherwise go as 64 KiB + 2 KiB). */
+  uint64_t n = size / chunk;
+  if (n == 0) n = 1;
+  chunk = (size + n - 1) / n;
   m->chunk = chunk;
-  m->nchunks = (uint16_t)((size + chunk - 1) / chunk);
+  m->nchunks = (uint16_t)n;
 }
 
 const char* agoq_wire_status_str(agoq_wire_status s) {

@@ -154,6 +154,9 @@ static void test_msg_plan_covers_size(void** state) {
       } else {
         assert_true(m.nchunks >= 1 && m.nchunks <= nsocks);
         assert_true((m.nchunks - 1) * m.chunk < sizes[i] && m.nchunks * m.chunk >= sizes[i]);
+        /* No runt piece: the last one is about as large as the others. */
+        uint64_t last = sizes[i] - (uint64_t)(m.nchunks - 1) * m.chunk;
+        if (sizes[i] >= 65536) assert_true(last >= 65536 / 2 && last + m.nchunks >= m.chunk);
         m.first_sock = (uint16_t)(nsocks - 1);
       }
       uint8_t buf[AGOQ_MSG_HDR_SIZE];

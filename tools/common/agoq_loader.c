@@ -137,3 +137,7 @@ ncclResult_t agoq_view_bad_version(int version) {
                   "loader: no view for ABI version %d", version);
   return ncclInternalError;
 }
+
+const void* agoq_netlib_symbol(agoq_netlib* lib, const char* name) {
+  return lib != NULL && lib->handle != NULL && name != NULL ? dlsym(lib->handle, name) : NULL;
+}

@@ -31,6 +31,8 @@ typedef struct agoq_netlib agoq_netlib;
 /* Fails (non-zero, message in err) when dlopen fails or the library exports no
  * ncclNetPlugin_v6..v12. */
 int agoq_netlib_open(const char* path, agoq_netlib** out, char* err, size_t errlen);
+/* Any other symbol of the opened library (the profiler and tuner tables), or NULL. */
+const void* agoq_netlib_symbol(agoq_netlib* lib, const char* name);
 void agoq_netlib_close(agoq_netlib* lib);
 /* $AGOQ_PLUGIN_PATH, else <dir of the executable>/../lib/libnccl-net-agoq.so (the build
  * tree and install layouts). Static storage: not thread-safe, valid until the next call. */
@@ -70,6 +72,9 @@ typedef struct {
  * init(log[, NULL]) and *ctx = NULL, because their listen/connect take no context. */
 ncclResult_t agoq_view_init(const agoq_net_view* v, void** ctx, uint64_t comm_id,
                             ncclDebugLogger_t log);
+/* The same with NCCL's profiler callback (v10+; older versions have no place for it). */
+ncclResult_t agoq_view_init_prof(const agoq_net_view* v, void** ctx, uint64_t comm_id,
+                                 ncclDebugLogger_t log, ncclProfilerCallback_t prof);
 /* No-op for versions without finalize. */
 ncclResult_t agoq_view_finalize(const agoq_net_view* v, void* ctx);
 ncclResult_t agoq_view_devices(const agoq_net_view* v, int* ndev);
@@ -92,6 +97,9 @@ ncclResult_t agoq_view_dereg_mr(const agoq_net_view* v, void* comm, void* mhandl
 /* v10+ get NULL profiler handles. */
 ncclResult_t agoq_view_isend(const agoq_net_view* v, void* send_comm, void* data, size_t size,
                              int tag, void* mhandle, void** request);
+/* With NCCL's profiler handle of the transfer (dropped by versions before v10). */
+ncclResult_t agoq_view_isend_ph(const agoq_net_view* v, void* send_comm, void* data, size_t size,
+                                int tag, void* mhandle, void* phandle, void** request);
 /* n above AGOQ_VIEW_MAX_RECVS is refused with ncclInvalidArgument; any other n reaches
  * the plugin. As NCCL's adapters do, v6..v8 turn an NCCL_NET_OPTIONAL_RECV_COMPLETION
  * hint in *request into NULL before the call. */

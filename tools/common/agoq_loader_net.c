@@ -39,16 +39,21 @@ static ncclResult_t agoq_view_check_dev_handle(const agoq_net_view* v, const cha
 
 ncclResult_t agoq_view_init(const agoq_net_view* v, void** ctx, uint64_t comm_id,
                             ncclDebugLogger_t log) {
+  return agoq_view_init_prof(v, ctx, comm_id, log, NULL);
+}
+
+ncclResult_t agoq_view_init_prof(const agoq_net_view* v, void** ctx, uint64_t comm_id,
+                                 ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
   ncclNetCommConfig_v11_t config = {.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF};
-  if (v->version == 11) return AGOQ_NET_CALL(11, init, ctx, comm_id, &config, log, NULL);
-  if (v->version == 12) return AGOQ_NET_CALL(12, init, ctx, comm_id, &config, log, NULL);
+  if (v->version == 11) return AGOQ_NET_CALL(11, init, ctx, comm_id, &config, log, prof);
+  if (v->version == 12) return AGOQ_NET_CALL(12, init, ctx, comm_id, &config, log, prof);
   *ctx = NULL;
   switch (v->version) {
     case 6: return AGOQ_NET_CALL(6, init, log);
     case 7: return AGOQ_NET_CALL(7, init, log);
     case 8: return AGOQ_NET_CALL(8, init, log);
     case 9: return AGOQ_NET_CALL(9, init, log);
-    case 10: return AGOQ_NET_CALL(10, init, log, NULL);
+    case 10: return AGOQ_NET_CALL(10, init, log, prof);
     default: return agoq_view_bad_version(v->version);
   }
 }
@@ -145,6 +150,11 @@ ncclResult_t agoq_view_dereg_mr(const agoq_net_view* v, void* comm, void* mhandl
 
 ncclResult_t agoq_view_isend(const agoq_net_view* v, void* send_comm, void* data, size_t size,
                              int tag, void* mhandle, void** request) {
+  return agoq_view_isend_ph(v, send_comm, data, size, tag, mhandle, NULL, request);
+}
+
+ncclResult_t agoq_view_isend_ph(const agoq_net_view* v, void* send_comm, void* data, size_t size,
+                                int tag, void* mhandle, void* phandle, void** request) {
   int isize;
   if (v->version <= 8) {
     if (agoq_view_int_size(size, &isize) != 0) return ncclInvalidArgument;
@@ -157,9 +167,9 @@ ncclResult_t agoq_view_isend(const agoq_net_view* v, void* send_comm, void* data
   }
   switch (v->version) {
     case 9: return AGOQ_NET_CALL(9, isend, send_comm, data, size, tag, mhandle, request);
-    case 10: return AGOQ_NET_CALL(10, isend, send_comm, data, size, tag, mhandle, NULL, request);
-    case 11: return AGOQ_NET_CALL(11, isend, send_comm, data, size, tag, mhandle, NULL, request);
-    case 12: return AGOQ_NET_CALL(12, isend, send_comm, data, size, tag, mhandle, NULL, request);
+    case 10: return AGOQ_NET_CALL(10, isend, send_comm, data, size, tag, mhandle, phandle, request);
+    case 11: return AGOQ_NET_CALL(11, isend, send_comm, data, size, tag, mhandle, phandle, request);
+    case 12: return AGOQ_NET_CALL(12, isend, send_comm, data, size, tag, mhandle, phandle, request);
     default: return agoq_view_bad_version(v->version);
   }
 }

@@ -147,6 +147,10 @@ const char* agoq_emul_dtype_string(int dtype) {
 
 /* ---- communicator: ncclProfilerPluginInit / Finalize ---- */
 
+/* The logger handed to the profiler's init, as NCCL hands it the same one as the net's. */
+static ncclDebugLogger_t agoq_emul_logger = agoq_log_stderr;
+void agoq_emul_set_logger(ncclDebugLogger_t log) { agoq_emul_logger = log != NULL ? log : agoq_log_stderr; }
+
 agoq_emul_comm* agoq_emul_comm_create(const void* profiler_table, int version, uint64_t comm_id,
                                       int nranks, int rank) {
   if (profiler_table != NULL && version != 5 && version != 6) return NULL;
@@ -160,11 +164,11 @@ agoq_emul_comm* agoq_emul_comm_create(const void* profiler_table, int version, u
   if (version == 5) {
     c->v5 = profiler_table;
     c->init_res = c->v5->init(&c->ctx, comm_id, &c->mask, "agoq-emul", 1, nranks, rank,
-                              agoq_log_stderr);
+                              agoq_emul_logger);
   } else {
     c->v6 = profiler_table;
     c->init_res = c->v6->init(&c->ctx, comm_id, &c->mask, "agoq-emul", 1, nranks, rank,
-                              agoq_log_stderr);
+                              agoq_emul_logger);
   }
   /* NCCL only logs a failed init and keeps calling the profiler (with a NULL context). */
   if (c->init_res != ncclSuccess) c->ctx = NULL;

@@ -40,6 +40,10 @@ typedef struct agoq_emul_comm agoq_emul_comm;
 typedef struct agoq_emul_task agoq_emul_task;
 typedef struct agoq_emul_op agoq_emul_op;
 
+/* The logger the profiler's init gets (NCCL passes the same one to every plugin of the
+ * library; default agoq_log_stderr). Set it before agoq_emul_comm_create. */
+void agoq_emul_set_logger(ncclDebugLogger_t log);
+
 /* profiler_table: const ncclProfiler_v5_t* (version 5) or const ncclProfiler_v6_t*
  * (version 6), e.g. from dlsym(lib, "ncclProfiler_v5"); NULL emulates NCCL without a
  * profiler (no events; the callback does nothing). NULL only on allocation failure or a

@@ -31,6 +31,12 @@ typedef struct {
   int rank;                    /* --rank 0|1, -1 = fork a local peer */
   const char* addr;            /* --addr HOST:PORT (with --rank) */
   int boot_timeout_s;          /* --boot-timeout: how long ranks wait for each other */
+  /* Typed p2p (perf_p2p_typed.h). */
+  int dtype;                   /* -t/--dtype: ncclDataType_t; -1 = untyped bytes */
+  const char* format;          /* --format: AGOQ_P2P_FORMAT for the run */
+  bool no_oracle;              /* --oracle none: NCCL without a profiler */
+  bool coll_traffic;           /* --traffic coll: a collective's ring traffic */
+  size_t chunk;                /* --chunk: each transfer goes as isends of this size (0: one) */
 } perf_opts;
 
 /* Parses argv[1..] (argv[0] is the subcommand). 0 ok, 1 help printed, -1 error printed. */
@@ -126,6 +132,9 @@ typedef struct {
 
 /* dlopen, newest net version, init (comm id shared by both ranks), properties of dev. */
 int perf_net_open(perf_net* n, const char* lib_path, int dev, uint64_t comm_id);
+/* The same with the logger and profiler callback to hand the plugin's init. */
+int perf_net_open_ex(perf_net* n, const char* lib_path, int dev, uint64_t comm_id, ncclDebugLogger_t log,
+                     ncclProfilerCallback_t prof);
 /* Rank 1: listen and hand the handle to rank 0, then accept. Rank 0: connect. */
 int perf_net_connect_pair(perf_net* n, perf_boot* b);
 void perf_net_close(perf_net* n);
@@ -140,10 +149,15 @@ typedef struct {
   int inflight;
   double time_us; /* per message */
   bool checked;
+  bool typed;     /* p2p --dtype: rel_l2 and exact are the receiver's verdict */
+  double rel_l2;
+  bool exact;
 } perf_result;
 
 void perf_report_header(const perf_opts* o, const perf_net* n, const char* test);
 void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* r);
+/* Typed p2p: what the plugin's statistics say went on the wire (after it was closed). */
+void perf_report_wire(const perf_opts* o);
 
 /* ---- time ---- */
 double perf_now_us(void);

@@ -18,6 +18,11 @@ const char* perf_result_str(ncclResult_t r) {
 }
 
 int perf_net_open(perf_net* n, const char* lib_path, int dev, uint64_t comm_id) {
+  return perf_net_open_ex(n, lib_path, dev, comm_id, agoq_log_stderr, NULL);
+}
+
+int perf_net_open_ex(perf_net* n, const char* lib_path, int dev, uint64_t comm_id, ncclDebugLogger_t log,
+                     ncclProfilerCallback_t prof) {
   memset(n, 0, sizeof(*n));
   char err[512] = "";
   if (lib_path == NULL) lib_path = agoq_netlib_default_path();
@@ -32,7 +37,7 @@ int perf_net_open(perf_net* n, const char* lib_path, int dev, uint64_t comm_id) 
     fprintf(stderr, "agoq-perf: %s exports no usable ncclNetPlugin_vN\n", lib_path);
     return -1;
   }
-  ncclResult_t r = agoq_view_init(&n->view, &n->ctx, comm_id, agoq_log_stderr);
+  ncclResult_t r = agoq_view_init_prof(&n->view, &n->ctx, comm_id, log, prof);
   int ndev = 0;
   if (r == ncclSuccess) r = agoq_view_devices(&n->view, &ndev);
   if (r != ncclSuccess) {

@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "perf.h"
+#include "perf_dtype.h"
 
 int perf_parse_size(const char* s, size_t* out) {
   char* end = NULL;
@@ -77,6 +78,15 @@ static void perf_usage(FILE* f, const char* cmd) {
           "                          or rank 1 (receives, listens on --addr)\n"
           "      --addr HOST:PORT    bootstrap address rank 1 listens on and rank 0 dials\n"
           "      --boot-timeout S    how long a rank waits for the other (default 120)\n"
+          "  -t, --dtype T           p2p of a datatype (bf16, fp16, fp32, int32, int64, ...): each\n"
+          "                          isend carries the profiler handle of an emulated NCCL P2p task\n"
+          "                          whose datatype agoq's profiler reports; warm-up messages are\n"
+          "                          checked (exact, or the rel. L2 error of quantized payloads)\n"
+          "      --format F          AGOQ_P2P_FORMAT for the run: none|int8|int4|fp8e4m3|fp8e5m2\n"
+          "      --oracle profiler|none  agoq's profiler loaded (default) or no profiler at all\n"
+          "      --traffic p2p|coll  the transfers are a p2p (default) or a collective's ring\n"
+          "      --chunk SIZE        send each transfer as isends of SIZE bytes, as NCCL cuts a\n"
+          "                          p2p into steps (NCCL_P2P_NET_CHUNKSIZE; default: one isend)\n"
           "Without --rank a receiver is forked on this host and, unless AGOQ_SOCKET_IFNAME or\n"
           "NCCL_SOCKET_IFNAME says otherwise, traffic goes over loopback.\n"
           "In two-host mode rank 0's size and iteration options apply to both ranks.\n",
@@ -100,7 +110,8 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
                    .warmup = 5,
                    .inflight = 8,
                    .rank = -1,
-                   .boot_timeout_s = 120};
+                   .boot_timeout_s = 120,
+                   .dtype = -1};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -152,6 +163,25 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
       o->addr = v;
     } else if (strcmp(a, "--boot-timeout") == 0) {
       bad = perf_parse_int(v, 1, 86400, &o->boot_timeout_s);
+    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--dtype") == 0) {
+      ncclDataType_t t;
+      bad = perf_dtype_parse(v, &t);
+      o->dtype = (int)t;
+    } else if (strcmp(a, "--format") == 0) {
+      static const char* const formats[] = {"none", "int8", "int4", "fp8e4m3", "fp8e5m2"};
+      bad = -1;
+      for (size_t k = 0; k < sizeof formats / sizeof formats[0]; k++)
+        if (strcmp(v, formats[k]) == 0) bad = 0;
+      o->format = v;
+    } else if (strcmp(a, "--oracle") == 0) {
+      bad = strcmp(v, "profiler") != 0 && strcmp(v, "none") != 0 ? -1 : 0;
+      o->no_oracle = strcmp(v, "none") == 0;
+    } else if (strcmp(a, "--chunk") == 0) {
+      bad = perf_parse_size(v, &o->chunk);
+      if (!bad && o->chunk != 0 && (o->chunk < 64 || o->chunk % 64 != 0)) bad = -1;
+    } else if (strcmp(a, "--traffic") == 0) {
+      bad = strcmp(v, "p2p") != 0 && strcmp(v, "coll") != 0 ? -1 : 0;
+      o->coll_traffic = strcmp(v, "coll") == 0;
     } else {
       fprintf(stderr, "agoq-perf %s: unknown option %s\n", cmd, a);
       perf_usage(stderr, cmd);
@@ -165,6 +195,10 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
   if (o->min_bytes > o->max_bytes) {
     fprintf(stderr, "agoq-perf %s: -b (%zu) is larger than -e (%zu)\n", cmd, o->min_bytes,
             o->max_bytes);
+    return -1;
+  }
+  if (o->dtype < 0 && (o->format != NULL || o->no_oracle || o->coll_traffic || o->chunk != 0)) {
+    fprintf(stderr, "agoq-perf %s: --format, --oracle, --traffic and --chunk need --dtype\n", cmd);
     return -1;
   }
   if ((o->rank >= 0) != (o->addr != NULL)) {

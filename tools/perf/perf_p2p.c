@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "perf.h"
+#include "perf_p2p_typed.h"
 
 #define P2P_TAG 0 /* NCCL's tag is the sender's rank */
 
@@ -23,13 +24,14 @@ typedef struct {
 
 /* ---- the configuration rank 0 hands rank 1 ---- */
 
-enum { P2P_CONFIG_WORDS = 9 };
+enum { P2P_CONFIG_WORDS = 12 };
 
 static void p2p_config_encode(const perf_opts* o, uint64_t comm_id, uint8_t* out) {
   uint64_t w[P2P_CONFIG_WORDS] = {o->min_bytes, o->max_bytes, o->step_bytes,
                                   (uint64_t)(o->factor * 1e6), (uint64_t)o->iters,
                                   (uint64_t)o->warmup, (uint64_t)o->inflight,
-                                  (uint64_t)o->check, comm_id};
+                                  (uint64_t)o->check, comm_id, (uint64_t)(o->dtype + 1),
+                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1, (uint64_t)o->chunk};
   for (int i = 0; i < P2P_CONFIG_WORDS; i++)
     for (int k = 0; k < 8; k++) out[i * 8 + k] = (uint8_t)(w[i] >> (8 * k));
 }
@@ -47,6 +49,10 @@ static void p2p_config_decode(const uint8_t* in, perf_opts* o, uint64_t* comm_id
   o->inflight = (int)w[6];
   o->check = w[7] != 0;
   *comm_id = w[8];
+  o->dtype = (int)w[9] - 1;
+  o->no_oracle = (w[10] & 1) != 0;
+  o->coll_traffic = (w[10] & 2) != 0;
+  o->chunk = w[11];
 }
 
 /* ---- payload pattern (--check) ---- */
@@ -85,23 +91,51 @@ static uint64_t p2p_seed(size_t size, int msg) {
 
 /* ---- the streaming loop both ranks run ---- */
 
+/* Typed runs check their warm-up messages against the sender's per-slot data. */
+/* With --chunk a transfer of `size` bytes goes as nch isends (NCCL's steps); message m is
+ * chunk m % nch of transfer m / nch, whose buffer is that transfer's slot. */
+static size_t p2p_nchunks(const perf_opts* o, size_t size) {
+  return o->chunk != 0 && size > o->chunk ? (size + o->chunk - 1) / o->chunk : 1;
+}
+
+/* Message m's bytes: [off, off + len) of its transfer; where they are: buffer bi at boff. */
+static void p2p_chunk_of(const perf_opts* o, const p2p_bufs* b, int rank, size_t size, int m, int* bi,
+                         size_t* off, size_t* len, size_t* boff) {
+  size_t nch = p2p_nchunks(o, size);
+  size_t csz = nch > 1 ? o->chunk : size;
+  *off = (size_t)m % nch * csz;
+  *len = size - *off < csz ? size - *off : csz;
+  *boff = *off;
+  if (o->dtype >= 0 && rank == 1) { /* a ring of per-request buffers */
+    *bi = m % o->inflight;
+    if (nch > 1) *boff = 0;
+  } else {
+    *bi = b->nbuf > 1 ? (int)((size_t)m / nch % (size_t)o->inflight) : 0;
+  }
+}
+
 static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, size_t size,
-                      int count, int msg_base) {
+                      int count, int msg_base, p2p_typed* typed, bool verify) {
   void* reqs[32] = {0};
   int posted = 0, done = 0;
   ncclResult_t r;
+  count *= (int)p2p_nchunks(o, size);
   while (done < count) {
     bool progress = false;
     while (posted < count && posted - done < o->inflight) {
       int slot = posted % o->inflight;
-      int bi = b->nbuf > 1 ? slot : 0;
+      int bi;
+      size_t off, len, boff;
+      p2p_chunk_of(o, b, rank, size, posted, &bi, &off, &len, &boff);
       void* req = NULL;
       if (rank == 0) {
-        if (o->check) p2p_fill(b->buf[bi], size, p2p_seed(size, msg_base + posted));
-        r = agoq_view_isend(&n->view, n->send_comm, b->buf[bi], size, P2P_TAG, b->mh[bi], &req);
+        if (o->check && typed->dtype < 0) p2p_fill(b->buf[bi], size, p2p_seed(size, msg_base + posted));
+        void* ph = p2p_typed_begin(typed, slot, len, size);
+        r = agoq_view_isend_ph(&n->view, n->send_comm, b->buf[bi] + boff, len, P2P_TAG, b->mh[bi], ph, &req);
+        if (req == NULL) p2p_typed_end(typed, slot);
       } else {
-        void* data[1] = {b->buf[bi]};
-        size_t sizes[1] = {size};
+        void* data[1] = {b->buf[bi] + boff};
+        size_t sizes[1] = {len};
         int tags[1] = {P2P_TAG};
         r = agoq_view_irecv(&n->view, n->recv_comm, 1, data, sizes, tags, &b->mh[bi], &req);
       }
@@ -124,12 +158,17 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
       return -1;
     }
     if (finished) {
-      if (rank == 1 && size <= INT_MAX && got != (int)size) {
+      int bi;
+      size_t off, len, boff;
+      p2p_chunk_of(o, b, rank, size, done, &bi, &off, &len, &boff);
+      if (rank == 0) p2p_typed_end(typed, slot);
+      if (rank == 1 && verify) p2p_typed_check(typed, b->buf[bi] + boff, len, p2p_seed(size, 0), off, size);
+      if (rank == 1 && len <= INT_MAX && got != (int)len) {
         fprintf(stderr, "agoq-perf: rank 1: message %d: %d B arrived, %zu B were sent\n", done,
-                got, size);
+                got, len);
         return -1;
       }
-      if (rank == 1 && o->check) {
+      if (rank == 1 && o->check && typed->dtype < 0) {
         size_t bad = p2p_verify(b->buf[b->nbuf > 1 ? slot : 0], size,
                                 p2p_seed(size, msg_base + done));
         if (bad != SIZE_MAX) {
@@ -148,21 +187,35 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
   return 0;
 }
 
+/* The receiver's verdict on a typed run's checked messages, carried by its DONE. */
+typedef struct {
+  double rel_l2_max;
+  uint64_t exact, checked;
+} p2p_verdict;
+
 /* One run of `count` messages, framed by READY (receiver ready) and DONE (all arrived).
- * On rank 0, *elapsed_us is the time from READY to DONE. */
+ * On rank 0, *elapsed_us is the time from READY to DONE; a typed run's verdict (of the
+ * messages checked in this run) arrives with DONE. */
 static int p2p_run(perf_net* n, perf_boot* boot, const perf_opts* o, p2p_bufs* b, size_t size,
-                   int count, int msg_base, double* elapsed_us) {
+                   int count, int msg_base, double* elapsed_us, p2p_typed* typed, bool verify,
+                   p2p_verdict* verdict) {
   if (boot->rank == 1) {
+    typed->rel_l2_max = 0;
+    typed->all_exact = true;
+    typed->checked = 0;
     if (perf_boot_send(boot, PERF_MSG_READY, NULL, 0) != 0) return -1;
-    if (p2p_stream(n, 1, o, b, size, count, msg_base) != 0) return -1;
-    return perf_boot_send(boot, PERF_MSG_DONE, NULL, 0);
+    if (p2p_stream(n, 1, o, b, size, count, msg_base, typed, verify) != 0) return -1;
+    p2p_verdict v = {typed->rel_l2_max, typed->all_exact, typed->checked};
+    return perf_boot_send(boot, PERF_MSG_DONE, &v, sizeof v);
   }
   int timeout_ms = o->boot_timeout_s * 1000;
   if (perf_boot_recv(boot, PERF_MSG_READY, NULL, 0, timeout_ms) != 0) return -1;
   double t0 = perf_now_us();
-  if (p2p_stream(n, 0, o, b, size, count, msg_base) != 0) return -1;
+  if (p2p_stream(n, 0, o, b, size, count, msg_base, typed, verify) != 0) return -1;
   /* The receiver's DONE can take as long as the transfer itself: allow for slow links. */
-  if (perf_boot_recv(boot, PERF_MSG_DONE, NULL, 0, timeout_ms + 600000) != 0) return -1;
+  p2p_verdict v;
+  if (perf_boot_recv(boot, PERF_MSG_DONE, &v, sizeof v, timeout_ms + 600000) != 0) return -1;
+  if (verdict != NULL) *verdict = v;
   *elapsed_us = perf_now_us() - t0;
   return 0;
 }
@@ -171,6 +224,13 @@ static int p2p_bufs_alloc(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b
   memset(b, 0, sizeof(*b));
   b->nbuf = o->check ? o->inflight : 1;
   size_t bytes = o->max_bytes > 0 ? o->max_bytes : 1;
+  /* Typed: every transfer carries the same data, so the sender needs one buffer; the
+   * receiver gets one per request in flight, of one chunk with --chunk (the ring of
+   * step-sized buffers NCCL receives into), else of a whole transfer. */
+  if (o->dtype >= 0 && rank == 1) {
+    b->nbuf = o->inflight;
+    if (o->chunk != 0 && o->chunk < bytes) bytes = o->chunk;
+  }
   void* comm = rank == 0 ? n->send_comm : n->recv_comm;
   for (int i = 0; i < b->nbuf; i++) {
     b->buf[i] = malloc(bytes);
@@ -180,7 +240,7 @@ static int p2p_bufs_alloc(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b
       return -1;
     }
     /* Touch every page now, so first-touch faults are not timed. */
-    if (rank == 0 && !o->check)
+    if (rank == 0 && !o->check && o->dtype < 0)
       p2p_fill(b->buf[i], bytes, 1);
     else
       memset(b->buf[i], 0, bytes);
@@ -235,9 +295,24 @@ int perf_p2p_main(int argc, char** argv) {
 
   perf_net n;
   p2p_bufs bufs;
+  p2p_typed typed;
   memset(&bufs, 0, sizeof(bufs));
+  memset(&typed, 0, sizeof(typed));
+  typed.dtype = o.dtype;
+  typed.oracle = !o.no_oracle;
+  typed.coll = o.coll_traffic;
   rc = 1;
-  if (perf_net_open(&n, o.lib, o.dev, comm_id) != 0) goto fail_net;
+  if (o.dtype >= 0) {
+    if (o.warmup < 1) {
+      fprintf(stderr, "agoq-perf: --dtype checks the warm-up messages: -w must be at least 1\n");
+      goto fail_boot;
+    }
+    p2p_typed_env(o.format);
+  }
+  if (perf_net_open_ex(&n, o.lib, o.dev, comm_id, o.dtype >= 0 ? p2p_typed_logger() : agoq_log_stderr,
+                       o.dtype >= 0 ? p2p_typed_callback() : NULL) != 0)
+    goto fail_net;
+  if (o.dtype >= 0 && p2p_typed_open(&typed, &n, comm_id, o.max_bytes, rank) != 0) goto fail_net;
   if (o.max_bytes > n.props.max_p2p_bytes) {
     fprintf(stderr, "agoq-perf: -e %zu exceeds the device's maxP2pBytes %zu\n", o.max_bytes,
             n.props.max_p2p_bytes);
@@ -250,10 +325,14 @@ int perf_p2p_main(int argc, char** argv) {
   int msg_base = 0;
   for (size_t size = o.min_bytes; size != 0 || msg_base == 0; size = perf_next_size(&o, size)) {
     double us = 0;
-    if (o.warmup > 0 && p2p_run(&n, &boot, &o, &bufs, size, o.warmup, msg_base, &us) != 0)
+    p2p_verdict verdict = {0, 1, 0};
+    /* Typed: every slot's buffer holds its own data, sent again and again. */
+    if (o.dtype >= 0 && rank == 0) p2p_typed_fill(&typed, bufs.buf[0], size, p2p_seed(size, 0));
+    if (o.warmup > 0 && p2p_run(&n, &boot, &o, &bufs, size, o.warmup, msg_base, &us, &typed, o.dtype >= 0,
+                                &verdict) != 0)
       goto fail_net;
     msg_base += o.warmup;
-    if (p2p_run(&n, &boot, &o, &bufs, size, o.iters, msg_base, &us) != 0) goto fail_net;
+    if (p2p_run(&n, &boot, &o, &bufs, size, o.iters, msg_base, &us, &typed, false, NULL) != 0) goto fail_net;
     msg_base += o.iters;
     if (rank == 0) {
       perf_result res = {.test = "p2p",
@@ -261,7 +340,10 @@ int perf_p2p_main(int argc, char** argv) {
                          .iters = o.iters,
                          .inflight = o.inflight,
                          .time_us = us / o.iters,
-                         .checked = o.check};
+                         .checked = o.check,
+                         .typed = o.dtype >= 0,
+                         .rel_l2 = verdict.rel_l2_max,
+                         .exact = verdict.exact != 0};
       perf_report_line(&o, &n, &res);
       fflush(stdout);
     }
@@ -278,7 +360,9 @@ int perf_p2p_main(int argc, char** argv) {
 fail_net:
   if (rc != 0) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
   p2p_bufs_free(&n, rank, &bufs);
+  p2p_typed_close(&typed);
   perf_net_close(&n);
+  if (rank == 0 && rc == 0 && o.dtype >= 0) perf_report_wire(&o);
   if (rank == 0 && rc == 0) {
     /* On failure perf_boot_close kills the child instead: it may be stuck in a plugin
      * call that no longer has a peer. */

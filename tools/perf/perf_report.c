@@ -5,6 +5,8 @@
 #include <stdlib.h>
 
 #include "perf.h"
+#include "perf_dtype.h"
+#include "perf_p2p_typed.h"
 
 static void perf_json_string(const char* s) {
   putchar('"');
@@ -27,15 +29,45 @@ void perf_report_header(const perf_opts* o, const perf_net* n, const char* test)
   printf("# iters %d, warmup %d, inflight %d, AGOQ_SOCKET_NSOCKS %s, check %s, %s\n", o->iters,
          o->warmup, o->inflight, nsocks ? nsocks : "(plugin default)", o->check ? "on" : "off",
          o->rank < 0 ? "forked peer on this host" : "two-host mode");
+  if (o->dtype >= 0) {
+    const char* fmt = o->format ? o->format : getenv("AGOQ_P2P_FORMAT");
+    printf("# typed p2p: dtype %s, AGOQ_P2P_FORMAT %s, oracle %s, traffic %s; warm-up messages checked\n",
+           perf_dtype_name((ncclDataType_t)o->dtype), fmt ? fmt : "(plugin default)",
+           o->no_oracle ? "none (no profiler)" : "agoq profiler via emulated NCCL chain",
+           o->coll_traffic ? "collective ring" : "p2p");
+    printf("#\n# %14s %8s %12s %11s %11s %10s %6s\n", "size(B)", "count", "time(us)", "bw(GB/s)",
+           "bw(Gbit/s)", "rel_l2", "exact");
+    return;
+  }
   printf("#\n# %14s %8s %12s %11s %11s\n", "size(B)", "count", "time(us)", "bw(GB/s)",
          "bw(Gbit/s)");
+}
+
+void perf_report_wire(const perf_opts* o) {
+  uint64_t frames, unknown;
+  double in, wire;
+  p2p_typed_wire(&frames, &in, &wire, &unknown);
+  double ratio = wire > 0 ? in / wire : 1.0;
+  if (o->json) {
+    printf("{\"test\":\"p2p-wire\",\"frames\":%llu,\"in_MiB\":%.3f,\"wire_MiB\":%.3f,\"reduction\":%.4f,"
+           "\"unknown\":%llu}\n",
+           (unsigned long long)frames, in, wire, ratio, (unsigned long long)unknown);
+    return;
+  }
+  printf("# plugin p2p stats: %llu quantized messages, %.1f MiB in %.1f MiB on the wire (%.3fx fewer bytes); "
+         "%llu of unknown type\n",
+         (unsigned long long)frames, in, wire, ratio, (unsigned long long)unknown);
 }
 
 void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* r) {
   double gbytes = r->time_us > 0 ? (double)r->bytes / (r->time_us * 1e3) : 0.0;
   if (!o->json) {
-    printf("  %14zu %8d %12.2f %11.3f %11.3f\n", r->bytes, r->iters, r->time_us, gbytes,
-           gbytes * 8.0);
+    if (r->typed)
+      printf("  %14zu %8d %12.2f %11.3f %11.3f %10.3e %6s\n", r->bytes, r->iters, r->time_us, gbytes,
+             gbytes * 8.0, r->rel_l2, r->exact ? "yes" : "no");
+    else
+      printf("  %14zu %8d %12.2f %11.3f %11.3f\n", r->bytes, r->iters, r->time_us, gbytes,
+             gbytes * 8.0);
     return;
   }
   printf("{\"test\":");
@@ -43,7 +75,11 @@ void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* 
   printf(",\"net_version\":%d,\"device\":", n->view.version);
   perf_json_string(n->props.name);
   printf(",\"size\":%zu,\"iters\":%d,\"inflight\":%d,\"time_us\":%.3f,\"bw_GBps\":%.4f,"
-         "\"bw_Gbps\":%.4f,\"checked\":%s}\n",
+         "\"bw_Gbps\":%.4f,\"checked\":%s",
          r->bytes, r->iters, r->inflight, r->time_us, gbytes, gbytes * 8.0,
          r->checked ? "true" : "false");
+  if (r->typed)
+    printf(",\"dtype\":\"%s\",\"rel_l2\":%.6e,\"exact\":%s", perf_dtype_name((ncclDataType_t)o->dtype),
+           r->rel_l2, r->exact ? "true" : "false");
+  printf("}\n");
 }
