@@ -17,8 +17,8 @@ void p2p_typed_env(const char* format) {
 
 /* ---- the plugin's statistics, from its log ---- */
 
-static uint64_t typed_frames, typed_unknown;
-static double typed_in_mib, typed_wire_mib;
+static uint64_t typed_frames, typed_unknown, typed_queries;
+static double typed_in_mib, typed_wire_mib, typed_query_ns;
 
 static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                           const char* fmt, ...) {
@@ -40,12 +40,24 @@ static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const ch
     }
     const char* unk = strstr(s, "type unknown ");
     if (unk != NULL && sscanf(unk, "type unknown %llu", &u) == 1) typed_unknown += u;
+    unsigned long long q = 0;
+    double ns = 0;
+    const char* orc = strstr(s, "oracle ");
+    if (orc != NULL && sscanf(orc, "oracle %llu queries, %lf ns each", &q, &ns) == 2 && q > 0) {
+      typed_query_ns = (typed_query_ns * (double)typed_queries + ns * (double)q) / (double)(typed_queries + q);
+      typed_queries += q;
+    }
   }
   agoq_log_stderr(level, flags, file, line, "%s", msg);
 }
 
 ncclDebugLogger_t p2p_typed_logger(void) { return p2p_typed_log; }
 ncclProfilerCallback_t p2p_typed_callback(void) { return agoq_emul_callback(); }
+
+void p2p_typed_oracle(uint64_t* queries, double* ns_each) {
+  *queries = typed_queries;
+  *ns_each = typed_query_ns;
+}
 
 void p2p_typed_wire(uint64_t* frames, double* in_mib, double* wire_mib, uint64_t* unknown) {
   *frames = typed_frames;

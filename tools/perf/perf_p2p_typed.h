@@ -57,5 +57,7 @@ void p2p_typed_fill(const p2p_typed* t, uint8_t* buf, size_t size, uint64_t seed
 void p2p_typed_check(p2p_typed* t, const uint8_t* buf, size_t len, uint64_t seed, size_t off, size_t size);
 /* After the plugin was closed: bytes in / on the wire of its frames (0 when none). */
 void p2p_typed_wire(uint64_t* frames, double* in_mib, double* wire_mib, uint64_t* unknown);
+/* The sender's oracle queries and their mean cost inside isend (plugin statistics). */
+void p2p_typed_oracle(uint64_t* queries, double* ns_each);
 
 #endif

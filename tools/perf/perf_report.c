@@ -47,16 +47,20 @@ void perf_report_wire(const perf_opts* o) {
   uint64_t frames, unknown;
   double in, wire;
   p2p_typed_wire(&frames, &in, &wire, &unknown);
+  uint64_t queries;
+  double ns;
+  p2p_typed_oracle(&queries, &ns);
   double ratio = wire > 0 ? in / wire : 1.0;
   if (o->json) {
     printf("{\"test\":\"p2p-wire\",\"frames\":%llu,\"in_MiB\":%.3f,\"wire_MiB\":%.3f,\"reduction\":%.4f,"
-           "\"unknown\":%llu}\n",
-           (unsigned long long)frames, in, wire, ratio, (unsigned long long)unknown);
+           "\"unknown\":%llu,\"oracle_queries\":%llu,\"oracle_ns\":%.1f}\n",
+           (unsigned long long)frames, in, wire, ratio, (unsigned long long)unknown, (unsigned long long)queries,
+           ns);
     return;
   }
   printf("# plugin p2p stats: %llu quantized messages, %.1f MiB in %.1f MiB on the wire (%.3fx fewer bytes); "
-         "%llu of unknown type\n",
-         (unsigned long long)frames, in, wire, ratio, (unsigned long long)unknown);
+         "%llu of unknown type; oracle %llu queries, %.0f ns each inside isend\n",
+         (unsigned long long)frames, in, wire, ratio, (unsigned long long)unknown, (unsigned long long)queries, ns);
 }
 
 void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* r) {

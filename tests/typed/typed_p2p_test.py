@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""The typed net path across processes, driven as NCCL 2.28 drives it.
+
+agoq-perf p2p --dtype loads the built plugin, finds its ncclProfiler_v5 table (as NCCL does
+in the net plugin's library), and for every isend creates a P2p task -> ProxyOp -> ProxyStep
+chain through the emulated NCCL profiler plumbing; the plugin's isend asks its profiler
+through NCCL's callback what the transfer is. A forked receiver checks the data. Each case
+asserts what must hold:
+  - bf16 / fp32 / fp16 p2p payloads go quantized: ~1.94x (bf16, fp16) or ~3.9x (fp32) fewer
+    bytes on the wire, and decode within the codec's bound (rel. L2 <= 1.2%);
+  - int32 / int64 p2p stay bit-exact, nothing quantized;
+  - a p2p small enough that NCCL may use LL stays exact;
+  - a collective's ring traffic stays exact;
+  - with no profiler loaded everything is exact (and counted as of unknown type);
+  - AGOQ_P2P_FORMAT=none sends everything exactly.
+The oracle's cost per isend (the plugin's own measurement) is printed, not asserted.
+usage: typed_p2p_test.py AGOQ_PERF [PLUGIN]
+"""
+import json
+import os
+import subprocess
+import sys
+
+BOUND = 0.012
+
+
+def run(perf, lib, args):
+    cmd = [perf, "p2p", "--json", "-n", "3", "-w", "2"] + (["--lib", lib] if lib else []) + args
+    env = dict(os.environ, AGOQ_SOCKET_IFNAME="lo")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-3000:])
+        raise SystemExit("FAILED: %s exited with %d" % (" ".join(cmd), p.returncode))
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    sizes = [d for d in lines if d.get("test") == "p2p"]
+    wire = [d for d in lines if d.get("test") == "p2p-wire"]
+    if not sizes or len(wire) != 1:
+        raise SystemExit("FAILED: unexpected output of %s:\n%s" % (" ".join(cmd), p.stdout))
+    return sizes, wire[0]
+
+
+def main():
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    perf, lib = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
+    failures = []
+
+    def check(name, cond, detail):
+        print("%-58s %s  %s" % (name, "ok " if cond else "BAD", detail))
+        if not cond:
+            failures.append(name)
+
+    quantized = [("bf16", 1.90, 1.95), ("fp16", 1.90, 1.95), ("fp32", 3.70, 3.90)]
+    for dtype, lo, hi in quantized:
+        sizes, w = run(perf, lib, ["-t", dtype, "--chunk", "128K", "-b", "3M", "-e", "12M", "-f", "4"])
+        worst = max(d["rel_l2"] for d in sizes)
+        check("%s p2p is quantized within the bound" % dtype,
+              all(not d["exact"] for d in sizes) and worst <= BOUND,
+              "rel_l2 max %.3e (bound %.3g)" % (worst, BOUND))
+        check("%s p2p wire bytes %.2f..%.2fx fewer" % (dtype, lo, hi), w["frames"] > 0 and lo <= w["reduction"] <= hi,
+              "%d frames, %.2fx fewer bytes; oracle %.0f ns per isend" % (w["frames"], w["reduction"], w["oracle_ns"]))
+        if dtype == "bf16":
+            oracle_ns = w["oracle_ns"]
+    exact_cases = [
+        ("int32 p2p is bit-exact", ["-t", "int32", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
+        ("int64 p2p is bit-exact", ["-t", "int64", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
+        ("fp64 p2p is bit-exact", ["-t", "fp64", "-b", "4M", "-e", "4M"]),
+        ("bf16 p2p NCCL may send as LL (<= 1 MiB) is exact", ["-t", "bf16", "-b", "256K", "-e", "1M", "-f", "4"]),
+        ("bf16 collective ring traffic is exact", ["-t", "bf16", "--traffic", "coll", "--chunk", "128K", "-b", "4M",
+                                                   "-e", "4M"]),
+        ("bf16 with no profiler loaded is exact", ["-t", "bf16", "--oracle", "none", "--chunk", "128K", "-b", "4M",
+                                                   "-e", "4M"]),
+        ("bf16 with AGOQ_P2P_FORMAT=none is exact", ["-t", "bf16", "--format", "none", "--chunk", "128K", "-b", "4M",
+                                                     "-e", "4M"]),
+    ]
+    for name, args in exact_cases:
+        sizes, w = run(perf, lib, args)
+        check(name, all(d["exact"] for d in sizes) and w["frames"] == 0,
+              "%d sizes exact, %d frames, %d of unknown type" % (sum(d["exact"] for d in sizes), w["frames"],
+                                                                w["unknown"]))
+        if "no profiler" in name:
+            check("  ... and counted as of unknown type", w["unknown"] > 0, "%d unknown" % w["unknown"])
+    print("oracle cost inside isend (plugin statistics, bf16 runs): %.0f ns per query (target < 1000 ns)" % oracle_ns)
+    if failures:
+        raise SystemExit("FAILED: " + "; ".join(failures))
+    print("PASSED: %d checks" % (2 * len(quantized) + len(exact_cases) + 1))
+
+
+if __name__ == "__main__":
+    main()
