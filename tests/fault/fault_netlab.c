@@ -1,0 +1,2 @@
+#include "fault.h"
+int fault_sc_linkdown(void) { return 77; }
