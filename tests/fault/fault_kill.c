@@ -188,7 +188,7 @@ int fault_sc_kill_p2p(int seeds, uint64_t seed0) {
       int64_t killed = fault_now_ms();
       fault_reap(victim, 5000);
       int64_t res = 0;
-      int64_t t = kp_wait_error(survivor, FAULT_DETECT_LIMIT_MS + 5000, &res);
+      int64_t t = kp_wait_error(survivor, FAULT_DETECT_LIMIT_MS + 1000, &res);
       if (t >= 0) {
         int64_t dt = t - killed;
         if (dt > worst) worst = dt;
