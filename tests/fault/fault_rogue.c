@@ -8,6 +8,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +132,20 @@ int fault_sc_flood(int nrogue) {
   agoq_handle h;
   if (agoq_handle_decode(a.handle, sizeof a.handle, &h) != AGOQ_WIRE_OK) return 1;
 
+  /* docs/security.md: the listener binds the chosen interface's address only. With
+   * AGOQ_SOCKET_IFNAME=lo that is 127.0.0.1: the same port on 127.0.0.2 (also loopback,
+   * but not the bound address) must refuse the connection. */
+  bool bound_only = true;
+  if (h.addr.ss_family == AF_INET) {
+    struct sockaddr_in other = *(struct sockaddr_in*)&h.addr;
+    bound_only = ntohl(other.sin_addr.s_addr) == 0x7f000001u;
+    other.sin_addr.s_addr = htonl(0x7f000002u);
+    int t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (t >= 0 && connect(t, (struct sockaddr*)&other, sizeof other) == 0) bound_only = false;
+    if (t >= 0) close(t);
+    printf("fault: flood: listen address %s bound to the interface address only\n", bound_only ? "is" : "is NOT");
+    if (!bound_only) fail = 1;
+  }
   int64_t base_ms = fl_serve(&l, &a);
 
   int* fds = calloc((size_t)nrogue, sizeof *fds);
