@@ -2,9 +2,12 @@
 # The whole check, exactly as CI runs it (.ci/run calls this script):
 #   1. install the build dependencies (tools/install-deps.sh; a no-op when present)
 #   2. build-ci:   RelWithDebInfo, -Werror, CUDA kernels when nvcc is found; run every test
-#   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the unit and ABI conformance tests
-#   4. build-tsan: ThreadSanitizer; run the unit and ABI conformance tests
-#   5. build-fuzz: clang + libFuzzer; run each fuzz target briefly over its seed corpus
+#   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the whole suite (fault tests included)
+#   4. build-tsan: ThreadSanitizer; run the unit, ABI conformance and CollNet tests (progress
+#      threads, the CollNet engine, close-in-flight), not the 256 MiB perf run
+#   5. valgrind:   the ABI conformance harness of build-ci under memcheck (every scenario,
+#      every exported version; leak check full; any error or definite leak fails)
+#   6. build-fuzz: clang + libFuzzer; run each fuzz target 60 s over its seed corpus
 # Each phase prints its wall time; a summary table closes the run.
 #
 # Environment knobs (all optional):
@@ -15,7 +18,8 @@
 #   AGOQ_SKIP_DEPS=1    skip step 1 (e.g. no root, packages known to be present)
 #   AGOQ_SKIP_ASAN=1    skip step 3
 #   AGOQ_SKIP_TSAN=1    skip step 4
-#   AGOQ_SKIP_FUZZ=1    skip step 5
+#   AGOQ_SKIP_VALGRIND=1 skip step 5
+#   AGOQ_SKIP_FUZZ=1    skip step 6
 set -euo pipefail
 
 if (($# != 0)); then
@@ -66,12 +70,6 @@ print_summary() {
   printf '  %-22s %6ss\n' "total" "$(($(date +%s) - t_all))"
 }
 
-# ctest -L takes a regex over labels. Run only the unit and ABI families when the tests
-# carry those labels; a tree whose tests have no labels yet runs everything.
-has_unit_or_abi_labels() {
-  ctest --test-dir "$1" --print-labels 2>/dev/null | sed 's/^ *//' | grep -qx -e unit -e abi
-}
-
 run_ctest() {
   local dir=$1
   shift
@@ -80,19 +78,21 @@ run_ctest() {
 }
 
 run_asan_tests() {
-  local select=()
-  if has_unit_or_abi_labels build-asan; then
-    select=(-L '^(unit|abi)$')
-  else
-    echo "(no 'unit'/'abi' labels found: running all tests)"
-  fi
   # detect_leaks: the plugin must not leak across init/finalize cycles.
   # HWLOC_COMPONENTS=-pci: hwloc's libpciaccess plugin leaks ~1 KiB per live topology
   # load; the linux backend still reports PCI devices from sysfs without it.
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
   HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci} \
-    run_ctest build-asan "${select[@]}"
+    run_ctest build-asan
+}
+
+# memcheck follows the harness's fork+exec'd workers (--trace-children); a worker with a
+# valgrind error exits 1 and fails its scenario. No suppressions are needed today.
+run_valgrind_abi() {
+  AGOQ_SOCKET_IFNAME=lo valgrind -q --trace-children=yes --error-exitcode=1 --leak-check=full \
+    --errors-for-leak-kinds=definite,indirect --show-leak-kinds=definite,indirect \
+    build-ci/bin/agoq-abi-harness --lib build-ci/lib/libnccl-net-agoq.so --timeout-s 1500
 }
 
 echo "agoq test: repo=$repo jobs=$jobs ctest-timeout=${ctest_timeout}s ctest-jobs=$ctest_jobs"
@@ -118,20 +118,24 @@ if [[ "${AGOQ_SKIP_ASAN:-0}" != 1 ]]; then
 fi
 
 if [[ "${AGOQ_SKIP_TSAN:-0}" != 1 ]]; then
-  # Progress threads, the assist path and close-in-flight race by design: TSan checks the
-  # unit and conformance tests for data races.
+  # Progress threads, the assist path, close-in-flight and the CollNet engine race by
+  # design: TSan checks the unit, conformance and CollNet tests for data races.
   phase configure-tsan cmake -S . -B build-tsan \
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_TSAN=ON -DAGOQ_CUDA=OFF
   phase build-tsan cmake --build build-tsan -j "$jobs"
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-    phase test-tsan run_ctest build-tsan -L '^(unit|abi)$'
+    phase test-tsan run_ctest build-tsan -L '^(unit|abi|collnet)$' -E '^collnet\.perf_256M$'
+fi
+
+if [[ "${AGOQ_SKIP_VALGRIND:-0}" != 1 ]]; then
+  phase valgrind-abi run_valgrind_abi
 fi
 
 if [[ "${AGOQ_SKIP_FUZZ:-0}" != 1 ]]; then
   # libFuzzer needs clang; each target runs briefly over its seed corpus (tests/fuzz).
   CC=clang phase configure-fuzz cmake -S . -B build-fuzz \
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_FUZZ=ON -DAGOQ_CUDA=OFF
-  phase build-fuzz cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_params fuzz_frame fuzz_topo_xml
+  phase build-fuzz cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_params fuzz_frame fuzz_collnet_msg fuzz_topo_xml
   phase test-fuzz run_ctest build-fuzz -L '^fuzz$'
 fi
 

@@ -8,55 +8,15 @@
 #include <time.h>
 
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_wire.h"
 #include "core/agoq_check.h"
 #include "net/agoq_wire.h"
 
 /* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
-
-#define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
-#define AGOQ_COLL_HANDLE_VERSION 1
-#define AGOQ_COLL_HANDLE_OFFSET 64
+/* The settings block and the setup messages are encoded and decoded in agoq_coll_wire.c. */
 _Static_assert(AGOQ_HANDLE_WIRE_SIZE <= AGOQ_COLL_HANDLE_OFFSET, "net handle fits before ours");
-_Static_assert(AGOQ_COLL_HANDLE_OFFSET + 32 <= AGOQ_HANDLE_STATE_OFFSET, "ours ends before the state slot");
-
-/* First message on every connection: who is calling, for which phase; "ready" closes setup. */
-#define AGOQ_COLL_MSG_MAGIC 0x49514741u /* "AGQI" */
-#define AGOQ_COLL_MSG_SIZE 16
-enum { AGOQ_COLL_MSG_IDENT = 1, AGOQ_COLL_MSG_READY = 2 };
-
-static void agoq_put16(uint8_t* p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void agoq_put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void agoq_put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t agoq_get32(const uint8_t* p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* The settings that decide messages and bits: every rank must have the same. */
-static void agoq_coll_handle_settings(const agoq_coll_config* cfg, uint8_t out[32]) {
-  memset(out, 0, 32);
-  agoq_put32(out + 0, AGOQ_COLL_HANDLE_MAGIC);
-  out[4] = AGOQ_COLL_HANDLE_VERSION;
-  out[5] = (uint8_t)cfg->format;
-  agoq_put16(out + 6, (uint16_t)cfg->block);
-  agoq_put64(out + 8, cfg->min_bytes);
-  agoq_put64(out + 16, cfg->chunk_bytes);
-}
-
-static void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks) {
-  memset(out, 0, AGOQ_COLL_MSG_SIZE);
-  agoq_put32(out, AGOQ_COLL_MSG_MAGIC);
-  out[4] = (uint8_t)kind;
-  out[5] = (uint8_t)phase;
-  agoq_put32(out + 8, (uint32_t)rank);
-  agoq_put32(out + 12, (uint32_t)nranks);
-}
+_Static_assert(AGOQ_COLL_HANDLE_OFFSET + AGOQ_COLL_SETTINGS_SIZE <= AGOQ_HANDLE_STATE_OFFSET,
+               "ours ends before the state slot");
 
 /* ---- listen ------------------------------------------------------------------------- */
 
@@ -75,7 +35,7 @@ ncclResult_t agoq_coll_listen(void* ctx, int dev, void* handle, void** listen_co
   AGOQ_CHECK_GOTO(agoq_net_listen(c->net_ctx, dev, net_handle, &lc->net_listen), res, fail);
   memset(lc->handle, 0, sizeof lc->handle);
   memcpy(lc->handle, net_handle, AGOQ_COLL_HANDLE_OFFSET);
-  agoq_coll_handle_settings(&c->cfg, lc->handle + AGOQ_COLL_HANDLE_OFFSET);
+  agoq_coll_settings_encode(&c->cfg, lc->handle + AGOQ_COLL_HANDLE_OFFSET);
   memcpy(handle, lc->handle, NCCL_NET_HANDLE_MAXSIZE);
   *listen_comm = lc;
   return ncclSuccess;
@@ -247,14 +207,13 @@ static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed
 /* Identifies an accepted connection by its first message. */
 static ncclResult_t agoq_coll_setup_identify(agoq_coll_setup* s, agoq_coll_accepted* a, int size) {
   agoq_coll_comm* g = s->g;
-  const uint8_t* m = a->msg;
-  if (size != AGOQ_COLL_MSG_SIZE || agoq_get32(m) != AGOQ_COLL_MSG_MAGIC || m[4] != AGOQ_COLL_MSG_IDENT) {
+  agoq_coll_msg m;
+  if (size < 0 || !agoq_coll_msg_decode(a->msg, (size_t)size, AGOQ_COLL_MSG_IDENT, &m)) {
     AGOQ_WARN("CollNet group creation: unexpected first message (%d bytes) on an accepted connection", size);
     return ncclRemoteError;
   }
-  uint32_t rank = agoq_get32(m + 8), nranks = agoq_get32(m + 12), phase = m[5];
-  if (nranks != (uint32_t)g->nranks || rank >= nranks || rank == (uint32_t)g->rank || phase > 1 ||
-      g->recv[phase][rank] != NULL) {
+  uint32_t rank = m.rank, nranks = m.nranks, phase = m.phase;
+  if (!agoq_coll_ident_valid(&m, g->rank, g->nranks) || g->recv[phase][rank] != NULL) {
     AGOQ_WARN("CollNet group creation: rank %d got a connection claiming rank %u of %u, phase %u "
               "(this group has %d ranks%s)", g->rank, rank, nranks, phase, g->nranks,
               rank < (uint32_t)g->nranks && phase <= 1 && g->recv[phase][rank] != NULL ? "; duplicate" : "");
@@ -366,8 +325,9 @@ static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
           AGOQ_CHECK_GOTO(agoq_net_test(rreq[p], &done, &size), res, out);
           if (done) {
             rreq[p] = NULL;
-            if (size != AGOQ_COLL_MSG_SIZE || agoq_get32(rmsg[p]) != AGOQ_COLL_MSG_MAGIC ||
-                rmsg[p][4] != AGOQ_COLL_MSG_READY || agoq_get32(rmsg[p] + 8) != (uint32_t)p) {
+            agoq_coll_msg m;
+            if (size < 0 || !agoq_coll_msg_decode(rmsg[p], (size_t)size, AGOQ_COLL_MSG_READY, &m) ||
+                m.rank != (uint32_t)p) {
               AGOQ_WARN("CollNet group creation: rank %d got a malformed ready message from rank %d", g->rank, p);
               res = ncclRemoteError;
               goto out;
@@ -406,12 +366,12 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
       AGOQ_WARN("CollNet connect: handle of rank %d is NULL", i);
       return ncclInternalError;
     }
-    if (agoq_get32(h + AGOQ_COLL_HANDLE_OFFSET) != AGOQ_COLL_HANDLE_MAGIC ||
-        h[AGOQ_COLL_HANDLE_OFFSET + 4] != AGOQ_COLL_HANDLE_VERSION) {
+    agoq_coll_settings_status st = agoq_coll_settings_check(h + AGOQ_COLL_HANDLE_OFFSET, mine);
+    if (st == AGOQ_COLL_SETTINGS_FOREIGN) {
       AGOQ_WARN("CollNet connect: handle of rank %d was not made by this agoq version's CollNet listen", i);
       return ncclInvalidUsage;
     }
-    if (memcmp(h + AGOQ_COLL_HANDLE_OFFSET, mine, 32) != 0) {
+    if (st == AGOQ_COLL_SETTINGS_MISMATCH) {
       /* Every rank sees the same handles, so every rank fails here alike. */
       AGOQ_WARN("CollNet connect: rank %d runs with different AGOQ_FORMAT, AGOQ_BLOCK, AGOQ_MIN_BYTES or "
                 "AGOQ_COLLNET_CHUNK than rank %d; every rank needs the same values", i, rank);

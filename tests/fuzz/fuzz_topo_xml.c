@@ -1,13 +1,17 @@
 /* libFuzzer target: hwloc XML is what agoq-topo --xml and the golden tests read, and
- * anyone can write it. Whatever hwloc accepts, our conversion, path rules, NIC choice and
- * JSON output must neither crash nor produce out-of-range results. The seed corpus is
- * the fixtures of tests/fixtures/topo. */
+ * anyone can write it. Every input goes through agoq_topo_xml_check (the strict validator
+ * agoq-topo runs before hwloc); only documents it accepts reach hwloc, which must then not
+ * crash (hwloc 2.9 does on many documents the check refuses). Whatever hwloc accepts, our
+ * conversion, path rules, NIC choice and JSON output must neither crash nor produce
+ * out-of-range results. The seed corpus is the fixtures of tests/fixtures/topo plus inputs
+ * that crashed hwloc before the check existed (regress-hwloc-*). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "agoq_topo.h"
+#include "agoq_topo_xml_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
@@ -16,6 +20,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static FILE* sink;
   if (size == 0 || size > (1u << 20)) return 0;
   if (sink == NULL) sink = fopen("/dev/null", "w");
+  char why[256];
+  if (agoq_topo_xml_check((const char*)data, size, why, sizeof why) != 0) {
+    if (why[0] == '\0') abort(); /* a refusal always says why */
+    return 0;
+  }
   /* hwloc wants the terminating NUL counted in the size. */
   char* buf = malloc(size + 1);
   if (buf == NULL) return 0;

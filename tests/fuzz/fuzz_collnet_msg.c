@@ -1,0 +1,62 @@
+/* libFuzzer target: what CollNet group creation reads from other ranks (agoq_coll_wire.h):
+ * the settings block of every rank's handle and the ident/ready messages on the mesh
+ * connections. Byte 0 picks the decoder and, for messages, the group (my rank, nranks).
+ * Invariants: nothing crashes or reads out of bounds; an accepted message re-encodes to
+ * the same 16 bytes' fields; an accepted ident names an existing other rank and phase 0/1
+ * (setup indexes arrays with them); settings are accepted only when byte-identical. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collnet/agoq_coll_wire.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  uint8_t which = data[0] % 3;
+  int nranks = 1 + data[1] % 16;
+  int me = (data[1] >> 4) % nranks;
+  data += 2;
+  size -= 2;
+  /* A heap copy of exactly `size` bytes, so ASan sees any read past the input. */
+  uint8_t* in = malloc(size ? size : 1);
+  if (in == NULL) return 0;
+  memcpy(in, data, size);
+  switch (which) {
+    case 0: {
+      agoq_coll_config cfg = {.format = AGOQ_FORMAT_INT8, .block = 128, .min_bytes = 65536,
+                              .chunk_bytes = 1u << 20, .timeout_s = 60};
+      uint8_t mine[AGOQ_COLL_SETTINGS_SIZE];
+      agoq_coll_settings_encode(&cfg, mine);
+      if (size < AGOQ_COLL_SETTINGS_SIZE) break;
+      agoq_coll_settings_status st = agoq_coll_settings_check(in, mine);
+      if ((st == AGOQ_COLL_SETTINGS_OK) != (memcmp(in, mine, AGOQ_COLL_SETTINGS_SIZE) == 0)) abort();
+      if (agoq_coll_settings_check(mine, mine) != AGOQ_COLL_SETTINGS_OK) abort();
+      break;
+    }
+    default: {
+      int kind = which == 1 ? AGOQ_COLL_MSG_IDENT : AGOQ_COLL_MSG_READY;
+      agoq_coll_msg m, m2;
+      if (!agoq_coll_msg_decode(in, size, kind, &m)) break;
+      if (size != AGOQ_COLL_MSG_SIZE || m.kind != kind) abort();
+      uint8_t out[AGOQ_COLL_MSG_SIZE];
+      agoq_coll_msg_encode(out, m.kind, (int)m.phase, (int)m.rank, (int)m.nranks);
+      if (!agoq_coll_msg_decode(out, sizeof out, kind, &m2) || m2.phase != m.phase || m2.rank != m.rank ||
+          m2.nranks != m.nranks)
+        abort();
+      if (agoq_coll_ident_valid(&m, me, nranks)) {
+        if (kind != AGOQ_COLL_MSG_IDENT || m.phase > 1 || m.rank >= (uint32_t)nranks || m.rank == (uint32_t)me)
+          abort();
+        /* Setup indexes recv[phase][rank]: touch it as setup would. */
+        void** recv[2] = {calloc((size_t)nranks, sizeof(void*)), calloc((size_t)nranks, sizeof(void*))};
+        if (recv[0] != NULL && recv[1] != NULL) recv[m.phase][m.rank] = in;
+        free(recv[0]);
+        free(recv[1]);
+      }
+      break;
+    }
+  }
+  free(in);
+  return 0;
+}
