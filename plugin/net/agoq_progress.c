@@ -51,6 +51,11 @@ static void agoq_stream_fail(agoq_stream* s, int err, bool eof) {
   if (agoq_comm_error_set(s->comm_error, res)) {
     if (eof)
       AGOQ_WARN("connection closed by peer %s while receiving payload", s->peer);
+    else if (err == ETIMEDOUT && agoq_config.timeout_s > 0)
+      /* TCP_USER_TIMEOUT fired: say which setting did it, it is the user's to change. */
+      AGOQ_WARN("%s on data socket to %s failed: no progress for AGOQ_TIMEOUT_S=%d s (peer gone, stalled or "
+                "unreachable): %s",
+                s->is_send ? "send" : "recv", s->peer, agoq_config.timeout_s, strerror(err));
     else
       AGOQ_WARN("%s on data socket to %s failed: %s", s->is_send ? "send" : "recv", s->peer, strerror(err));
   }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -396,12 +397,46 @@ static void test_grouped_mixed(void** state) {
   pair_close(&p);
 }
 
+/* Lengths on the wire are checked against the posted receive before anything is allocated
+ * or written: a header claiming 2^63 bytes (inline, in pieces, or as a frame) is a
+ * truncation error at once, with the destination untouched. */
+static void test_huge_lengths_rejected_before_allocation(void** state) {
+  (void)state;
+  const uint32_t flags[] = {AGOQ_MSG_FLAG_INLINE, 0, AGOQ_MSG_FLAG_FRAME};
+  for (int k = 0; k < 3; k++) {
+    pair p;
+    pair_open(&p, fake_prof);
+    agoq_msg_hdr h = {.size = 1ull << 63, .tag = 5, .seq = 0, .flags = flags[k]};
+    if (!(flags[k] & AGOQ_MSG_FLAG_INLINE)) {
+      h.chunk = 1ull << 62;
+      h.nchunks = 2;
+    }
+    uint8_t wire[AGOQ_MSG_HDR_SIZE];
+    agoq_msg_hdr_encode(&h, wire);
+    /* Written straight into the sender's control socket, as a rogue peer would. */
+    assert_int_equal(write(((agoq_comm*)p.send)->ctrl_fd, wire, sizeof wire), (ssize_t)sizeof wire);
+    uint8_t dst[4096];
+    memset(dst, 0x33, sizeof dst);
+    void *rreq = NULL, *d = dst;
+    size_t posted = sizeof dst;
+    int tag = 5, done = 0;
+    while (rreq == NULL) assert_int_equal(agoq_net_irecv(p.recv, 1, &d, &posted, &tag, NULL, NULL, &rreq), ncclSuccess);
+    ncclResult_t r = ncclSuccess;
+    double deadline = now_s() + 5;
+    while (r == ncclSuccess && !done && now_s() < deadline) r = agoq_net_test(rreq, &done, NULL);
+    assert_int_equal(r, ncclInvalidUsage);
+    for (size_t i = 0; i < sizeof dst; i++) assert_int_equal(dst[i], 0x33);
+    assert_int_equal(((agoq_comm*)p.recv)->stage.n, 0); /* no staging buffer was made */
+    pair_close(&p);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bf16_p2p_is_quantized),  cmocka_unit_test(test_fp32_fp16_p2p),
       cmocka_unit_test(test_exact_cases),            cmocka_unit_test(test_format_none),
       cmocka_unit_test(test_frame_larger_than_posted), cmocka_unit_test(test_corrupt_frame_rejected),
-      cmocka_unit_test(test_grouped_mixed),
+      cmocka_unit_test(test_grouped_mixed),          cmocka_unit_test(test_huge_lengths_rejected_before_allocation),
   };
   return cmocka_run_group_tests(tests, setup_env, NULL);
 }
