@@ -91,6 +91,5 @@ int fault_sc_kill_coll(int seeds, uint64_t seed0);
 int fault_sc_stall(void);
 int fault_sc_flood(int nrogue);
 int fault_sc_bitflip(int seeds, uint64_t seed0);
-int fault_sc_linkdown(void);
 
 #endif

@@ -9,7 +9,7 @@
 #include "fault.h"
 
 static void usage(FILE* out) {
-  fputs("usage: agoq-fault kill_p2p|kill_coll|stall|flood|bitflip|linkdown [--seeds N] [--seed S] [--rogue N]\n",
+  fputs("usage: agoq-fault kill_p2p|kill_coll|stall|flood|bitflip [--seeds N] [--seed S] [--rogue N]\n",
         out);
 }
 
@@ -49,7 +49,6 @@ int main(int argc, char** argv) {
   else if (strcmp(sc, "stall") == 0) rc = fault_sc_stall();
   else if (strcmp(sc, "flood") == 0) rc = fault_sc_flood(nrogue);
   else if (strcmp(sc, "bitflip") == 0) rc = fault_sc_bitflip(seeds, seed);
-  else if (strcmp(sc, "linkdown") == 0) rc = fault_sc_linkdown();
   else {
     usage(stderr);
     return 2;
