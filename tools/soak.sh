@@ -79,8 +79,9 @@ while (($(date +%s) < t_end)); do
   ((iters < 5)) && iters=5; ((iters > 2000)) && iters=2000
   log=$work/round$rounds.log
   if [[ $op == p2p ]]; then
-    args=(p2p -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
-    desc="p2p $b..$e iters=$iters"
+    # Typed p2p (the profiler-oracle path, quantized with $fmt) with NCCL's 128 KiB chunks.
+    args=(p2p -t "$dt" --format "$fmt" --chunk 128K -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
+    desc="p2p $dt $fmt $b..$e iters=$iters"
     nops=$(( (nsteps) * (iters + 2) ))
   else
     args=("$op" -t "$dt" -b "$b" -e "$e" -f 4 --iters "$iters" -w 2 --format "$fmt")
@@ -92,7 +93,8 @@ while (($(date +%s) < t_end)); do
   t0=$(date +%s)
   if ((use_netlab)); then
     if [[ $op == p2p ]]; then
-      "$repo"/tools/netlab.sh --op p2p --rate none --perf "$perf" --lib "$lib" -b "$b" -e "$e" -f 4 --iters "$iters" --warmup 2 >"$log" 2>&1 &
+      "$repo"/tools/netlab.sh --op p2p --rate none --perf "$perf" --lib "$lib" -t "$dt" --format "$fmt" -b "$b" -e "$e" \
+        -f 4 --iters "$iters" --warmup 2 -- --chunk 128K >"$log" 2>&1 &
     else
       extra=(); [[ $fmt != none ]] && extra=(-- --max-rel-l2 0.2 --max-diverged 0)
       [[ $fmt == none ]] && extra=(-- --max-diverged 0)
