@@ -63,6 +63,7 @@ typedef struct {
 typedef struct {
   agoq_topo_pci pci;
   uint16_t vendor, device, class_id;
+  int cuda; /* CUDA device ordinal when the driver matched its bus id, else -1 */
 } agoq_topo_gpu;
 
 typedef enum { AGOQ_TOPO_NIC_NET = 0, AGOQ_TOPO_NIC_IB = 1 } agoq_topo_nic_kind;
@@ -152,6 +153,17 @@ bool agoq_topo_placement_cpus(const agoq_topo* t, int os_index, const cpu_set_t*
  * Interfaces the topology does not know (lo, virtual ones) are left as they are. Returns
  * how many were matched. */
 int agoq_topo_annotate_netifs(const agoq_topo* t, agoq_netif* ifs, int n);
+
+/* ---- CUDA (agoq_topo_cuda.c) ------------------------------------------------------------ */
+
+/* Same PCI device? CUDA writes an 8-digit domain ("00000000:19:00.0"), sysfs 4 digits. */
+bool agoq_topo_busid_equal(const char* a, const char* b);
+/* Sets gpus[].cuda from the CUDA ordinals' bus ids (busids[d] is device d's); returns how
+ * many matched. */
+int agoq_topo_match_cuda(agoq_topo* t, const char* const* busids, int n);
+/* On this machine with a CUDA driver (dlopened libcuda.so.1): asks it for every device's
+ * bus id and matches. No driver, no device, or an XML topology: ordinals stay -1. */
+int agoq_topo_cuda_annotate(agoq_topo* t);
 
 /* ---- Output ----------------------------------------------------------------------------- */
 

@@ -194,6 +194,7 @@ static int agoq_topo_from_hwloc(agoq_topo* t, const agoq_topo_hwloc_api* h, hwlo
     gpu->vendor = o->attr->pcidev.vendor_id;
     gpu->device = o->attr->pcidev.device_id;
     gpu->class_id = o->attr->pcidev.class_id;
+    gpu->cuda = -1;
   }
   agoq_topo_walk_nics(t, h, topo);
   return AGOQ_TOPO_OK;

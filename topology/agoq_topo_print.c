@@ -49,6 +49,9 @@ void agoq_topo_print_json(FILE* out, const agoq_topo* t, const agoq_topo_choice*
     } else {
       fputs("null, \"path\": null", out);
     }
+    fputs(", \"cuda\": ", out);
+    if (gpu->cuda >= 0) fprintf(out, "%d", gpu->cuda);
+    else fputs("null", out);
     fputs(", \"numa\": ", out);
     agoq_topo_json_numa(out, gpu->pci.numa);
     fputs(", \"cpus\": ", out);
@@ -107,6 +110,7 @@ void agoq_topo_print_text(FILE* out, const agoq_topo* t, const agoq_topo_choice*
   else fprintf(out, "\nGPUs: %d\n", t->ngpus);
   for (int g = 0; g < t->ngpus; g++) {
     fprintf(out, "  GPU%d %s [%04x:%04x] ", g, t->gpus[g].pci.busid, t->gpus[g].vendor, t->gpus[g].device);
+    if (t->gpus[g].cuda >= 0) fprintf(out, "cuda %d, ", t->gpus[g].cuda);
     agoq_topo_text_numa(out, t->gpus[g].pci.numa);
     fputc('\n', out);
   }

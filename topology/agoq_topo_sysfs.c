@@ -95,6 +95,7 @@ static void agoq_topo_sysfs_gpus(const char* root, agoq_topo* t) {
     gpu->vendor = (uint16_t)vendor;
     gpu->device = (uint16_t)agoq_topo_read_long(path, 16, 0);
     gpu->class_id = (uint16_t)cls;
+    gpu->cuda = -1;
     t->ngpus++;
   }
   closedir(d);

@@ -1,6 +1,7 @@
 /* The hwloc XML fixtures through hwloc (dlopened): what the plugin will decide on the
  * node shapes users have. The HGX case is the issue's acceptance test: every GPU gets a
  * NIC under its own PCIe switch and the cores of its own NUMA node. */
+#include <ctype.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,6 +119,34 @@ static void test_vm_no_nic_dual_port(void** state) {
   free(t);
 }
 
+/* CUDA ordinals come from the driver's bus ids (8-digit domain, any case) matched to the
+ * topology's GPUs; an XML topology never gets ordinals from this machine's driver. */
+static void test_cuda_ordinals_by_bus_id(void** state) {
+  (void)state;
+  assert_true(agoq_topo_busid_equal("00000000:19:00.0", "0000:19:00.0"));
+  assert_true(agoq_topo_busid_equal("0000:9A:00.0", "0000:9a:00.0"));
+  assert_false(agoq_topo_busid_equal("00000001:19:00.0", "0000:19:00.0"));
+  assert_false(agoq_topo_busid_equal("0000:19:00.1", "0000:19:00.0"));
+  assert_false(agoq_topo_busid_equal("garbage", "0000:19:00.0"));
+  agoq_topo* t = load("hgx-h100.xml");
+  assert_int_equal(agoq_topo_cuda_annotate(t), 0); /* not this machine */
+  for (int g = 0; g < t->ngpus; g++) assert_int_equal(t->gpus[g].cuda, -1);
+  /* The driver enumerates in its own order (here: reversed, one GPU unknown to us). */
+  const char* ids[AGOQ_TOPO_MAX_GPUS + 1];
+  char buf[AGOQ_TOPO_MAX_GPUS + 1][32];
+  int n = 0;
+  for (int g = t->ngpus - 1; g >= 0; g--) {
+    snprintf(buf[n], sizeof buf[n], "0000%s", t->gpus[g].pci.busid);
+    for (char* p = buf[n]; *p; p++) *p = (char)toupper((unsigned char)*p);
+    ids[n] = buf[n];
+    n++;
+  }
+  ids[n++] = "00000000:FF:00.0";
+  assert_int_equal(agoq_topo_match_cuda(t, ids, n), t->ngpus);
+  for (int g = 0; g < t->ngpus; g++) assert_int_equal(t->gpus[g].cuda, t->ngpus - 1 - g);
+  free(t);
+}
+
 static void test_bad_files_never_fall_back(void** state) {
   (void)state;
   agoq_topo* t = calloc(1, sizeof *t);
@@ -153,6 +182,7 @@ int main(void) {
       cmocka_unit_test(test_eight_gpus_two_nics),
       cmocka_unit_test(test_vm_no_nic_dual_port),
       cmocka_unit_test(test_bad_files_never_fall_back),
+      cmocka_unit_test(test_cuda_ordinals_by_bus_id),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

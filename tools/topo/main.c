@@ -200,6 +200,8 @@ int main(int argc, char** argv) {
       fprintf(stderr, "agoq-topo: hwloc unavailable (%s); using sysfs\n", why);
     }
     if (rc != AGOQ_TOPO_OK) fprintf(stderr, "agoq-topo: %s\n", agoq_topo_strerror(rc));
+    /* This machine: CUDA ordinals from the driver, if there is one. */
+    if (rc == AGOQ_TOPO_OK) agoq_topo_cuda_annotate(t);
   }
   if (rc != AGOQ_TOPO_OK) {
     free(t);
