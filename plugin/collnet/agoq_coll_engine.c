@@ -20,6 +20,7 @@
 
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
+#include "net/agoq_net.h"
 
 ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size) {
   if (size <= b->cap) return ncclSuccess;
@@ -478,7 +479,25 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   AGOQ_CALLOC_GOTO(g->cq, (size_t)g->nranks * AGOQ_CQ_COUNT, res, fail);
   AGOQ_CALLOC_GOTO(g->reduce_in, (size_t)g->nranks, res, fail);
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) AGOQ_CHECK_GOTO(agoq_slot_alloc(&g->slots[i], g->nranks), res, fail);
-  int rc = pthread_create(&g->thread, NULL, agoq_coll_engine_main, g);
+  /* AGOQ_PLACEMENT=auto: the engine runs on its NIC's NUMA node, and so do the staging
+   * buffers it allocates and first touches (frames, fp32 accumulators, gathered results). */
+  cpu_set_t cpus;
+  pthread_attr_t attr;
+  pthread_attr_t* use = NULL;
+  if (agoq_net_placement_cpus(g->dev, &cpus) && pthread_attr_init(&attr) == 0) {
+    if (pthread_attr_setaffinity_np(&attr, sizeof cpus, &cpus) == 0) use = &attr;
+    else pthread_attr_destroy(&attr);
+  }
+  int rc = pthread_create(&g->thread, use, agoq_coll_engine_main, g);
+  if (use != NULL) pthread_attr_destroy(use);
+  if (rc != 0 && use != NULL) { /* pinning refused: run unpinned rather than not at all */
+    use = NULL;
+    rc = pthread_create(&g->thread, NULL, agoq_coll_engine_main, g);
+  }
+  if (rc == 0 && use != NULL) {
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: engine thread and its staging buffers on the NUMA node of device %d "
+              "(%d CPUs)", g->rank, g->dev, CPU_COUNT(&cpus));
+  }
   if (rc != 0) {
     AGOQ_WARN("CollNet: cannot start the engine thread: %s", strerror(rc));
     res = ncclSystemError;

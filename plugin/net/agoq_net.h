@@ -7,6 +7,7 @@
 #ifndef AGOQ_NET_H
 #define AGOQ_NET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +64,12 @@ ncclResult_t agoq_net_set_attr(void* ctx, const agoq_net_attr* attr);
  * (v6..v10). Created by the first legacy init. */
 void* agoq_net_legacy_ctx(void);
 ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback_t prof_fn);
+
+/* AGOQ_PLACEMENT=auto: the CPUs of device `dev`'s NUMA node that this process may use, for
+ * threads that work for that NIC (CollNet's engine). False (out cleared) when placement is
+ * off, the node is unknown, or none of its CPUs is allowed: then do not pin. */
+#include <sched.h>
+bool agoq_net_placement_cpus(int dev, cpu_set_t* out);
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
 ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm);

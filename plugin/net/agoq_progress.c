@@ -238,6 +238,16 @@ static int agoq_placement_homes(int* homes, cpu_set_t* cpus, int max) {
   return n;
 }
 
+bool agoq_net_placement_cpus(int dev, cpu_set_t* out) {
+  CPU_ZERO(out);
+  if (agoq_param_int(AGOQ_PARAM_PLACEMENT) != 0 || dev < 0 || dev >= agoq_config.nifs) return false;
+  const agoq_netif* nif = &agoq_config.ifs[dev];
+  cpu_set_t allowed;
+  if (nif->numa_node < 0 || !nif->has_local_cpus || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
+  CPU_AND(out, &nif->local_cpus, &allowed);
+  return CPU_COUNT(out) > 0;
+}
+
 static int agoq_worker_start(agoq_worker* w, int index) {
   pthread_attr_t attr;
   pthread_attr_t* use = NULL;
