@@ -235,6 +235,9 @@ static int perf_coll_main(int argc, char** argv, perf_coll_kind kind) {
   }
   /* Before the plugin is loaded, which reads it at init. */
   if (o.format >= 0) setenv("AGOQ_FORMAT", perf_coll_formats[o.format], 1);
+  /* We play NCCL with CollNet enabled: without this the plugin would rightly warn that
+   * NCCL (which reads the same variable) will not use its CollNet. */
+  setenv("NCCL_COLLNET_ENABLE", "1", 0);
   int session = perf_coll_session(&o, &g, comm_id);
   if (session < 0) perf_group_abort(&g);
   rc = session == 0 ? 0 : 1;
