@@ -22,19 +22,7 @@
 
 #define COMM_ID 0x5eed5eed12345678ull
 
-typedef struct {
-  void* ctx;
-  void* listen;
-  void* send;
-  void* recv;
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-} pair;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "net_pair.h"
 
 static int setup_env(void** state) {
   (void)state;
@@ -44,26 +32,7 @@ static int setup_env(void** state) {
   return 0;
 }
 
-/* Polls connect and accept alternately, as two proxies would. */
-static void pair_open(pair* p, uint64_t comm_id) {
-  memset(p, 0, sizeof *p);
-  assert_int_equal(agoq_net_init(&p->ctx, comm_id, -1, NULL, NULL), ncclSuccess);
-  assert_int_equal(agoq_net_listen(p->ctx, 0, p->handle, &p->listen), ncclSuccess);
-  double deadline = now_s() + 10;
-  while ((p->send == NULL || p->recv == NULL) && now_s() < deadline) {
-    if (p->send == NULL) assert_int_equal(agoq_net_connect(p->ctx, 0, p->handle, &p->send), ncclSuccess);
-    if (p->recv == NULL) assert_int_equal(agoq_net_accept(p->listen, &p->recv), ncclSuccess);
-  }
-  assert_non_null(p->send);
-  assert_non_null(p->recv);
-}
-
-static void pair_close(pair* p) {
-  assert_int_equal(agoq_net_close_send(p->send), ncclSuccess);
-  assert_int_equal(agoq_net_close_recv(p->recv), ncclSuccess);
-  assert_int_equal(agoq_net_close_listen(p->listen), ncclSuccess);
-  assert_int_equal(agoq_net_finalize(p->ctx), ncclSuccess);
-}
+static void pair_open(pair* p, uint64_t comm_id) { pair_open_ex(p, comm_id, NULL); }
 
 /* Waits for both requests; returns the receive's reported size. */
 static int wait_both(void* sreq, void* rreq, ncclResult_t* rres) {

@@ -56,16 +56,7 @@ static fake_step p2p_step(int nccl_dtype, agoq_xfer_proto proto) {
                               .task_bytes = 1u << 30}};
 }
 
-typedef struct {
-  void *ctx, *listen, *send, *recv;
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-} pair;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "net_pair.h"
 
 static int setup_env(void** state) {
   (void)state;
@@ -77,25 +68,7 @@ static int setup_env(void** state) {
   return 0;
 }
 
-static void pair_open(pair* p, ncclProfilerCallback_t prof) {
-  memset(p, 0, sizeof *p);
-  assert_int_equal(agoq_net_init(&p->ctx, COMM_ID, -1, NULL, prof), ncclSuccess);
-  assert_int_equal(agoq_net_listen(p->ctx, 0, p->handle, &p->listen), ncclSuccess);
-  double deadline = now_s() + 10;
-  while ((p->send == NULL || p->recv == NULL) && now_s() < deadline) {
-    if (p->send == NULL) assert_int_equal(agoq_net_connect(p->ctx, 0, p->handle, &p->send), ncclSuccess);
-    if (p->recv == NULL) assert_int_equal(agoq_net_accept(p->listen, &p->recv), ncclSuccess);
-  }
-  assert_non_null(p->send);
-  assert_non_null(p->recv);
-}
-
-static void pair_close(pair* p) {
-  assert_int_equal(agoq_net_close_send(p->send), ncclSuccess);
-  assert_int_equal(agoq_net_close_recv(p->recv), ncclSuccess);
-  assert_int_equal(agoq_net_close_listen(p->listen), ncclSuccess);
-  assert_int_equal(agoq_net_finalize(p->ctx), ncclSuccess);
-}
+static void pair_open(pair* p, ncclProfilerCallback_t prof) { pair_open_ex(p, COMM_ID, prof); }
 
 static const agoq_typed_stats* send_stats(const pair* p) { return &((agoq_comm*)p->send)->typed_stats; }
 
