@@ -74,6 +74,12 @@ ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle) {
   return ncclSuccess;
 }
 
+/* Where buffer `slot` of a request travels from or lands: NCCL's buffer, or the staging
+ * buffer holding its frame (typed p2p). */
+static uint8_t* agoq_req_bytes(agoq_comm* comm, const agoq_request* req, int slot) {
+  return req->stage[slot] >= 0 ? agoq_stage_ptr(&comm->stage, req->stage[slot]) : req->data[slot];
+}
+
 /* ---- send side ------------------------------------------------------------------------ */
 
 /* Writes pending headers (and inline payloads) in posting order until the socket is full. */
@@ -87,7 +93,7 @@ static ncclResult_t agoq_send_progress(agoq_comm* comm) {
         iov[niov++] = (struct iovec){req->wire_hdr + req->ctrl_sent, AGOQ_MSG_HDR_SIZE - req->ctrl_sent};
       size_t body_done = req->ctrl_sent > AGOQ_MSG_HDR_SIZE ? req->ctrl_sent - AGOQ_MSG_HDR_SIZE : 0;
       size_t body_total = req->ctrl_total - AGOQ_MSG_HDR_SIZE;
-      if (body_done < body_total) iov[niov++] = (struct iovec){req->wire_data + body_done, body_total - body_done};
+      if (body_done < body_total) iov[niov++] = (struct iovec){agoq_req_bytes(comm, req, 0) + body_done, body_total - body_done};
       struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
       ssize_t n = sendmsg(comm->ctrl_fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n > 0) {
@@ -123,11 +129,8 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   /* A p2p float payload whose type the profiler chain established travels as a frame
    * (agoq_typed.h); everything else exactly as NCCL handed it over. */
   size_t wire_size = size;
-  req->wire_data = data;
-  if (phandle != NULL && agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, data, size,
-                                           &req->stage[0], &wire_size)) {
-    req->wire_data = agoq_stage_ptr(&comm->stage, req->stage[0]);
-  } else {
+  if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, data, size,
+                                            &req->stage[0], &wire_size)) {
     comm->typed_stats.exact_msgs++;
     comm->typed_stats.exact_bytes += size;
   }
@@ -152,7 +155,7 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   for (unsigned k = 0; k < hdr.nchunks; k++) {
     uint64_t off = (uint64_t)k * hdr.chunk;
     uint64_t len = wire_size - off < hdr.chunk ? wire_size - off : hdr.chunk;
-    if (!agoq_stream_post(&comm->streams[(hdr.first_sock + k) % comm->nsocks], req->wire_data + off, len, req)) {
+    if (!agoq_stream_post(&comm->streams[(hdr.first_sock + k) % comm->nsocks], agoq_req_bytes(comm, req, 0) + off, len, req)) {
       AGOQ_WARN("isend: data socket queue overflow (internal limit exceeded)");
       return agoq_comm_fail(comm, ncclInternalError);
     }
@@ -182,11 +185,6 @@ static ssize_t agoq_ctrl_read(agoq_comm* comm, uint8_t* buf, size_t len) {
 static ncclResult_t agoq_recv_protocol_error(agoq_comm* comm, ncclResult_t res, const char* what) {
   if (agoq_comm_error_set(&comm->error, res)) AGOQ_WARN("connection from %s: %s", comm->peer, what);
   return (ncclResult_t)atomic_load(&comm->error);
-}
-
-/* Where a receive buffer's bytes land: NCCL's buffer, or the staging buffer of a frame. */
-static uint8_t* agoq_recv_dst(agoq_comm* comm, const agoq_request* req, int slot) {
-  return req->stage[slot] >= 0 ? agoq_stage_ptr(&comm->stage, req->stage[slot]) : req->data[slot];
 }
 
 static bool agoq_recv_all_matched(const agoq_request* req) {
@@ -237,7 +235,7 @@ static ncclResult_t agoq_recv_dispatch(agoq_comm* comm, agoq_request* req, const
     for (unsigned k = 0; k < hdr->nchunks; k++) {
       uint64_t off = (uint64_t)k * hdr->chunk;
       uint64_t len = hdr->size - off < hdr->chunk ? hdr->size - off : hdr->chunk;
-      if (!agoq_stream_post(&comm->streams[(hdr->first_sock + k) % comm->nsocks], agoq_recv_dst(comm, req, slot) + off,
+      if (!agoq_stream_post(&comm->streams[(hdr->first_sock + k) % comm->nsocks], agoq_req_bytes(comm, req, slot) + off,
                             len, req))
         return agoq_recv_protocol_error(comm, ncclInternalError, "data socket queue overflow");
     }
@@ -252,7 +250,7 @@ static ncclResult_t agoq_recv_progress(agoq_comm* comm) {
     agoq_request* inl = comm->rx_inline_req;
     if (inl != NULL) {
       size_t want = inl->actual[comm->rx_inline_slot] - comm->rx_inline_got;
-      ssize_t n = agoq_ctrl_read(comm, agoq_recv_dst(comm, inl, comm->rx_inline_slot) + comm->rx_inline_got, want);
+      ssize_t n = agoq_ctrl_read(comm, agoq_req_bytes(comm, inl, comm->rx_inline_slot) + comm->rx_inline_got, want);
       if (n < 0) return (ncclResult_t)atomic_load(&comm->error);
       if (n == 0) return ncclSuccess;
       comm->rx_inline_got += (size_t)n;

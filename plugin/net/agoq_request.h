@@ -42,7 +42,6 @@ typedef struct agoq_request {
   /* Typed payloads: the staging buffer holding the frame (sender: [0]; receiver: per
    * buffer), -1 when the bytes go straight from / into NCCL's buffer. */
   int stage[AGOQ_NET_MAX_RECVS];
-  uint8_t* wire_data; /* sender: what goes on the wire (NCCL's buffer or the frame) */
   uint32_t pool_index;
 } agoq_request;
 
