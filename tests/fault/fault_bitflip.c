@@ -108,16 +108,21 @@ static int bf_receiver(int fd, void* varg) {
   if (in == NULL || ref == NULL || out == NULL || frame == NULL) return fault_report_fail(fd, "out of memory");
   memset(out, 0xee, (size_t)BF_MSGS * BF_BYTES);
   void* reqs[BF_MSGS] = {0};
-  for (int k = 0; k < BF_MSGS; k++) {
+  /* A flip early on the control socket can fail the connection while the receives are
+   * still being posted: irecv then reports the connection's error, which is a detection
+   * like a failed test(). The receives posted before it are still checked. */
+  int posted = 0;
+  ncclResult_t post_err = ncclSuccess;
+  for (int k = 0; k < BF_MSGS && post_err == ncclSuccess; k++) {
     void* data[1] = {out + (size_t)k * BF_ELEMS};
     size_t sizes[1] = {BF_BYTES};
     int tags[1] = {1};
-    while (reqs[k] == NULL)
-      if (agoq_net_irecv(comm, 1, data, sizes, tags, NULL, NULL, &reqs[k]) != ncclSuccess)
-        return fault_report_fail(fd, "irecv failed");
+    while (reqs[k] == NULL && post_err == ncclSuccess)
+      post_err = agoq_net_irecv(comm, 1, data, sizes, tags, NULL, NULL, &reqs[k]);
+    if (post_err == ncclSuccess) posted++;
   }
   int verified = 0;
-  for (int k = 0; k < BF_MSGS; k++) {
+  for (int k = 0; k < posted; k++) {
     int done = 0, size = 0;
     int64_t end = fault_now_ms() + 20000;
     ncclResult_t r = ncclSuccess;
@@ -138,6 +143,10 @@ static int bf_receiver(int fd, void* varg) {
     if (memcmp(in, out + (size_t)k * BF_ELEMS, BF_BYTES) == 0)
       return fault_report_fail(fd, "message %d arrived raw: the typed path did not send a frame", k);
     verified++;
+  }
+  if (post_err != ncclSuccess) {
+    fault_event_send(fd, FAULT_MSG_ERROR, posted, post_err);
+    goto out;
   }
   fault_event_send(fd, FAULT_MSG_DONE, 0, verified);
 out:;
