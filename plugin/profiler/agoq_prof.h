@@ -76,9 +76,12 @@ typedef struct {
   _Alignas(64) uint32_t magic;
   _Atomic uint32_t busy;
   _Atomic uint32_t seq; /* odd while being written; 0: never written */
+  /* 1 once stopEvent has freed it: released_ms is then valid. A flag of its own, so that
+   * no value of the clock (0, an even or odd millisecond) is mistaken for "never freed". */
+  _Atomic uint32_t released;
   _Atomic uint64_t info;
   _Atomic uint64_t bytes;
-  _Atomic uint64_t released_ms; /* when stopEvent freed it (quarantined pools) */
+  _Atomic uint64_t released_ms; /* the quarantine clock when stopEvent freed it */
 } agoq_prof_obj;
 
 typedef struct {
@@ -99,6 +102,15 @@ typedef struct {
 #define AGOQ_PROF_CTX_MAGIC 0x43505141u /* "AQPC" */
 
 /* ---- pools (agoq_prof_pool.c) ---- */
+/* The quarantine's clock, in milliseconds (CLOCK_MONOTONIC_COARSE by default). Tests
+ * install their own so that no result depends on real time or on the clock's
+ * granularity; NULL restores the default. Process-wide. */
+typedef uint64_t (*agoq_prof_clock_fn)(void);
+void agoq_prof_clock_set(agoq_prof_clock_fn fn);
+/* True when an object freed at `released_ms` may be reused at `now_ms`: only once
+ * now_ms >= released_ms + quarantine_ms. A clock that reads earlier than the stamp (another
+ * thread's later release, a test clock moved back) means "not yet", never "long ago". */
+bool agoq_prof_quarantine_over(uint64_t released_ms, uint64_t now_ms, uint32_t quarantine_ms);
 /* The magic of each kind's objects. */
 uint32_t agoq_prof_magic(agoq_prof_obj_kind kind);
 ncclResult_t agoq_prof_pool_init(agoq_prof_pool* p, uint32_t n, uint32_t magic);

@@ -32,6 +32,7 @@ ncclResult_t agoq_prof_pool_init(agoq_prof_pool* p, uint32_t n, uint32_t magic) 
   for (uint32_t i = 0; i < n; i++) p->objs[i].magic = magic;
   p->n = n;
   p->magic = magic;
+  p->quarantine_ms = 0; /* the owner sets it; a pool is never quarantined by accident */
   atomic_init(&p->cursor, 0);
   return ncclSuccess;
 }
@@ -43,10 +44,36 @@ void agoq_prof_pool_fini(agoq_prof_pool* p) {
 }
 
 /* A coarse clock is enough for a 2 s quarantine and costs a few ns (vDSO). */
-static uint64_t agoq_prof_now_ms(void) {
+static uint64_t agoq_prof_clock_default(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static _Atomic(agoq_prof_clock_fn) agoq_prof_clock = agoq_prof_clock_default;
+
+void agoq_prof_clock_set(agoq_prof_clock_fn fn) {
+  atomic_store_explicit(&agoq_prof_clock, fn != NULL ? fn : agoq_prof_clock_default,
+                        memory_order_release);
+}
+
+static uint64_t agoq_prof_now_ms(void) {
+  return atomic_load_explicit(&agoq_prof_clock, memory_order_acquire)();
+}
+
+bool agoq_prof_quarantine_over(uint64_t released_ms, uint64_t now_ms, uint32_t quarantine_ms) {
+  /* Compare the age, never a sum: released_ms + quarantine_ms may not be representable,
+   * and now_ms - released_ms is only an age when now_ms is not earlier. */
+  return now_ms >= released_ms && now_ms - released_ms >= quarantine_ms;
+}
+
+/* Whether a claimed or free-looking slot is still quarantined at `now`. */
+static bool agoq_prof_obj_quarantined(const agoq_prof_obj* o, const agoq_prof_pool* p,
+                                      uint64_t now) {
+  if (p->quarantine_ms == 0 || atomic_load_explicit(&o->released, memory_order_relaxed) == 0)
+    return false;
+  uint64_t freed = atomic_load_explicit(&o->released_ms, memory_order_relaxed);
+  return !agoq_prof_quarantine_over(freed, now, p->quarantine_ms);
 }
 
 agoq_prof_obj* agoq_prof_pool_alloc(agoq_prof_pool* p) {
@@ -56,14 +83,19 @@ agoq_prof_obj* agoq_prof_pool_alloc(agoq_prof_pool* p) {
     agoq_prof_obj* o = &p->objs[i];
     /* Cheap look first: under load most probes that fail, fail here without a CAS. */
     if (atomic_load_explicit(&o->busy, memory_order_relaxed) != 0) continue;
-    if (p->quarantine_ms != 0) {
-      uint64_t freed = atomic_load_explicit(&o->released_ms, memory_order_relaxed);
-      if (freed != 0 && now - freed < p->quarantine_ms) continue;
-    }
+    if (agoq_prof_obj_quarantined(o, p, now)) continue;
     uint32_t expect = 0;
-    if (atomic_compare_exchange_strong_explicit(&o->busy, &expect, 1, memory_order_acquire,
-                                                memory_order_relaxed))
-      return o;
+    if (!atomic_compare_exchange_strong_explicit(&o->busy, &expect, 1, memory_order_acquire,
+                                                 memory_order_relaxed))
+      continue;
+    /* The look above may have seen an older stamp: between it and the CAS another thread
+     * can have claimed and released the slot again. The CAS synchronises with that
+     * release, so this second look sees its stamp; still quarantined: give it back. */
+    if (agoq_prof_obj_quarantined(o, p, now)) {
+      atomic_store_explicit(&o->busy, 0, memory_order_release);
+      continue;
+    }
+    return o;
   }
   return NULL;
 }
@@ -123,8 +155,10 @@ bool agoq_prof_obj_is_ours(const void* ptr) {
 }
 
 void agoq_prof_obj_release(agoq_prof_obj* o) {
-  /* Stamp first, then free: an allocator that sees the slot free also sees its stamp. */
-  atomic_store_explicit(&o->released_ms, agoq_prof_now_ms() | 1u, memory_order_relaxed);
+  /* Stamp first, then free: an allocator whose CAS takes the slot also sees its stamp.
+   * The stamp is the clock as it reads; `released` says it is valid. */
+  atomic_store_explicit(&o->released_ms, agoq_prof_now_ms(), memory_order_relaxed);
+  atomic_store_explicit(&o->released, 1, memory_order_relaxed);
   atomic_store_explicit(&o->busy, 0, memory_order_release);
 }
 

@@ -6,6 +6,7 @@
  * plugin; one test also dlopens the built .so as NCCL would.
  */
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +29,26 @@ extern const ncclProfiler_v5_t ncclProfiler_v5;
 extern const ncclProfiler_v6_t ncclProfiler_v6;
 
 #define LL_LIMIT ((uint64_t)64 * 16384) /* 64 channels x default NCCL_P2P_LL_THRESHOLD */
+
+/* The quarantine's clock, owned by the tests: nothing here depends on real time or on the
+ * clock's granularity. It starts on an even millisecond on purpose (the stamp that was
+ * `now | 1` made a slot freed in an even millisecond look free at once). */
+#define FAKE_T0 ((uint64_t)1000000)
+static _Atomic uint64_t fake_ms = FAKE_T0;
+static uint64_t fake_clock(void) { return atomic_load(&fake_ms); }
+
+static int clock_setup(void** state) {
+  (void)state;
+  atomic_store(&fake_ms, FAKE_T0);
+  agoq_prof_clock_set(fake_clock);
+  return 0;
+}
+
+static int clock_teardown(void** state) {
+  (void)state;
+  agoq_prof_clock_set(NULL);
+  return 0;
+}
 
 static agoq_emul_comm* comm_new(int version) {
   const void* table = version == 6 ? (const void*)&ncclProfiler_v6 : (const void*)&ncclProfiler_v5;
@@ -325,7 +346,6 @@ static void test_foreign_parents_are_unknown(void** state) {
 static void test_task_stopped_before_op_start(void** state) {
   (void)state;
   agoq_emul_comm* c = comm_new(5);
-  agoq_prof_pool* pool = &((agoq_prof_ctx*)agoq_emul_comm_context(c))->pools[AGOQ_PROF_OBJ_P2P];
   agoq_emul_task* a = agoq_emul_p2p_start(c, true, ncclBfloat16, 1 << 22, 1, 2);
   agoq_emul_task_stop(a);
   for (int i = 0; i < 1000; i++) {
@@ -343,9 +363,15 @@ static void test_task_stopped_before_op_start(void** state) {
     agoq_emul_task_free(agoq_emul_p2p_start(c, true, ncclFloat32, 1 << 20, 1, 2));
   assert_true(query_with_op_args(a, &args, &d));
   assert_int_equal(d.dtype, ncclBfloat16);
-  /* Without the quarantine the slot is recycled, by a task with another peer here: the
-   * op's peer check refuses it (the last line of defence). */
-  pool->quarantine_ms = 0;
+  /* One millisecond short of the quarantine, still nobody takes it. */
+  atomic_fetch_add(&fake_ms, AGOQ_PROF_P2P_QUARANTINE_MS - 1);
+  for (unsigned i = 0; i < AGOQ_PROF_P2P_POOL + 7; i++)
+    agoq_emul_task_free(agoq_emul_p2p_start(c, true, ncclFloat32, 1 << 20, 1, 2));
+  assert_true(query_with_op_args(a, &args, &d));
+  assert_int_equal(d.dtype, ncclBfloat16);
+  /* Once the quarantine is over the slot is recycled, by a task with another peer here:
+   * the op's peer check refuses it (the last line of defence). */
+  atomic_fetch_add(&fake_ms, AGOQ_PROF_P2P_QUARANTINE_MS + 1);
   for (unsigned i = 0; i < AGOQ_PROF_P2P_POOL + 7; i++)
     agoq_emul_task_free(agoq_emul_p2p_start(c, true, ncclFloat32, 1 << 20, 3, 2));
   assert_false(query_with_op_args(a, &args, &d));
@@ -384,12 +410,66 @@ static void test_pool_exhaustion_is_unknown(void** state) {
   }
   for (int i = 0; i <= NOPS; i++) agoq_emul_op_stop(ops[i]);
   for (unsigned i = 0; i < AGOQ_PROF_P2P_POOL; i++) agoq_emul_task_free(held[i]);
-  /* Everything stopped but quarantined: still unknown; once the quarantine is over (here:
-   * switched off) the pools serve again. */
+  /* Everything stopped but quarantined: still unknown, in the millisecond of the stops
+   * and up to the last one of the quarantine; once it is over the pools serve again. */
   assert_false(query_p2p(c, true, ncclFloat32, 1 << 20, 1, &d));
-  ((agoq_prof_ctx*)agoq_emul_comm_context(c))->pools[AGOQ_PROF_OBJ_P2P].quarantine_ms = 0;
+  atomic_fetch_add(&fake_ms, AGOQ_PROF_P2P_QUARANTINE_MS - 1);
+  assert_false(query_p2p(c, true, ncclFloat32, 1 << 20, 1, &d));
+  atomic_fetch_add(&fake_ms, 1);
   assert_true(query_p2p(c, true, ncclFloat32, 1 << 20, 1, &d));
   agoq_emul_comm_destroy(c);
+}
+
+/* The quarantine at the pool level, with the test's clock: a slot freed at t is reusable
+ * only from t + quarantine on, whatever t is (even, odd, 0, near the top of the range) and
+ * whether or not the clock reads earlier than the stamp. */
+static void test_quarantine_any_millisecond(void** state) {
+  (void)state;
+  static const uint64_t stamps[] = {1000, 1001, 0, 2, UINT64_MAX - 5000, UINT64_MAX - 1};
+  const uint32_t q = AGOQ_PROF_P2P_QUARANTINE_MS;
+  for (size_t k = 0; k < sizeof stamps / sizeof stamps[0]; k++) {
+    agoq_prof_pool p;
+    assert_int_equal(agoq_prof_pool_init(&p, 4, agoq_prof_magic(AGOQ_PROF_OBJ_P2P)), ncclSuccess);
+    p.quarantine_ms = q;
+    const uint64_t t = stamps[k];
+    atomic_store(&fake_ms, t);
+    agoq_prof_obj* o[4];
+    for (int i = 0; i < 4; i++) assert_non_null(o[i] = agoq_prof_pool_alloc(&p));
+    assert_null(agoq_prof_pool_alloc(&p)); /* all busy */
+    for (int i = 0; i < 4; i++) agoq_prof_obj_release(o[i]);
+    /* The same millisecond, the next ones, the last one of the quarantine: none is free. */
+    const uint64_t not_yet[] = {t, t + 1, t + q / 2, t + q - 1};
+    for (size_t j = 0; j < 4; j++) {
+      if (not_yet[j] < t) continue; /* past the top of the range */
+      atomic_store(&fake_ms, not_yet[j]);
+      assert_null(agoq_prof_pool_alloc(&p));
+    }
+    /* A clock that reads earlier than the stamp means "not yet", never "long ago". */
+    if (t > 0) {
+      atomic_store(&fake_ms, t - 1);
+      assert_null(agoq_prof_pool_alloc(&p));
+    }
+    if (t <= UINT64_MAX - q) {
+      atomic_store(&fake_ms, t + q);
+      for (int i = 0; i < 4; i++) assert_non_null(agoq_prof_pool_alloc(&p));
+    }
+    agoq_prof_pool_fini(&p);
+  }
+  assert_true(agoq_prof_quarantine_over(1000, 3000, 2000));
+  assert_false(agoq_prof_quarantine_over(1000, 2999, 2000));
+  assert_false(agoq_prof_quarantine_over(1001, 1000, 2000));
+  assert_false(agoq_prof_quarantine_over(UINT64_MAX - 1, 5, 2000)); /* no wrap to "old" */
+  assert_true(agoq_prof_quarantine_over(7, 7, 0));
+  /* A pool without quarantine reuses at once, in any millisecond. */
+  agoq_prof_pool p;
+  assert_int_equal(agoq_prof_pool_init(&p, 1, agoq_prof_magic(AGOQ_PROF_OBJ_OP)), ncclSuccess);
+  atomic_store(&fake_ms, 1000);
+  agoq_prof_obj* o = agoq_prof_pool_alloc(&p);
+  assert_non_null(o);
+  agoq_prof_obj_release(o);
+  assert_ptr_equal(agoq_prof_pool_alloc(&p), o);
+  agoq_prof_pool_fini(&p);
+  atomic_store(&fake_ms, FAKE_T0);
 }
 
 static void test_no_profiler_is_unknown(void** state) {
@@ -593,11 +673,12 @@ int main(void) {
       cmocka_unit_test(test_foreign_parents_are_unknown),
       cmocka_unit_test(test_task_stopped_before_op_start),
       cmocka_unit_test(test_pool_exhaustion_is_unknown),
+      cmocka_unit_test(test_quarantine_any_millisecond),
       cmocka_unit_test(test_no_profiler_is_unknown),
       cmocka_unit_test(test_dlopen_plugin),
       cmocka_unit_test(test_threads_share_a_communicator),
       cmocka_unit_test(test_oracle_cost),
       cmocka_unit_test(test_ll_threshold_env),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, clock_setup, clock_teardown);
 }
