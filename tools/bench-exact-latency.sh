@@ -23,7 +23,7 @@ done
 run() { # none|exact -> microseconds per call
   local env=() fmt=none
   [[ $1 == exact ]] && env=(AGOQ_MIN_BYTES=1T) && fmt=int8
-  env "${env[@]}" AGOQ_SOCKET_IFNAME=lo "$perf" allreduce -n "$nranks" -t bf16 -b "$size" -e "$size" \
+  env "${env[@]}" AGOQ_SOCKET_IFNAME=lo "$perf" allreduce -N "$nranks" -d bf16 -b "$size" -e "$size" \
     --format "$fmt" --iters "$iters" -w $((iters / 10)) --json 2>/dev/null |
     python3 -c 'import json,sys; print([json.loads(l) for l in sys.stdin if l.startswith("{")][-1]["time_us"])'
 }

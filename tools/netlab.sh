@@ -13,7 +13,7 @@
 #   --rate RATE      tbf rate per veth end, tc syntax in bits (default 5gbit; "none": unshaped)
 #   --burst SIZE     tbf burst (default 4mb, scaled up with the rate above 5gbit)
 #   --latency T      tbf latency (default 10ms)
-#   -t DTYPE         collective data type (default bf16)
+#   -d DTYPE         data type (default bf16; -t, the older spelling, still works)
 #   -b SIZE -e SIZE -f FACTOR
 #                    size sweep (default 64K..256M x4 for collectives, 1M..256M x4 for p2p)
 #   --iters N --warmup N
@@ -35,7 +35,7 @@
 #                    or without ID those whose netlab process is gone
 #
 # Collectives: rank 0 serves agoq-perf's bootstrap on 10.77.0.1:PORT and every rank runs
-#   agoq-perf OP --rank R --nranks N --addr 10.77.0.1:PORT -t DTYPE -b -e -f --format F --json
+#   agoq-perf OP --rank R --nranks N --addr 10.77.0.1:PORT --dtype DTYPE -b -e -f --format F --json
 # p2p: rank 1 listens on 10.77.0.2:PORT and rank 0 sends to it (agoq-perf p2p --rank/--addr).
 # If any rank fails, the others are stopped at once and the tails of all rank logs are
 # printed. Everything (processes, namespaces, veths, the bridge, logs) is removed on exit,
@@ -127,7 +127,7 @@ while (($# > 0)); do
     --rate) need "$@"; rate=$2; shift 2 ;;
     --burst) need "$@"; burst=$2; shift 2 ;;
     --latency) need "$@"; latency=$2; shift 2 ;;
-    -t) need "$@"; dtype=$2; dtype_given=1; shift 2 ;;
+    -d|--dtype|-t) need "$@"; dtype=$2; dtype_given=1; shift 2 ;; # -t: the older spelling
     -b) need "$@"; minb=$2; shift 2 ;;
     -e) need "$@"; maxb=$2; shift 2 ;;
     -f) need "$@"; factor=$2; shift 2 ;;
@@ -440,7 +440,7 @@ run_collective() { # tag format
   local tag=$1 fmt=$2 k addr sweep
   addr=$(addr_of 0):$port
   sweep_args
-  local args=("$op" --nranks "$nranks" --addr "$addr" -t "$dtype" "${sweep[@]}"
+  local args=("$op" --nranks "$nranks" --addr "$addr" --dtype "$dtype" "${sweep[@]}"
               --format "$fmt" --json "${extra[@]}")
   log "$tag: in each node k: AGOQ_SOCKET_IFNAME==nlr<k> $perf ${args[*]:0:1} --rank <k> ${args[*]:1}"
   # Rank 0 serves the bootstrap: start it first; the others dial it.
@@ -648,7 +648,7 @@ if [[ "$op" == p2p ]] && ((dtype_given)); then
   tags=("$format")
   [[ "$format" != none ]] && tags+=(none)
   for t in "${tags[@]}"; do
-    if run_p2p "p2p.$t" -t "$dtype" --format "$t"; then
+    if run_p2p "p2p.$t" --dtype "$dtype" --format "$t"; then
       files+=("$logdir/p2p.$t.r0.out")
     else
       status=1

@@ -51,7 +51,7 @@ run env AGOQ_SOCKET_IFNAME="$AGOQ_SOCKET_IFNAME" build/bin/agoq-perf p2p -b 1M -
 # The main demo: a 4-rank bf16 all-reduce through the plugin's CollNet table, quantized to
 # int8 (block 128) on the wire; the table shows bandwidth, wire-bytes ratio, the error
 # against an fp64 reference and `diverged` (elements whose bits differ between ranks: 0).
-run env AGOQ_SOCKET_IFNAME="$AGOQ_SOCKET_IFNAME" build/bin/agoq-perf allreduce -n 4 -t bf16 -b 64K -e 64M -f 4 --format int8
+run env AGOQ_SOCKET_IFNAME="$AGOQ_SOCKET_IFNAME" build/bin/agoq-perf allreduce -N 4 -d bf16 -b 64K -e 64M -f 4 --format int8
 
 cat <<EOF
 

@@ -80,11 +80,11 @@ while (($(date +%s) < t_end)); do
   log=$work/round$rounds.log
   if [[ $op == p2p ]]; then
     # Typed p2p (the profiler-oracle path, quantized with $fmt) with NCCL's 128 KiB chunks.
-    args=(p2p -t "$dt" --format "$fmt" --chunk 128K -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
+    args=(p2p -d "$dt" --format "$fmt" --chunk 128K -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
     desc="p2p $dt $fmt $b..$e iters=$iters"
     nops=$(( (nsteps) * (iters + 2) ))
   else
-    args=("$op" -t "$dt" -b "$b" -e "$e" -f 4 --iters "$iters" -w 2 --format "$fmt")
+    args=("$op" -d "$dt" -b "$b" -e "$e" -f 4 --iters "$iters" -w 2 --format "$fmt")
     [[ $fmt != none ]] && args+=(--max-rel-l2 0.2)
     args+=(--max-diverged 0)
     desc="$op $dt $fmt $b..$e iters=$iters"
@@ -93,16 +93,16 @@ while (($(date +%s) < t_end)); do
   t0=$(date +%s)
   if ((use_netlab)); then
     if [[ $op == p2p ]]; then
-      "$repo"/tools/netlab.sh --op p2p --rate none --perf "$perf" --lib "$lib" -t "$dt" --format "$fmt" -b "$b" -e "$e" \
+      "$repo"/tools/netlab.sh --op p2p --rate none --perf "$perf" --lib "$lib" -d "$dt" --format "$fmt" -b "$b" -e "$e" \
         -f 4 --iters "$iters" --warmup 2 -- --chunk 128K >"$log" 2>&1 &
     else
       extra=(); [[ $fmt != none ]] && extra=(-- --max-rel-l2 0.2 --max-diverged 0)
       [[ $fmt == none ]] && extra=(-- --max-diverged 0)
-      "$repo"/tools/netlab.sh --op "$op" --nranks "$ranks" --rate none --perf "$perf" --lib "$lib" -t "$dt" \
+      "$repo"/tools/netlab.sh --op "$op" --nranks "$ranks" --rate none --perf "$perf" --lib "$lib" -d "$dt" \
         -b "$b" -e "$e" -f 4 --iters "$iters" --warmup 2 --format "$fmt" "${extra[@]}" >"$log" 2>&1 &
     fi
   else
-    [[ $op != p2p ]] && args+=(-n "$ranks")
+    [[ $op != p2p ]] && args+=(-N "$ranks")
     AGOQ_SOCKET_IFNAME=${AGOQ_SOCKET_IFNAME:-lo} "$perf" "${args[@]}" --lib "$lib" >"$log" 2>&1 &
   fi
   pid=$!

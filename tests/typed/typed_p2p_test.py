@@ -52,7 +52,7 @@ def main():
 
     quantized = [("bf16", 1.90, 1.95), ("fp16", 1.90, 1.95), ("fp32", 3.70, 3.90)]
     for dtype, lo, hi in quantized:
-        sizes, w = run(perf, lib, ["-t", dtype, "--chunk", "128K", "-b", "3M", "-e", "12M", "-f", "4"])
+        sizes, w = run(perf, lib, ["-d", dtype, "--chunk", "128K", "-b", "3M", "-e", "12M", "-f", "4"])
         worst = max(d["rel_l2"] for d in sizes)
         check("%s p2p is quantized within the bound" % dtype,
               all(not d["exact"] for d in sizes) and worst <= BOUND,
@@ -62,15 +62,15 @@ def main():
         if dtype == "bf16":
             oracle_ns = w["oracle_ns"]
     exact_cases = [
-        ("int32 p2p is bit-exact", ["-t", "int32", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
-        ("int64 p2p is bit-exact", ["-t", "int64", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
-        ("fp64 p2p is bit-exact", ["-t", "fp64", "-b", "4M", "-e", "4M"]),
-        ("bf16 p2p NCCL may send as LL (<= 1 MiB) is exact", ["-t", "bf16", "-b", "256K", "-e", "1M", "-f", "4"]),
-        ("bf16 collective ring traffic is exact", ["-t", "bf16", "--traffic", "coll", "--chunk", "128K", "-b", "4M",
+        ("int32 p2p is bit-exact", ["-d", "int32", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
+        ("int64 p2p is bit-exact", ["-d", "int64", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
+        ("fp64 p2p is bit-exact", ["-d", "fp64", "-b", "4M", "-e", "4M"]),
+        ("bf16 p2p NCCL may send as LL (<= 1 MiB) is exact", ["-d", "bf16", "-b", "256K", "-e", "1M", "-f", "4"]),
+        ("bf16 collective ring traffic is exact", ["-d", "bf16", "--traffic", "coll", "--chunk", "128K", "-b", "4M",
                                                    "-e", "4M"]),
-        ("bf16 with no profiler loaded is exact", ["-t", "bf16", "--oracle", "none", "--chunk", "128K", "-b", "4M",
+        ("bf16 with no profiler loaded is exact", ["-d", "bf16", "--oracle", "none", "--chunk", "128K", "-b", "4M",
                                                    "-e", "4M"]),
-        ("bf16 with AGOQ_P2P_FORMAT=none is exact", ["-t", "bf16", "--format", "none", "--chunk", "128K", "-b", "4M",
+        ("bf16 with AGOQ_P2P_FORMAT=none is exact", ["-d", "bf16", "--format", "none", "--chunk", "128K", "-b", "4M",
                                                      "-e", "4M"]),
     ]
     for name, args in exact_cases:

@@ -22,17 +22,18 @@ typedef struct {
   size_t min_bytes, max_bytes; /* -b, -e */
   double factor;               /* -f: multiply the size by this each step */
   size_t step_bytes;           /* -i: or add this (0 = use factor) */
-  int iters, warmup;           /* -n, -w */
+  int iters, warmup;           /* -n, -w (nccl-tests' letters) */
   int inflight;                /* --inflight: requests kept posted per rank */
   int dev;                     /* --dev: plugin device */
   bool json;                   /* --json: one JSON object per line and size */
-  bool check;                  /* -c: verify every received byte */
+  bool check;                  /* -c N (N > 0): verify every received message */
+  double max_rel_l2;           /* --max-rel-l2: typed runs fail above it, < 0 = no limit */
   const char* lib;             /* --lib */
   int rank;                    /* --rank 0|1, -1 = fork a local peer */
   const char* addr;            /* --addr HOST:PORT (with --rank) */
   int boot_timeout_s;          /* --boot-timeout: how long ranks wait for each other */
   /* Typed p2p (perf_p2p_typed.h). */
-  int dtype;                   /* -t/--dtype: ncclDataType_t; -1 = untyped bytes */
+  int dtype;                   /* -d/--dtype: ncclDataType_t; -1 = untyped bytes */
   const char* format;          /* --format: AGOQ_P2P_FORMAT for the run */
   bool no_oracle;              /* --oracle none: NCCL without a profiler */
   bool coll_traffic;           /* --traffic coll: a collective's ring traffic */
@@ -45,6 +46,25 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o);
 int perf_parse_size(const char* s, size_t* out);
 /* Decimal integer in [min, max]; -1 otherwise. */
 int perf_parse_int(const char* s, long min, long max, int* out);
+/* The argv walk of every subcommand: "--name=value" and "-Xvalue" split as getopt does. */
+typedef struct {
+  int argc;
+  char** argv;
+  int i;               /* index of the current argument */
+  const char* name;    /* the option: argv[i], or its name part */
+  const char* inline_val; /* the "=value" / "-Xvalue" part, NULL when none */
+  char key[40];
+} perf_argv;
+/* Advances to the next argument; false at the end. */
+bool perf_argv_next(perf_argv* p);
+/* The current option's value (inline or the next argument); NULL when there is none. */
+const char* perf_argv_value(perf_argv* p);
+/* -c/--check [N], nccl-tests' check count: N, or 1 when no number follows. -1 on a bad N
+ * (printed). */
+int perf_argv_check(perf_argv* p, const char* cmd, int* out);
+/* -t/--nthreads and -g/--ngpus: nccl-tests' threads per process and GPUs per thread;
+ * only 1 here. 0 ok, -1 printed. */
+int perf_argv_threads(perf_argv* p, const char* cmd, const char* v);
 /* Next size in the sweep, 0 when past max. */
 size_t perf_next_size(const perf_opts* o, size_t size);
 void perf_format_size(size_t bytes, char* buf, size_t cap);

@@ -31,13 +31,13 @@ const char* perf_coll_kind_name(perf_coll_kind k);
 
 typedef struct {
   perf_coll_kind kind;
-  int nranks;                  /* -n, --nranks */
-  ncclDataType_t dtype;        /* -t */
+  int nranks;                  /* -N, --nranks */
+  ncclDataType_t dtype;        /* -d, --dtype */
   ncclRedOp_t op;              /* -o, --op */
   size_t min_bytes, max_bytes; /* -b, -e */
   double factor;               /* -f */
   size_t step_bytes;           /* -i */
-  int iters, warmup;           /* --iters, -w */
+  int iters, warmup;           /* -n/--iters, -w */
   int inflight;                /* --inflight */
   size_t chunk;                /* --chunk: bytes per call, 0 = one call per buffer */
   int format;                  /* --format: index into perf_coll_formats, -1 = unset */

@@ -1,7 +1,7 @@
 /*
- * Options of the collective subcommands. The size sweep is spelled as in nccl-tests
- * (-b -e -f -i -w); -n is the number of ranks, as the issue's command line has it, so the
- * iteration count is --iters.
+ * Options of the collective subcommands. Flags that exist in nccl-tests mean the same here
+ * (-b -e -f -i sizes, -n iterations, -w warm-up, -c check, -d datatype, -o op, -t threads);
+ * the number of ranks, which nccl-tests takes from MPI, is -N/--nranks.
  */
 #include <errno.h>
 #include <limits.h>
@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "agoq_args.h"
 #include "perf_coll.h"
 
 const char* const perf_coll_formats[] = {"none", "int8", "int4", "fp8e4m3", "fp8e5m2"};
@@ -30,16 +31,20 @@ static void perf_coll_usage(FILE* f, perf_coll_kind kind) {
           "usage: agoq-perf %s [options]\n"
           "Drives the plugin's CollNet table with N ranks as NCCL's proxy does, checks every\n"
           "size against an fp64 reference and compares the ranks' result bits.\n"
-          "  -n, --nranks N          ranks (default 2; without --rank all run on this host)\n"
-          "  -t, --dtype T           int8 uint8 int32 uint32 int64 uint64 fp16 fp32 fp64 bf16\n"
-          "                          fp8e4m3 fp8e5m2 (default fp32)\n"
+          "  -N, --nranks N          ranks (default 2; without --rank all run on this host)\n"
+          "  -d, --dtype T           int8 uint8 int32 uint32 int64 uint64 fp16 fp32 fp64 bf16\n"
+          "      --datatype T        fp8e4m3 fp8e5m2 (default fp32)\n"
           "  -o, --op OP             sum prod max min (default sum)%s\n"
           "  -b, --minbytes SIZE     smallest size (default 1M; K/M/G suffixes)\n"
           "  -e, --maxbytes SIZE     largest size (default 64M)\n"
           "  -f, --stepfactor F      multiply the size by F each step (default 2)\n"
           "  -i, --stepbytes SIZE    or add SIZE each step\n"
-          "      --iters N           timed collectives per size (default 20)\n"
+          "  -n, --iters N           timed collectives per size (default 20)\n"
           "  -w, --warmup_iters N    untimed collectives per size first (default 5)\n"
+          "  -c, --check 1           every size is checked (nccl-tests' default); 0 is refused:\n"
+          "                          the check is what the rel_l2 and diverged columns report\n"
+          "  -t, --nthreads 1        nccl-tests' threads per process (-g, --ngpus: GPUs per\n"
+          "                          thread): one rank per process here, so only 1\n"
           "      --format F          int8 int4 fp8e4m3 fp8e5m2 none: sets AGOQ_FORMAT for every\n"
           "                          rank (none = the exact path); default: the environment's\n"
           "      --chunk SIZE        bytes per plugin call (default 2M, NCCL's largest; 0 = one\n"
@@ -63,18 +68,14 @@ static void perf_coll_usage(FILE* f, perf_coll_kind kind) {
           "max_abs compare the result with an fp64 reduction of every rank's N(0,1) input;\n"
           "diverged counts elements whose bits differ between ranks.\n"
           "Without --rank the ranks are forked on this host and, unless AGOQ_SOCKET_IFNAME or\n"
-          "NCCL_SOCKET_IFNAME says otherwise, talk over loopback.\n",
+          "NCCL_SOCKET_IFNAME says otherwise, talk over loopback.\n"
+          "Short flags mean what they mean in nccl-tests; \"--name=value\" and \"-Xvalue\" work.\n",
           cmd, kind == PERF_COLL_ALLGATHER ? " (ignored: allgather moves bytes)" : "",
           kind == PERF_COLL_ALLREDUCE ? "2(n-1)/n" : "(n-1)/n");
 }
 
 static int perf_coll_parse_double(const char* s, double* out) {
-  char* end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno != 0 || end == s || *end != '\0' || !isfinite(v)) return -1;
-  *out = v;
-  return 0;
+  return agoq_args_parse_double(s, -1e300, 1e300, out);
 }
 
 int perf_coll_opts_parse(int argc, char** argv, perf_coll_kind kind, perf_coll_opts* o) {
@@ -97,27 +98,40 @@ int perf_coll_opts_parse(int argc, char** argv, perf_coll_kind kind, perf_coll_o
                         .max_diverged = -1,
                         .seed = 1};
   bool nranks_given = false;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
+  perf_argv p = {.argc = argc, .argv = argv, .i = 0};
+  while (perf_argv_next(&p)) {
+    const char* a = p.name;
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       perf_coll_usage(stdout, kind);
       return 1;
     }
-    if (strcmp(a, "--json") == 0) {
+    if (strcmp(a, "--json") == 0 && p.inline_val == NULL) {
       o->json = true;
       continue;
     }
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "-c") == 0 || strcmp(a, "--check") == 0) {
+      int n = 0;
+      if (perf_argv_check(&p, cmd, &n) != 0) return -1;
+      if (n == 0) {
+        fprintf(stderr, "agoq-perf %s: %s 0: collective runs always check every size (the "
+                "rel_l2 and diverged columns)\n", cmd, a);
+        return -1;
+      }
+      continue;
+    }
+    const char* v = perf_argv_value(&p);
     if (v == NULL) {
       fprintf(stderr, "agoq-perf %s: %s needs a value (or is unknown)\n", cmd, a);
       return -1;
     }
-    i++;
     int bad = 0;
-    if (strcmp(a, "-n") == 0 || strcmp(a, "--nranks") == 0) {
+    if (strcmp(a, "-N") == 0 || strcmp(a, "--nranks") == 0) {
       bad = perf_parse_int(v, 1, PERF_COLL_MAX_RANKS, &o->nranks);
       nranks_given = true;
-    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--dtype") == 0) {
+    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--nthreads") == 0 || strcmp(a, "-g") == 0 ||
+               strcmp(a, "--ngpus") == 0) {
+      if (perf_argv_threads(&p, cmd, v) != 0) return -1;
+    } else if (strcmp(a, "-d") == 0 || strcmp(a, "--dtype") == 0 || strcmp(a, "--datatype") == 0) {
       bad = perf_dtype_parse(v, &o->dtype);
     } else if (strcmp(a, "-o") == 0 || strcmp(a, "--op") == 0) {
       bad = perf_op_parse(v, &o->op);
@@ -129,7 +143,7 @@ int perf_coll_opts_parse(int argc, char** argv, perf_coll_kind kind, perf_coll_o
       bad = perf_parse_size(v, &o->step_bytes);
     } else if (strcmp(a, "-f") == 0 || strcmp(a, "--stepfactor") == 0) {
       bad = perf_coll_parse_double(v, &o->factor) != 0 || !(o->factor > 1.0);
-    } else if (strcmp(a, "--iters") == 0) {
+    } else if (strcmp(a, "-n") == 0 || strcmp(a, "--iters") == 0) {
       bad = perf_parse_int(v, 1, INT_MAX / 2, &o->iters);
     } else if (strcmp(a, "-w") == 0 || strcmp(a, "--warmup_iters") == 0) {
       bad = perf_parse_int(v, 0, INT_MAX / 2, &o->warmup);
@@ -163,10 +177,8 @@ int perf_coll_opts_parse(int argc, char** argv, perf_coll_kind kind, perf_coll_o
       bad = perf_parse_int(v, 0, INT_MAX, &n);
       o->max_diverged = n;
     } else if (strcmp(a, "--seed") == 0) {
-      char* end = NULL;
-      errno = 0;
-      unsigned long long s = strtoull(v, &end, 0);
-      bad = errno != 0 || end == v || *end != '\0';
+      unsigned long long s = 0;
+      bad = agoq_args_parse_ull(v, UINT64_MAX, &s);
       o->seed = s;
     } else {
       fprintf(stderr, "agoq-perf %s: unknown option %s\n", cmd, a);

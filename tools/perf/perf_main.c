@@ -29,6 +29,10 @@ static void perf_usage(FILE* f) {
   fprintf(f, "usage: agoq-perf <command> [options]   (agoq-perf <command> -h for options)\n");
   for (size_t i = 0; i < sizeof(perf_commands) / sizeof(perf_commands[0]); i++)
     fprintf(f, "  %-14s %s\n", perf_commands[i].name, perf_commands[i].summary);
+  fprintf(f,
+          "Flags that nccl-tests has mean the same here: -b -e -f -i sizes, -n iterations, -w\n"
+          "warm-up iterations, -c N check (0 = off), -d datatype, -o op, -t threads per process\n"
+          "(only 1); ranks are -N/--nranks. (Before, -n was ranks and -t the datatype.)\n");
 }
 
 int main(int argc, char** argv) {

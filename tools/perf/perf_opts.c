@@ -1,6 +1,9 @@
 /*
- * Options every subcommand shares, spelled as nccl-tests spells them (-b -e -f -i -n -w -c)
- * so numbers can be compared line by line.
+ * Options of agoq-perf p2p, and the argv walk every subcommand shares. Flags that exist in
+ * nccl-tests (src/common.cu) mean the same here, so a command line can be carried over:
+ * -b -e -f -i sizes, -n iterations, -w warm-up iterations, -c N check (0 = off), -d
+ * datatype, -o op, -t threads per process (one here). Ranks are -N. getopt's spellings
+ * work too: "--iters=5", "-n5".
  */
 #include <errno.h>
 #include <limits.h>
@@ -10,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "agoq_args.h"
 #include "perf.h"
 #include "perf_dtype.h"
 
@@ -67,8 +71,9 @@ static void perf_usage(FILE* f, const char* cmd) {
           "  -n, --iters N           timed messages per size (default 20)\n"
           "  -w, --warmup_iters N    untimed messages per size first (default 5)\n"
           "      --inflight N        requests kept posted per rank (default 8, max 32)\n"
-          "  -c, --check             verify every received byte (needs inflight x maxbytes\n"
-          "                          of memory on the receiver)\n"
+          "  -c, --check 0|N         N > 0: fill every buffer and verify every message, warm-up\n"
+          "                          and timed (inflight x maxbytes of memory on each side); a\n"
+          "                          failed check exits 1. Default 0 (a bare -c means 1)\n"
           "      --json              one JSON object per line and size, nothing else on stdout\n"
           "      --lib PATH          plugin (default $AGOQ_PLUGIN_PATH, else\n"
           "                          <exe dir>/../lib/libnccl-net-agoq.so)\n"
@@ -78,10 +83,16 @@ static void perf_usage(FILE* f, const char* cmd) {
           "                          or rank 1 (receives, listens on --addr)\n"
           "      --addr HOST:PORT    bootstrap address rank 1 listens on and rank 0 dials\n"
           "      --boot-timeout S    how long a rank waits for the other (default 120)\n"
-          "  -t, --dtype T           p2p of a datatype (bf16, fp16, fp32, int32, int64, ...): each\n"
-          "                          isend carries the profiler handle of an emulated NCCL P2p task\n"
+          "  -d, --dtype T           p2p of a datatype (bf16, fp16, fp32, int32, int64, ...): each\n"
+          "      --datatype T        isend carries the profiler handle of an emulated NCCL P2p task\n"
           "                          whose datatype agoq's profiler reports; warm-up messages are\n"
-          "                          checked (exact, or the rel. L2 error of quantized payloads)\n"
+          "                          checked (with -c every message): an integer or fp64 message\n"
+          "                          that is not bit-exact fails the run (exit 1)\n"
+          "      --max-rel-l2 X      with -d: exit 1 if a checked message's relative L2 error\n"
+          "                          exceeds X (as in the collective runs)\n"
+          "  -t, --nthreads 1        nccl-tests' threads per process (-g, --ngpus: GPUs per\n"
+          "                          thread): one rank per process here, so only 1\n"
+          "  -N, --nranks 2          ranks: p2p is always a sender and a receiver\n"
           "      --format F          AGOQ_P2P_FORMAT for the run: none|int8|int4|fp8e4m3|fp8e5m2\n"
           "      --oracle profiler|none  agoq's profiler loaded (default) or no profiler at all\n"
           "      --traffic p2p|coll  the transfers are a p2p (default) or a collective's ring\n"
@@ -89,17 +100,76 @@ static void perf_usage(FILE* f, const char* cmd) {
           "                          p2p into steps (NCCL_P2P_NET_CHUNKSIZE; default: one isend)\n"
           "Without --rank a receiver is forked on this host and, unless AGOQ_SOCKET_IFNAME or\n"
           "NCCL_SOCKET_IFNAME says otherwise, traffic goes over loopback.\n"
-          "In two-host mode rank 0's size and iteration options apply to both ranks.\n",
+          "In two-host mode rank 0's size and iteration options apply to both ranks.\n"
+          "Short flags mean what they mean in nccl-tests; \"--name=value\" and \"-Xvalue\" work.\n",
           cmd);
 }
 
 int perf_parse_int(const char* s, long min, long max, int* out) {
-  char* end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return -1;
+  long long v = 0;
+  if (agoq_args_parse_ll(s, min, max, &v) != 0) return -1;
   *out = (int)v;
   return 0;
+}
+
+/* ---- the argv walk ---- */
+
+bool perf_argv_next(perf_argv* p) {
+  if (++p->i >= p->argc) return false;
+  const char* a = p->argv[p->i];
+  p->name = a;
+  p->inline_val = NULL;
+  const char* eq = strchr(a, '=');
+  size_t n = eq != NULL ? (size_t)(eq - a) : 0;
+  if (a[0] == '-' && a[1] == '-' && eq != NULL && n < sizeof p->key) {
+    memcpy(p->key, a, n); /* --name=value */
+    p->key[n] = '\0';
+    p->name = p->key;
+    p->inline_val = eq + 1;
+  } else if (a[0] == '-' && a[1] != '-' && a[1] != '\0' && a[2] != '\0') {
+    p->key[0] = '-'; /* -Xvalue */
+    p->key[1] = a[1];
+    p->key[2] = '\0';
+    p->name = p->key;
+    p->inline_val = a + 2;
+  }
+  return true;
+}
+
+const char* perf_argv_value(perf_argv* p) {
+  if (p->inline_val != NULL) return p->inline_val;
+  if (p->i + 1 >= p->argc) return NULL;
+  return p->argv[++p->i];
+}
+
+int perf_argv_check(perf_argv* p, const char* cmd, int* out) {
+  /* nccl-tests' -c takes a count (0 = no check); a bare -c, followed by another option
+   * or nothing, is this tool's older spelling of -c 1. */
+  const char* v = p->inline_val;
+  if (v == NULL && p->i + 1 < p->argc && p->argv[p->i + 1][0] != '-') v = p->argv[++p->i];
+  if (v == NULL) {
+    *out = 1;
+    return 0;
+  }
+  if (perf_parse_int(v, 0, INT_MAX, out) != 0) {
+    fprintf(stderr, "agoq-perf %s: bad value for %s: '%s' (0 = no check, N > 0 = check)\n", cmd,
+            p->name, v);
+    return -1;
+  }
+  return 0;
+}
+
+int perf_argv_threads(perf_argv* p, const char* cmd, const char* v) {
+  /* nccl-tests' -t (threads per process) and -g (GPUs per thread): one each here. Before
+   * the nccl-tests spellings, -t was the datatype; say so rather than fail obscurely. */
+  int n = 0;
+  if (perf_parse_int(v, 1, 1, &n) == 0) return 0;
+  if (strcmp(p->name, "-t") == 0 || strcmp(p->name, "--nthreads") == 0)
+    fprintf(stderr, "agoq-perf %s: %s is threads per process as in nccl-tests (only 1 here); "
+            "the datatype is -d/--dtype\n", cmd, p->name);
+  else
+    fprintf(stderr, "agoq-perf %s: %s: only 1 is supported (one rank per process)\n", cmd, p->name);
+  return -1;
 }
 
 int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
@@ -111,27 +181,30 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
                    .inflight = 8,
                    .rank = -1,
                    .boot_timeout_s = 120,
+                   .max_rel_l2 = -1,
                    .dtype = -1};
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
+  perf_argv p = {.argc = argc, .argv = argv, .i = 0};
+  while (perf_argv_next(&p)) {
+    const char* a = p.name;
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       perf_usage(stdout, cmd);
       return 1;
     }
-    if (strcmp(a, "--json") == 0) {
+    if (strcmp(a, "--json") == 0 && p.inline_val == NULL) {
       o->json = true;
       continue;
     }
     if (strcmp(a, "-c") == 0 || strcmp(a, "--check") == 0) {
-      o->check = true;
+      int n = 0;
+      if (perf_argv_check(&p, cmd, &n) != 0) return -1;
+      o->check = n > 0;
       continue;
     }
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    const char* v = perf_argv_value(&p);
     if (v == NULL) {
       fprintf(stderr, "agoq-perf %s: %s needs a value (or is unknown)\n", cmd, a);
       return -1;
     }
-    i++;
     int bad = 0;
     if (strcmp(a, "-b") == 0 || strcmp(a, "--minbytes") == 0) {
       bad = perf_parse_size(v, &o->min_bytes);
@@ -140,9 +213,7 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
     } else if (strcmp(a, "-i") == 0 || strcmp(a, "--stepbytes") == 0) {
       bad = perf_parse_size(v, &o->step_bytes);
     } else if (strcmp(a, "-f") == 0 || strcmp(a, "--stepfactor") == 0) {
-      char* end = NULL;
-      o->factor = strtod(v, &end);
-      bad = (end == v || *end != '\0' || !(o->factor > 1.0)) ? -1 : 0;
+      bad = agoq_args_parse_double(v, 1.0, 1e9, &o->factor) != 0 || !(o->factor > 1.0);
     } else if (strcmp(a, "-n") == 0 || strcmp(a, "--iters") == 0) {
       bad = perf_parse_int(v, 1, INT_MAX / 2, &o->iters);
     } else if (strcmp(a, "-w") == 0 || strcmp(a, "--warmup_iters") == 0) {
@@ -163,10 +234,18 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
       o->addr = v;
     } else if (strcmp(a, "--boot-timeout") == 0) {
       bad = perf_parse_int(v, 1, 86400, &o->boot_timeout_s);
-    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--dtype") == 0) {
+    } else if (strcmp(a, "-d") == 0 || strcmp(a, "--dtype") == 0 || strcmp(a, "--datatype") == 0) {
       ncclDataType_t t;
       bad = perf_dtype_parse(v, &t);
       o->dtype = (int)t;
+    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--nthreads") == 0 || strcmp(a, "-g") == 0 ||
+               strcmp(a, "--ngpus") == 0) {
+      if (perf_argv_threads(&p, cmd, v) != 0) return -1;
+    } else if (strcmp(a, "-N") == 0 || strcmp(a, "--nranks") == 0) {
+      int n = 0;
+      bad = perf_parse_int(v, 2, 2, &n); /* p2p: a sender and a receiver */
+    } else if (strcmp(a, "--max-rel-l2") == 0) {
+      bad = agoq_args_parse_double(v, 0, 1e300, &o->max_rel_l2);
     } else if (strcmp(a, "--format") == 0) {
       static const char* const formats[] = {"none", "int8", "int4", "fp8e4m3", "fp8e5m2"};
       bad = -1;
@@ -197,8 +276,10 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
             o->max_bytes);
     return -1;
   }
-  if (o->dtype < 0 && (o->format != NULL || o->no_oracle || o->coll_traffic || o->chunk != 0)) {
-    fprintf(stderr, "agoq-perf %s: --format, --oracle, --traffic and --chunk need --dtype\n", cmd);
+  if (o->dtype < 0 && (o->format != NULL || o->no_oracle || o->coll_traffic || o->chunk != 0 ||
+                       o->max_rel_l2 >= 0)) {
+    fprintf(stderr, "agoq-perf %s: --format, --oracle, --traffic, --chunk and --max-rel-l2 need "
+            "-d/--dtype\n", cmd);
     return -1;
   }
   if ((o->rank >= 0) != (o->addr != NULL)) {

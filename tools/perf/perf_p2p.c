@@ -3,6 +3,7 @@
  * sends, rank 1 receives; each keeps `inflight` requests posted and tests the oldest, as
  * NCCL's proxy keeps its steps in flight. For every size: a warm-up run, then a timed run
  * that starts when the receiver says it is ready and ends when it says all arrived.
+ * With -c every message is checked and a wrong one fails the run (exit 1).
  */
 #include <sched.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "perf.h"
+#include "perf_dtype.h"
 #include "perf_p2p_typed.h"
 
 #define P2P_TAG 0 /* NCCL's tag is the sender's rank */
@@ -193,6 +195,37 @@ typedef struct {
   uint64_t exact, checked;
 } p2p_verdict;
 
+static void p2p_verdict_merge(p2p_verdict* into, const p2p_verdict* from) {
+  if (from->rel_l2_max > into->rel_l2_max) into->rel_l2_max = from->rel_l2_max;
+  into->exact = into->exact && from->exact;
+  into->checked += from->checked;
+}
+
+/* Rank 0: a typed size's verdict against the rules. Every message that should have been
+ * checked was; integers and fp64 are never quantized (a message that is not bit-exact is
+ * corruption); --max-rel-l2 bounds the quantized ones, as in the collective runs. */
+static bool p2p_verdict_fails(const perf_opts* o, const p2p_verdict* v, uint64_t want, size_t size) {
+  ncclDataType_t dt = (ncclDataType_t)o->dtype;
+  bool lossless = !perf_dtype_is_float(dt) || dt == ncclFloat64;
+  bool fail = false;
+  if (v->checked != want) {
+    fprintf(stderr, "agoq-perf: p2p %zu B: %llu of %llu messages were checked\n", size,
+            (unsigned long long)v->checked, (unsigned long long)want);
+    fail = true;
+  }
+  if (lossless && !v->exact) {
+    fprintf(stderr, "agoq-perf: p2p %zu B: %s is never quantized, but a message arrived changed "
+            "(rel. L2 %.3e)\n", size, perf_dtype_name(dt), v->rel_l2_max);
+    fail = true;
+  }
+  if (o->max_rel_l2 >= 0 && !v->exact && !(v->rel_l2_max <= o->max_rel_l2)) {
+    fprintf(stderr, "agoq-perf: p2p %zu B: rel. L2 error %.3e exceeds --max-rel-l2 %g\n", size,
+            v->rel_l2_max, o->max_rel_l2);
+    fail = true;
+  }
+  return fail;
+}
+
 /* One run of `count` messages, framed by READY (receiver ready) and DONE (all arrived).
  * On rank 0, *elapsed_us is the time from READY to DONE; a typed run's verdict (of the
  * messages checked in this run) arrives with DONE. */
@@ -269,6 +302,7 @@ int perf_p2p_main(int argc, char** argv) {
   if (rc != 0) return rc > 0 ? 0 : 2;
 
   perf_boot boot = {.fd = -1};
+  bool check_failed = false; /* a typed size failed its check: run on, then exit 1 */
   if (o.rank < 0) {
     /* Both ends on this host: loopback, unless the user chose interfaces. */
     if (getenv("AGOQ_SOCKET_IFNAME") == NULL && getenv("NCCL_SOCKET_IFNAME") == NULL)
@@ -325,15 +359,25 @@ int perf_p2p_main(int argc, char** argv) {
   int msg_base = 0;
   for (size_t size = o.min_bytes; size != 0 || msg_base == 0; size = perf_next_size(&o, size)) {
     double us = 0;
-    p2p_verdict verdict = {0, 1, 0};
-    /* Typed: every slot's buffer holds its own data, sent again and again. */
-    if (o.dtype >= 0 && rank == 0) p2p_typed_fill(&typed, bufs.buf[0], size, p2p_seed(size, 0));
+    p2p_verdict verdict = {0, 1, 0}, timed = {0, 1, 0};
+    /* Typed: every transfer carries the same data, sent again and again; with -c the sender
+     * cycles through one buffer per request in flight, so every one of them holds it. */
+    if (o.dtype >= 0 && rank == 0)
+      for (int k = 0; k < bufs.nbuf; k++) p2p_typed_fill(&typed, bufs.buf[k], size, p2p_seed(size, 0));
     if (o.warmup > 0 && p2p_run(&n, &boot, &o, &bufs, size, o.warmup, msg_base, &us, &typed, o.dtype >= 0,
                                 &verdict) != 0)
       goto fail_net;
     msg_base += o.warmup;
-    if (p2p_run(&n, &boot, &o, &bufs, size, o.iters, msg_base, &us, &typed, false, NULL) != 0) goto fail_net;
+    /* -c checks the timed messages too (typed: against the sender's data, as the warm-up). */
+    if (p2p_run(&n, &boot, &o, &bufs, size, o.iters, msg_base, &us, &typed, o.dtype >= 0 && o.check,
+                &timed) != 0)
+      goto fail_net;
     msg_base += o.iters;
+    if (o.dtype >= 0 && o.check) p2p_verdict_merge(&verdict, &timed);
+    if (rank == 0 && o.dtype >= 0) {
+      uint64_t want = (uint64_t)(o.warmup + (o.check ? o.iters : 0)) * p2p_nchunks(&o, size);
+      if (p2p_verdict_fails(&o, &verdict, want, size)) check_failed = true;
+    }
     if (rank == 0) {
       perf_result res = {.test = "p2p",
                          .bytes = size,
@@ -348,6 +392,10 @@ int perf_p2p_main(int argc, char** argv) {
       fflush(stdout);
     }
   }
+  if (check_failed) {
+    fprintf(stderr, "agoq-perf: p2p check FAILED (see above)\n");
+    rc = 1;
+  }
   /* Close only when both are finished, so neither end resets a connection under the
    * other's last bytes. */
   if (rank == 0) {
@@ -355,15 +403,15 @@ int perf_p2p_main(int argc, char** argv) {
   } else if (perf_boot_recv(&boot, PERF_MSG_DONE, NULL, 0, 60000) != 0) {
     goto fail_net;
   }
-  rc = 0;
+  if (!check_failed) rc = 0;
 
 fail_net:
-  if (rc != 0) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
+  if (rc != 0 && !check_failed) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
   p2p_bufs_free(&n, rank, &bufs);
   p2p_typed_close(&typed);
   perf_net_close(&n);
-  if (rank == 0 && rc == 0 && o.dtype >= 0) perf_report_wire(&o);
-  if (rank == 0 && rc == 0) {
+  if (rank == 0 && (rc == 0 || check_failed) && o.dtype >= 0) perf_report_wire(&o);
+  if (rank == 0 && (rc == 0 || check_failed)) {
     /* On failure perf_boot_close kills the child instead: it may be stuck in a plugin
      * call that no longer has a peer. */
     close(boot.fd);

@@ -31,10 +31,10 @@ void perf_report_header(const perf_opts* o, const perf_net* n, const char* test)
          o->rank < 0 ? "forked peer on this host" : "two-host mode");
   if (o->dtype >= 0) {
     const char* fmt = o->format ? o->format : getenv("AGOQ_P2P_FORMAT");
-    printf("# typed p2p: dtype %s, AGOQ_P2P_FORMAT %s, oracle %s, traffic %s; warm-up messages checked\n",
+    printf("# typed p2p: dtype %s, AGOQ_P2P_FORMAT %s, oracle %s, traffic %s; %s messages checked\n",
            perf_dtype_name((ncclDataType_t)o->dtype), fmt ? fmt : "(plugin default)",
            o->no_oracle ? "none (no profiler)" : "agoq profiler via emulated NCCL chain",
-           o->coll_traffic ? "collective ring" : "p2p");
+           o->coll_traffic ? "collective ring" : "p2p", o->check ? "all" : "warm-up");
     printf("#\n# %14s %8s %12s %11s %11s %10s %6s\n", "size(B)", "count", "time(us)", "bw(GB/s)",
            "bw(Gbit/s)", "rel_l2", "exact");
     return;

@@ -1,0 +1,31 @@
+/*
+ * Strict numbers on command lines, for every tool and test harness: the whole string is the
+ * number (no leading blanks, no trailing text: "1x" and "abc" are errors, never 0 or 1), it
+ * fits its range, and a bad value says which option and what it accepts. atoi/strtol alone
+ * turn "abc" into 0 and let a run do nothing and report success.
+ *
+ * Integers are decimal or 0x-prefixed hex (never octal: "010" is ten). The *_or_exit forms
+ * print "PROG: bad value for OPT: 'S' (...)" on stderr and exit with status 2, the usage
+ * error status every tool uses.
+ */
+#ifndef AGOQ_ARGS_H
+#define AGOQ_ARGS_H
+
+#include <stdint.h>
+
+/* 0 and *out set, or -1 (nothing printed, *out untouched). */
+int agoq_args_parse_ll(const char* s, long long min, long long max, long long* out);
+int agoq_args_parse_ull(const char* s, unsigned long long max, unsigned long long* out);
+/* A finite decimal floating-point number in [min, max]. */
+int agoq_args_parse_double(const char* s, double min, double max, double* out);
+
+/* The same, or a message naming prog and opt and exit(2). */
+long long agoq_args_ll_or_exit(const char* prog, const char* opt, const char* s, long long min,
+                               long long max);
+int agoq_args_int_or_exit(const char* prog, const char* opt, const char* s, int min, int max);
+unsigned long long agoq_args_ull_or_exit(const char* prog, const char* opt, const char* s,
+                                         unsigned long long max);
+double agoq_args_double_or_exit(const char* prog, const char* opt, const char* s, double min,
+                                double max);
+
+#endif
