@@ -224,6 +224,15 @@ void agoq_codec_raw_accumulate(agoq_dtype in, const uint8_t* src, size_t count, 
   for (size_t i = 0; i < count; i++) acc[i] += raw_load(in, src, i);
 }
 
+void agoq_codec_overflow_to_inf(agoq_dtype out, float* x, size_t n) {
+  uint32_t from = out == AGOQ_DTYPE_BF16   ? AGOQ_BF16_INF_FROM_BITS
+                  : out == AGOQ_DTYPE_FP16 ? AGOQ_FP16_INF_FROM_BITS
+                                           : AGOQ_FP32_INF_FROM_BITS;
+  if (from == AGOQ_FP32_INF_FROM_BITS || x == NULL) return; /* fp32 overflows by itself */
+  /* Bit operations only (no floating-point environment involved); vectorizes. */
+  for (size_t i = 0; i < n; i++) x[i] = agoq_fp32_overflow_inf(x[i], from);
+}
+
 /* ---- block-range workers ------------------------------------------------------------------- */
 
 static size_t chunk_blocks(const agoq_codec_layout* lay) {

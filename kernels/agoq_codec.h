@@ -124,6 +124,14 @@ agoq_codec_status agoq_dequantize(const agoq_codec_params* p, const void* body, 
 agoq_codec_status agoq_dequantize_accumulate(const agoq_codec_params* p, const void* body,
                                              size_t body_len, size_t n, float* acc);
 
+/* Gives n fp32 values the finite range of `out` (rule "overflow is Inf"): x[i] whose
+ * round-to-nearest-even conversion to `out` is +-Inf becomes +-Inf; NaN, Inf and every value
+ * `out` can hold are unchanged (for out = fp32 nothing changes). A reduction applies it to
+ * its fp32 sums before quantizing them: the blocks that then hold an Inf are escaped and
+ * travel raw, so every rank decodes +-Inf where the exact reduction gives +-Inf, and the
+ * decoder's saturation of finite blocks cannot turn an overflow into the type's maximum. */
+void agoq_codec_overflow_to_inf(agoq_dtype out, float* x, size_t n);
+
 /* Multi-threaded variants: the same bits, the work split by blocks over `nthreads` threads
  * (0 = all online CPUs); for buffers large enough to be worth it. */
 agoq_codec_status agoq_quantize_mt(const agoq_codec_params* p, const void* src, size_t n, void* body,

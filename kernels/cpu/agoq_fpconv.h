@@ -128,6 +128,27 @@ static inline uint16_t agoq_fp32_to_fp16_sat(float y) {
   return agoq_fp32_to_fp16(agoq_fp32_clamp_abs(y, AGOQ_FP16_MAX_F));
 }
 
+/* ---- output range of a reduced value: overflow is Inf ----------------------------------- */
+
+/* The smallest fp32 magnitude (as bits) whose RNE conversion to bf16 / fp16 is Inf: the
+ * midpoint between the type's largest finite value and 2^(emax+1), a tie that rounds to the
+ * even neighbour, which is Inf. For fp32 itself it is the Inf pattern: nothing changes. */
+#define AGOQ_BF16_INF_FROM_BITS 0x7f7f8000u /* (2 - 2^-8) * 2^127 */
+#define AGOQ_FP16_INF_FROM_BITS 0x477ff000u /* 65520 */
+#define AGOQ_FP32_INF_FROM_BITS 0x7f800000u
+
+/* A finite x whose RNE conversion to the output type overflows becomes +-Inf (sign kept);
+ * NaN, Inf and every x the type can hold are unchanged. The owner of a CollNet slice applies
+ * this to its fp32 sums before quantizing them, so a sum outside the output type's range
+ * reaches every rank as Inf (its block travels raw), as NCCL's own reduction gives, instead
+ * of decoding to the saturated maximum (fp16 loss scaling looks for that Inf). */
+static inline float agoq_fp32_overflow_inf(float x, uint32_t inf_from_bits) {
+  uint32_t u = agoq_fp32_bits(x);
+  uint32_t a = u & 0x7fffffffu;
+  uint32_t inf = (u & 0x80000000u) | 0x7f800000u;
+  return agoq_fp32_from_bits(a >= inf_from_bits && a < 0x7f800000u ? inf : u);
+}
+
 /* ---- fp8 encoding: RNE, saturating to +-max finite, -0 kept ---------------------------- */
 
 static inline uint8_t agoq_fp32_to_fp8e4m3(float v) {

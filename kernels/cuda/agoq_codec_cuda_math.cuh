@@ -167,6 +167,20 @@ AGOQ_HD float clamp_abs(float y, float max) {
 AGOQ_HD uint32_t fp32_to_bf16_sat(float y) { return fp32_to_bf16(clamp_abs(y, kBf16MaxF)); }
 AGOQ_HD uint32_t fp32_to_fp16_sat(float y) { return fp32_to_fp16(clamp_abs(y, kFp16MaxF)); }
 
+/* ---- output range of a reduced value (agoq_fp32_overflow_inf) ------------------------- */
+
+/* The smallest magnitudes (fp32 bits) that round to Inf in bf16 / fp16; fp32: the Inf itself. */
+constexpr uint32_t kBf16InfFromBits = 0x7f7f8000u;
+constexpr uint32_t kFp16InfFromBits = 0x477ff000u;
+constexpr uint32_t kFp32InfFromBits = 0x7f800000u;
+
+/* A finite x whose RNE conversion to the output type is Inf becomes +-Inf; bits only. */
+AGOQ_HD float fp32_overflow_inf(float x, uint32_t inf_from_bits) {
+  uint32_t u = f2u(x);
+  uint32_t a = u & 0x7fffffffu;
+  return u2f(a >= inf_from_bits && a < 0x7f800000u ? (u & 0x80000000u) | 0x7f800000u : u);
+}
+
 /* ---- fp8 (agoq_fp32_to_fp8e4m3 / e5m2, agoq_fp8e4m3_fp32_bits / e5m2 tables) ------------ */
 
 AGOQ_HD uint32_t fp32_to_e4m3(float v) {

@@ -70,6 +70,11 @@ static void test_narrowing(void) {
     CHECK_EQ("fp32_to_e4m3", fp32_to_e4m3(f), agoq_fp32_to_fp8e4m3(f), u);
     CHECK_EQ("fp32_to_e5m2", fp32_to_e5m2(f), agoq_fp32_to_fp8e5m2(f), u);
     CHECK_EQ("fp32_sat", f2u(fp32_sat(f)), agoq_fp32_bits(agoq_fp32_sat(f)), u);
+    CHECK_EQ("overflow_inf bf16", f2u(fp32_overflow_inf(f, kBf16InfFromBits)),
+             agoq_fp32_bits(agoq_fp32_overflow_inf(f, AGOQ_BF16_INF_FROM_BITS)), u);
+    CHECK_EQ("overflow_inf fp16", f2u(fp32_overflow_inf(f, kFp16InfFromBits)),
+             agoq_fp32_bits(agoq_fp32_overflow_inf(f, AGOQ_FP16_INF_FROM_BITS)), u);
+    CHECK_EQ("overflow_inf fp32", f2u(fp32_overflow_inf(f, kFp32InfFromBits)), u, u);
     if (is_nan_bits(u)) continue;
     /* What the fast paths do on a GPU: min/max clamp (NaN excluded), then the hardware RNE
      * conversion, whose definition NVIDIA's host code emulates. */

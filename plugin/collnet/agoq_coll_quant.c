@@ -68,6 +68,9 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     agoq_coll_narrow_fp32(r->codec_dtype, acc, m, dst);
     return ncclSuccess;
   }
+  /* A sum outside the output type's finite range is Inf (as NCCL's reduction gives): its
+   * block then travels raw, instead of decoding to the type's saturated maximum. */
+  agoq_codec_overflow_to_inf(r->codec_dtype, acc, m);
   /* The owner takes the same decoded bytes as everyone else, not its fp32 sum. */
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
   agoq_codec_status st = agoq_frame_encode(&p32, acc, m, false, s->res.p, s->res.cap, &s->res_len);

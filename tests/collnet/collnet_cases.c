@@ -35,6 +35,68 @@ static void cn_case_label(const cn_case* c, char* buf, size_t cap) {
            c->count, c->kind == CN_ALLREDUCE ? "" : "/rank", c->window);
 }
 
+/* ---- overflow: sums outside the output type's finite range are +-Inf, as NCCL gives ----
+ * In runs of 1024 elements (whole codec blocks for every block size, since slices and
+ * chunks start on block multiples) with (index / 1024) % 3 == 1, rank k contributes +-c_k
+ * with a random sign per (rank, element): fp16 c = 30000 on every rank (3 ranks: sums of
+ * +-90000, beyond 65504, or +-30000); bf16 c_0 = the largest bf16, c_1 = 1.5 * 2^119, c_k = 0
+ * beyond (sums of +-(2 - 2^-9) * 2^127, finite in fp32 but beyond bf16's range, or
+ * +-(2 - 3.5 * 2^-8) * 2^127). The other runs are N(0,1) and keep the usual bound. */
+static bool cn_overflow_elem(const cn_case* c, uint64_t g) {
+  return c->overflow && (g / 1024) % 3 == 1;
+}
+
+static void cn_overflow_fill(const cn_case* c, int rank, void* buf, uint64_t first, size_t count) {
+  uint64_t seed = perf_rank_seed(c->seed, rank);
+  for (size_t i = 0; i < count; i++) {
+    uint64_t g = first + i;
+    if (!cn_overflow_elem(c, g)) continue;
+    uint16_t mag = c->dtype == ncclFloat16 ? 0x7753 /* 30000 */
+                   : rank == 0             ? 0x7f7f /* bf16 max */
+                   : rank == 1             ? 0x7b40 /* 1.5 * 2^119 */
+                                           : 0;
+    bool neg = perf_mix64(seed ^ perf_mix64(g + 0x0F0F)) & 1;
+    uint16_t v = (uint16_t)(mag | (neg && mag != 0 ? 0x8000u : 0u));
+    memcpy((uint8_t*)buf + i * 2, &v, 2);
+  }
+}
+
+/* The overflow runs of one result: an element whose sum (exact, in fp64) is beyond the
+ * value that rounds to Inf must be that Inf, with its sign, on every path; the others must
+ * be finite and close to the sum (their blocks hold an Inf, so they travel raw). */
+static int cn_check_overflow(cn_worker* w, const cn_case* c, uint8_t* const* in, uint64_t first,
+                             size_t out_n, const char* label) {
+  double inf_from = c->dtype == ncclFloat16 ? 65520.0 : 0x1.ffp127;
+  size_t infs = 0, finite = 0;
+  for (size_t i = 0; i < out_n; i++) {
+    if (!cn_overflow_elem(c, first + i)) continue;
+    double sum = 0;
+    for (int k = 0; k < w->nranks; k++) sum += perf_elem_get(c->dtype, in[k], i);
+    double y = perf_elem_get(c->dtype, c->recv, i);
+    if (fabs(sum) >= inf_from * (1 + 1e-4)) {
+      if (!(isinf(y) && (y < 0) == (sum < 0))) {
+        CN_FAIL(w, "%s: element %zu sums to %g, beyond the type's range, but came out %g "
+                "(an overflow must be Inf, as NCCL gives)", label, (size_t)(first + i), sum, y);
+        return -1;
+      }
+      infs++;
+    } else {
+      if (!isfinite(y) || fabs(y - sum) > 0.01 * fabs(sum) + 1e-30) {
+        CN_FAIL(w, "%s: element %zu sums to %g (within range) but came out %g", label,
+                (size_t)(first + i), sum, y);
+        return -1;
+      }
+      finite++;
+    }
+  }
+  if (infs == 0 || finite == 0) {
+    CN_FAIL(w, "%s: the overflow runs held %zu overflowing and %zu finite sums (want both)",
+            label, infs, finite);
+    return -1;
+  }
+  return 0;
+}
+
 static void cn_input_fill(const cn_case* c, int nranks, int rank, void* buf, uint64_t first,
                           size_t count) {
   uint64_t seed = perf_rank_seed(c->seed, rank);
@@ -46,6 +108,7 @@ static void cn_input_fill(const cn_case* c, int nranks, int rank, void* buf, uin
       perf_elem_set(c->dtype, buf, 5 - first, INFINITY);
     if (c->inject && rank == 1 % nranks && first <= 300 && 300 < first + count)
       perf_elem_set(c->dtype, buf, 300 - first, NAN);
+    if (c->overflow) cn_overflow_fill(c, rank, buf, first, count);
     return;
   }
   for (size_t i = 0; i < count; i++) {
@@ -254,11 +317,11 @@ static int cn_check_case(cn_worker* w, cn_batch* b, cn_case* c) {
   int rc = -1;
   uint8_t* expect = malloc(c->recv_bytes + 8);
   uint8_t** in = calloc((size_t)n, sizeof(*in));
+  uint64_t first = c->kind == CN_REDUCESCATTER ? (uint64_t)w->rank * c->count : 0;
   CN_REQUIRE(w, expect != NULL && in != NULL, "out of memory");
   if (c->kind == CN_ALLGATHER) {
     for (int k = 0; k < n; k++) cn_input_fill(c, n, k, expect + (size_t)k * c->count * elt, 0, c->count);
   } else {
-    uint64_t first = c->kind == CN_REDUCESCATTER ? (uint64_t)w->rank * c->count : 0;
     for (int k = 0; k < n; k++) {
       in[k] = malloc(c->recv_bytes + 8);
       CN_REQUIRE(w, in[k] != NULL, "out of memory");
@@ -272,6 +335,11 @@ static int cn_check_case(cn_worker* w, cn_batch* b, cn_case* c) {
                "%s %s: an input +Inf came out as %g and an input NaN as %g",
                perf_dtype_name(c->dtype), c->quantized ? "quantized" : "exact", inf, nan);
   }
+  if (c->overflow) {
+    char olabel[192];
+    cn_case_label(c, olabel, sizeof olabel);
+    if (cn_check_overflow(w, c, in, first, out_n, olabel) != 0) goto fail;
+  }
   if (!c->quantized) {
     rc = cn_check_exact(w, c, expect);
     goto out;
@@ -280,6 +348,7 @@ static int cn_check_case(cn_worker* w, cn_batch* b, cn_case* c) {
   double* col = malloc(sizeof(double) * (size_t)n);
   CN_REQUIRE(w, col != NULL, "out of memory");
   for (size_t i = 0; i < out_n; i++) {
+    if (cn_overflow_elem(c, first + i)) continue; /* checked above */
     for (int k = 0; k < n; k++) col[k] = perf_elem_get(c->dtype, in[k], i);
     perf_err_add(&e, perf_elem_get(c->dtype, c->recv, i), perf_reduce_f64(c->op, col, n));
   }

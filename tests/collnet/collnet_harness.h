@@ -123,6 +123,8 @@ typedef struct {
   size_t window;  /* bytes per call; 0 = one call */
   uint64_t seed;  /* inputs: a function of (seed, rank, index) */
   bool inject;    /* rank 0's element 5 is +Inf, rank 1's element 300 NaN (float types) */
+  bool overflow;  /* fp16/bf16 Sum: every third run of 1024 elements sums beyond the type's
+                     range in about half its elements (collnet_cases.c, cn_overflow_*) */
   /* filled by cn_batch_run */
   size_t send_bytes, recv_bytes;
   uint8_t* send;

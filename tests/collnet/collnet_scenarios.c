@@ -10,6 +10,7 @@
  *            exact, within the bound where it is quantized
  *  quant     quantized reductions: the error bound, identical bits on every rank, windows,
  *            non-finite values carried through
+ *  overflow  fp16/bf16 sums beyond the type's range: +-Inf on every rank, both paths
  *  inflight  8 calls outstanding, tested newest first: completion may not depend on test()
  *            being called for older calls
  *  kill      (collnet_scen_kill.c) one rank SIGKILLed mid-collective
@@ -266,6 +267,32 @@ fail:
   return -1;
 }
 
+/* ---- overflow ---- */
+
+/* fp16 and bf16 sums beyond the type's range are +-Inf on every rank, identical bits, on
+ * the quantized path (AGOQ_FORMAT int8 etc.) and the exact one (AGOQ_FORMAT=none), for
+ * allreduce (one call and windows of 1 MiB) and reducescatter; the rest within the bound. */
+static int cn_sc_overflow(cn_worker* w) {
+  cn_batch b = {.inflight = CN_MAX_INFLIGHT};
+  if (cn_group_up(w) != 0) return -1;
+  b.max_rel_l2 = cn_quant_bound(w->format);
+  static const ncclDataType_t types[] = {ncclFloat16, ncclBfloat16};
+  bool gs = agoq_collnet_view_has_gather_scatter(&w->view);
+  uint64_t seed = 0x5000;
+  int rc = 0;
+  for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+    rc |= cn_batch_add(w, &b, CN_ALLREDUCE, types[t], ncclSum, 1024 * 300 + 77, 0, seed++);
+    rc |= cn_batch_add(w, &b, CN_ALLREDUCE, types[t], ncclSum, 1024 * 1200, 1u << 20, seed++);
+    if (gs) rc |= cn_batch_add(w, &b, CN_REDUCESCATTER, types[t], ncclSum, 1024 * 100, 0, seed++);
+  }
+  if (rc == 0) {
+    for (int i = 0; i < b.ncases; i++) b.cases[i].overflow = true;
+    cn_batch_run(w, &b);
+  }
+  cn_batch_free(w, &b);
+  return w->failed ? -1 : 0;
+}
+
 /* ---- inflight ---- */
 
 static int cn_sc_inflight(cn_worker* w) {
@@ -301,6 +328,8 @@ const cn_scenario cn_scenarios[] = {
     {"exact", "every declared (type, op), edge sizes, windows: exact bit for bit", cn_sc_exact,
      0},
     {"quant", "quantized reductions: bound, identical bits, windows, Inf/NaN", cn_sc_quant, 0},
+    {"overflow", "fp16/bf16 sums beyond the type's range are +-Inf on every rank",
+     cn_sc_overflow, 0},
     {"inflight", "8 calls outstanding, tested newest first", cn_sc_inflight, 0},
     {"kill", "a rank SIGKILLed mid-collective: the others fail within 10 s", cn_sc_kill,
      CN_SC_VICTIM},

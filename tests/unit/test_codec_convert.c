@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "agoq_codec.h"
 #include "agoq_fpconv.h"
 #include "codec_test_ref.h"
 
@@ -267,6 +268,42 @@ static void test_fp32_sat(void** state) {
   assert_true(agoq_fp32_sat(1.5f) == 1.5f);
 }
 
+/* Overflow is Inf: a value becomes +-Inf exactly when its RNE conversion to the output type
+ * is +-Inf (the reference narrowing decides), keeps its bits otherwise; fp32 is unchanged. */
+static void test_overflow_to_inf(void** state) {
+  (void)state;
+  const ref_format* fmts[2] = {&ref_bf16, &ref_fp16};
+  const agoq_dtype types[2] = {AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
+  const uint32_t lows[] = {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x7fffu, 0x8000u, 0x8001u, 0xefffu, 0xf000u, 0xffffu};
+  enum { NLOW = sizeof lows / sizeof lows[0] };
+  static float x[65536 * NLOW], y[65536 * NLOW];
+  for (uint32_t hi = 0; hi < 65536; hi++)
+    for (size_t k = 0; k < NLOW; k++) x[hi * NLOW + k] = float_of(hi << 16 | lows[k]);
+  for (int t = 0; t < 2; t++) {
+    memcpy(y, x, sizeof x);
+    agoq_codec_overflow_to_inf(types[t], y, 65536 * NLOW);
+    for (size_t i = 0; i < 65536 * NLOW; i++) {
+      uint16_t code = ref_narrow16(fmts[t], x[i], false);
+      bool to_inf = !isnan(x[i]) && (code & 0x7fffu) == (t == 0 ? 0x7f80u : 0x7c00u);
+      uint32_t want = to_inf ? (bits_of(x[i]) & 0x80000000u) | 0x7f800000u : bits_of(x[i]);
+      if (bits_of(y[i]) != want) {
+        fprintf(stderr, "%s overflow_to_inf(0x%08x): got 0x%08x want 0x%08x\n", t ? "fp16" : "bf16",
+                bits_of(x[i]), bits_of(y[i]), want);
+        fail();
+      }
+    }
+  }
+  /* The boundaries themselves: the midpoint ties to the even neighbour, which is Inf. */
+  float e[] = {65504.0f, 65519.996f, 65520.0f, -65520.0f, 0x1.fep127f, 0x1.fefffep127f, 0x1.ffp127f, FLT_MAX};
+  agoq_codec_overflow_to_inf(AGOQ_DTYPE_FP16, e, 4);
+  agoq_codec_overflow_to_inf(AGOQ_DTYPE_BF16, e + 4, 4);
+  assert_true(e[0] == 65504.0f && e[1] == 65519.996f && e[2] == INFINITY && e[3] == -INFINITY);
+  assert_true(e[4] == 0x1.fep127f && e[5] == 0x1.fefffep127f && e[6] == INFINITY && e[7] == INFINITY);
+  memcpy(y, x, sizeof x);
+  agoq_codec_overflow_to_inf(AGOQ_DTYPE_FP32, y, 65536 * NLOW);
+  assert_memory_equal(x, y, sizeof x);
+}
+
 /* ---- integer rounding and Philox ------------------------------------------------------------ */
 
 static int32_t ref_rne_clamp(double v, double m) {
@@ -336,7 +373,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_decode_all_codes), cmocka_unit_test(test_fp8_encode_edges),
       cmocka_unit_test(test_fp32_narrow_halfway), cmocka_unit_test(test_fp32_narrow_sample),
       cmocka_unit_test(test_fp32_sat),            cmocka_unit_test(test_integer_rounding),
-      cmocka_unit_test(test_philox_known_answers),
+      cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_overflow_to_inf),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

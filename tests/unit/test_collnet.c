@@ -412,6 +412,7 @@ static void ref_quant_slice(int t, agoq_format fmt, uint32_t block, uint8_t* con
   }
   if (requantize) {
     size_t len;
+    agoq_codec_overflow_to_inf(codec_type(t), acc, m); /* overflow is Inf, as NCCL gives */
     assert_int_equal(agoq_frame_encode(&p32, acc, m, false, frame, cap, &len), AGOQ_CODEC_OK);
     assert_int_equal(agoq_frame_decode(frame, len, codec_type(t), out, m), AGOQ_CODEC_OK);
   } else {
@@ -715,6 +716,82 @@ static void test_quantized_non_finite(void** state) {
   assert_true(isinf(((float*)b.recv[0])[500]));
   bufs_free(&b, 2);
   group_close(&g);
+}
+
+/* Overflow is Inf, as NCCL gives (fp16 loss scaling skips a step on it): an element whose
+ * fp32 sum rounds to +-Inf in the output type must be +-Inf on every rank, on the quantized
+ * path (where the decoder saturates finite blocks) as on the exact one. In every third block
+ * the ranks contribute +-c (fp16: 30000 each, sums of +-3 c = +-90000 overflow; bf16: the
+ * largest bf16 and 1.5 * 2^119, whose sum is finite in fp32 but beyond bf16's range); the
+ * other blocks hold N(0,1) and must stay within the error bound. */
+static void overflow_inputs(int t, uint8_t* const* send, int n, size_t count, uint64_t seed) {
+  for (int r = 0; r < n; r++) {
+    gen_normal(t, send[r], count, seed * 31 + (uint64_t)r);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)r + 1;
+    for (size_t i = 0; i < count; i++) {
+      if ((i / 128) % 3 != 1) continue;
+      bool neg = rng_next(&s) & 1;
+      uint16_t mag = t == ncclFloat16 ? 0x7753 /* 30000 */
+                     : r == 0         ? 0x7f7f /* bf16 max */
+                     : r == 1         ? 0x7b40 /* 1.5 * 2^119 */
+                                      : 0;
+      ((uint16_t*)send[r])[i] = (uint16_t)(mag | (neg && mag ? 0x8000u : 0u));
+    }
+  }
+}
+
+static void check_overflow(int t, uint8_t* const* send, int n, size_t count, const uint8_t* out, const char* path) {
+  double max = t == ncclFloat16 ? 65504.0 : 0x1.fep127;
+  double inf_from = t == ncclFloat16 ? 65520.0 : 0x1.ffp127;
+  size_t infs = 0, finite_big = 0;
+  for (size_t i = 0; i < count; i++) {
+    double sum = 0;
+    for (int r = 0; r < n; r++) sum += (double)widen(t, send[r] + 2 * i);
+    uint16_t o = ((const uint16_t*)out)[i];
+    double y = (double)widen(t, &o);
+    if (fabs(sum) >= inf_from * 1.0001) {
+      if (!(isinf(y) && signbit(y) == signbit(sum)))
+        fail_msg("%s %s allreduce, %d ranks: element %zu sums to %g (beyond the type's range) but came out %g",
+                 path, t == ncclFloat16 ? "fp16" : "bf16", n, i, sum, y);
+      infs++;
+    } else {
+      if (!isfinite(y))
+        fail_msg("%s %s allreduce, %d ranks: element %zu sums to %g (within range) but came out %g", path,
+                 t == ncclFloat16 ? "fp16" : "bf16", n, i, sum, y);
+      if (fabs(sum) > max / 4) finite_big++;
+    }
+  }
+  assert_true(infs > 0);
+  assert_true(finite_big > 0);
+}
+
+static void test_overflow_is_inf(void** state) {
+  (void)state;
+  const int types[] = {ncclFloat16, ncclBfloat16};
+  const char* formats[] = {"int8", "none"};
+  for (int f = 0; f < 2; f++) {
+    env_set(formats[f], "0", "64K");
+    group g;
+    group_open(&g, 3);
+    for (int ti = 0; ti < 2; ti++) {
+      int t = types[ti];
+      size_t count = 128 * 300 + 77, bytes = count * 2;
+      bufs b;
+      bufs_alloc(&b, 3, bytes);
+      overflow_inputs(t, b.send, 3, count, (uint64_t)(90 + ti));
+      allreduce_all(&g, &b, count, t, ncclSum);
+      check_identical(&g, &b, bytes);
+      check_overflow(t, b.send, 3, count, b.recv[0], formats[f]);
+      if (f == 0) {
+        ref_quant_allreduce(t, AGOQ_FORMAT_INT8, 128, 64 << 10, b.send, 3, count, b.ref);
+      } else {
+        ref_exact(t, ncclSum, b.send, 3, count, b.ref);
+      }
+      assert_memory_equal(b.recv[0], b.ref, bytes);
+      bufs_free(&b, 3);
+    }
+    group_close(&g);
+  }
 }
 
 /* 8 requests in flight on one group, mixed paths and types, then completed together. */
@@ -1095,6 +1172,7 @@ int main(void) {
       cmocka_unit_test(test_quantized_error_figures),
       cmocka_unit_test(test_quantized_formats),
       cmocka_unit_test(test_quantized_non_finite),
+      cmocka_unit_test(test_overflow_is_inf),
       cmocka_unit_test(test_requests_in_flight),
       cmocka_unit_test(test_in_place),
       cmocka_unit_test(test_reducescatter),
@@ -1107,5 +1185,8 @@ int main(void) {
       cmocka_unit_test(test_memory_and_flush),
       cmocka_unit_test(test_stats_line),
   };
+  /* CMOCKA_TEST_FILTER=test_overflow_is_inf runs one test (the whole file takes minutes). */
+  const char* filter = getenv("CMOCKA_TEST_FILTER");
+  if (filter != NULL && filter[0] != '\0') cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, setup, teardown);
 }
