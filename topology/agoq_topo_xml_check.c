@@ -16,13 +16,19 @@ typedef enum {
   AGOQ_XE_SUPPORT,
   AGOQ_XE_CPUKIND,
   AGOQ_XE_DISTANCES2,
+  AGOQ_XE_DISTANCES2HETERO,
   AGOQ_XE_INDEXES,
   AGOQ_XE_U64VALUES,
+  AGOQ_XE_MEMATTR,
+  AGOQ_XE_MEMATTR_VALUE,
+  AGOQ_XE_USERDATA,
   AGOQ_XE_COUNT
 } agoq_xml_elem;
 
+/* Every element hwloc 2.x's XML writer emits (hwloc/topology-xml.c, hwloc2.dtd). */
 static const char* const agoq_xml_elem_names[AGOQ_XE_COUNT] = {
-    "topology", "object", "info", "page_type", "support", "cpukind", "distances2", "indexes", "u64values"};
+    "topology",  "object",    "info",    "page_type",     "support",  "cpukind",    "distances2",
+    "distances2hetero", "indexes", "u64values", "memattr", "memattr_value", "userdata"};
 
 typedef enum {
   AGOQ_XV_TEXT,    /* printable text */
@@ -37,7 +43,8 @@ typedef enum {
   AGOQ_XV_BRTYPE,  /* 0-1 or 1-1 */
   AGOQ_XV_BRPCI,   /* DDDD:[BB-BB] */
   AGOQ_XV_VERSION, /* 2.N */
-  AGOQ_XV_INDEXING /* os or gp */
+  AGOQ_XV_INDEXING, /* os or gp */
+  AGOQ_XV_BASE64    /* the only userdata encoding: base64 */
 } agoq_xml_vkind;
 
 typedef struct {
@@ -87,8 +94,25 @@ static const agoq_xml_attr_rule agoq_xml_attr_rules[] = {
     {AGOQ_XE_DISTANCES2, "indexing", AGOQ_XV_INDEXING},
     {AGOQ_XE_DISTANCES2, "kind", AGOQ_XV_UINT32},
     {AGOQ_XE_DISTANCES2, "name", AGOQ_XV_TEXT},
+    {AGOQ_XE_DISTANCES2HETERO, "nbobjs", AGOQ_XV_UINT32},
+    {AGOQ_XE_DISTANCES2HETERO, "kind", AGOQ_XV_UINT32},
+    {AGOQ_XE_DISTANCES2HETERO, "name", AGOQ_XV_TEXT},
+    /* length= counts the characters of the text ("0 1 " is 4), as hwloc checks it. */
     {AGOQ_XE_INDEXES, "length", AGOQ_XV_UINT32},
     {AGOQ_XE_U64VALUES, "length", AGOQ_XV_UINT32},
+    {AGOQ_XE_MEMATTR, "name", AGOQ_XV_TEXT},
+    {AGOQ_XE_MEMATTR, "flags", AGOQ_XV_UINT64},
+    {AGOQ_XE_MEMATTR_VALUE, "target_obj_type", AGOQ_XV_TYPE},
+    {AGOQ_XE_MEMATTR_VALUE, "target_obj_gp_index", AGOQ_XV_UINT64},
+    {AGOQ_XE_MEMATTR_VALUE, "value", AGOQ_XV_UINT64},
+    {AGOQ_XE_MEMATTR_VALUE, "initiator_cpuset", AGOQ_XV_BITMAP},
+    {AGOQ_XE_MEMATTR_VALUE, "initiator_obj_gp_index", AGOQ_XV_UINT64},
+    {AGOQ_XE_MEMATTR_VALUE, "initiator_obj_type", AGOQ_XV_TYPE},
+    {AGOQ_XE_USERDATA, "name", AGOQ_XV_TEXT},
+    /* userdata length= counts the decoded bytes; the text is that many characters, or
+     * 4*ceil(length/3) with encoding="base64" (hwloc's BASE64_ENCODED_LENGTH). */
+    {AGOQ_XE_USERDATA, "length", AGOQ_XV_UINT32},
+    {AGOQ_XE_USERDATA, "encoding", AGOQ_XV_BASE64},
 };
 
 _Static_assert(sizeof agoq_xml_attr_rules / sizeof agoq_xml_attr_rules[0] <= 64, "seen is a 64-bit mask");
@@ -116,9 +140,13 @@ static const agoq_xml_type_rule agoq_xml_types[] = {
 typedef struct {
   agoq_xml_elem elem;
   int type;        /* object: index in agoq_xml_types, else -1 */
-  bool has_object; /* topology: its Machine seen */
-  /* distances2 */
+  bool has_object; /* topology: its Machine seen; object: a child object seen */
+  /* distances2, distances2hetero: objects, and the indexes and values seen so far */
   uint64_t nbobjs, nindexes, nvalues;
+  /* indexes, u64values, userdata: the exact number of characters of text (hwloc compares
+   * length= with the text's length, and reads nothing beyond it) */
+  uint64_t text_len;
+  bool base64; /* userdata with encoding="base64" */
 } agoq_xml_frame;
 
 typedef struct {
@@ -224,20 +252,32 @@ static bool agoq_xml_uint(const char* v, uint64_t max) {
   return true;
 }
 
+/* hwloc_bitmap_snprintf's output: 32-bit words "0x%08lx" from the most significant down,
+ * comma-separated; a zero word that is neither the first nor the last is written as
+ * nothing ("0x00000001,,0x0" is bit 64: ulongs {0, 1}); a bitmap that is infinite
+ * starts with "0xf...f" (alone for a full one, then "," and the words below its
+ * all-ones prefix, where a zero word may be empty too). The first word of a finite
+ * bitmap and the last word are never empty. */
 static bool agoq_xml_bitmap(const char* v) {
   size_t i = 0;
-  /* Optional infinite prefix: 0xf...f, */
+  bool empty_ok = false; /* may the next word be empty? */
   if (strncmp(v, "0xf...f", 7) == 0) {
     i = 7;
     if (v[i] == '\0') return true;
     if (v[i++] != ',') return false;
+    empty_ok = true;
   }
   for (;;) {
+    if (v[i] == ',' && empty_ok) {
+      i++;
+      continue;
+    }
     if (v[i] != '0' || v[i + 1] != 'x') return false;
     i += 2;
     if (!agoq_xml_digits(v, &i, 1, 8, true)) return false;
     if (v[i] == '\0') return true;
     if (v[i++] != ',') return false;
+    empty_ok = true;
   }
 }
 
@@ -288,19 +328,23 @@ static bool agoq_xml_value_ok(agoq_xml_vkind k, const char* v, int* type_index) 
     case AGOQ_XV_VERSION:
       return v[0] == '2' && v[1] == '.' && agoq_xml_digits(v, (i = 2, &i), 1, 3, false) && v[i] == '\0';
     case AGOQ_XV_INDEXING: return strcmp(v, "os") == 0 || strcmp(v, "gp") == 0;
+    case AGOQ_XV_BASE64: return strcmp(v, "base64") == 0;
   }
   return false;
 }
 
-/* An attribute value in quotes: printable ASCII, '&' only in the five predefined entities,
- * no '<'. Unescaped into out (at most AGOQ_TOPO_XML_MAX_VALUE characters). */
+/* An attribute value in quotes: printable ASCII (all hwloc writes), '&' only in the five
+ * predefined entities or &#10; &#13; &#9;, no '<'. Unescaped into out (at most AGOQ_TOPO_XML_MAX_VALUE characters). */
 static int agoq_xml_attr_value(agoq_xml_state* s, char* out) {
   if (s->p >= s->end || (*s->p != '"' && *s->p != '\'')) return agoq_xml_fail(s, "expected a quoted value");
   char q = *s->p;
   agoq_xml_adv(s, 1);
   size_t n = 0;
-  static const char* const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
-  static const char entc[] = {'&', '<', '>', '"', '\''};
+  /* The five predefined entities, and the character references hwloc writes for the
+   * newline, carriage return and tab it lets through in names and values. */
+  static const char* const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&#10;", "&#13;", "&#9;"};
+  static const char entc[] = {'&', '<', '>', '"', '\'', '\n', '\r', '\t'};
+  const size_t nents = sizeof ents / sizeof ents[0];
   while (s->p < s->end && *s->p != q) {
     if (n >= AGOQ_TOPO_XML_MAX_VALUE) return agoq_xml_fail(s, "attribute value longer than %d characters", AGOQ_TOPO_XML_MAX_VALUE);
     unsigned char c = (unsigned char)*s->p;
@@ -308,8 +352,8 @@ static int agoq_xml_attr_value(agoq_xml_state* s, char* out) {
     if (c < 0x20 || c > 0x7e) return agoq_xml_fail(s, "byte 0x%02x in an attribute value (printable ASCII only)", c);
     if (c == '&') {
       size_t e = 0;
-      while (e < 5 && !agoq_xml_at(s, ents[e])) e++;
-      if (e == 5) return agoq_xml_fail(s, "unknown entity in an attribute value");
+      while (e < nents && !agoq_xml_at(s, ents[e])) e++;
+      if (e == nents) return agoq_xml_fail(s, "unknown entity in an attribute value");
       out[n++] = entc[e];
       agoq_xml_adv(s, strlen(ents[e]));
       continue;
@@ -329,13 +373,15 @@ static bool agoq_xml_child_ok(const agoq_xml_frame* parent, agoq_xml_elem e) {
   if (parent == NULL) return e == AGOQ_XE_TOPOLOGY;
   switch (parent->elem) {
     case AGOQ_XE_TOPOLOGY:
-      return e == AGOQ_XE_OBJECT || e == AGOQ_XE_INFO || e == AGOQ_XE_SUPPORT || e == AGOQ_XE_CPUKIND ||
-             e == AGOQ_XE_DISTANCES2;
+      /* no <info>: hwloc 2.x writes none there (3.x does), and hwloc 2.9 stops reading at one */
+      return e == AGOQ_XE_OBJECT || e == AGOQ_XE_SUPPORT || e == AGOQ_XE_CPUKIND || e == AGOQ_XE_DISTANCES2 || e == AGOQ_XE_DISTANCES2HETERO || e == AGOQ_XE_MEMATTR;
     case AGOQ_XE_OBJECT:
-      return e == AGOQ_XE_OBJECT || e == AGOQ_XE_INFO ||
+      return e == AGOQ_XE_OBJECT || e == AGOQ_XE_INFO || e == AGOQ_XE_USERDATA ||
              (e == AGOQ_XE_PAGE_TYPE && strcmp(agoq_xml_types[parent->type].name, "NUMANode") == 0);
     case AGOQ_XE_CPUKIND: return e == AGOQ_XE_INFO;
-    case AGOQ_XE_DISTANCES2: return e == AGOQ_XE_INDEXES || e == AGOQ_XE_U64VALUES;
+    case AGOQ_XE_MEMATTR: return e == AGOQ_XE_MEMATTR_VALUE || e == AGOQ_XE_INFO;
+    case AGOQ_XE_DISTANCES2:
+    case AGOQ_XE_DISTANCES2HETERO: return e == AGOQ_XE_INDEXES || e == AGOQ_XE_U64VALUES || e == AGOQ_XE_INFO;
     default: return false;
   }
 }
@@ -381,6 +427,16 @@ static int agoq_xml_object_attrs(agoq_xml_state* s, agoq_xml_oclass c, uint64_t 
   return 0;
 }
 
+/* What a document of another hwloc generation gets told (hwloc 2.x reads 1.x XML and
+ * writes 2.x XML, so it converts). */
+#define AGOQ_XML_V1_HINT                                                                                \
+  "this is hwloc 1.x XML; agoq reads hwloc 2.x XML: convert it with hwloc 2.x, "                        \
+  "'lstopo-no-graphics --input OLD.xml --of xml NEW.xml'"
+
+static bool agoq_xml_is_v1_type(const char* v) {
+  return strcmp(v, "Socket") == 0 || strcmp(v, "Cache") == 0 || strcmp(v, "System") == 0;
+}
+
 /* Parses one start tag's attributes for element e into frame f. *selfclose tells <x/>. */
 static int agoq_xml_attrs(agoq_xml_state* s, agoq_xml_frame* f, bool* selfclose) {
   char* value = s->value;
@@ -389,7 +445,7 @@ static int agoq_xml_attrs(agoq_xml_state* s, agoq_xml_frame* f, bool* selfclose)
   int nattrs = 0;
   bool has_type = false, has_osdev = false, has_busid = false, has_pcitype = false, has_brtype = false;
   bool has_name = false, has_value = false, has_nbobjs = false, has_length = false, has_version = false;
-  uint64_t length = 0;
+  uint64_t length = 0, kind = 0;
   f->type = -1;
   for (;;) {
     const char* before = s->p;
@@ -415,12 +471,19 @@ static int agoq_xml_attrs(agoq_xml_state* s, agoq_xml_frame* f, bool* selfclose)
     if (agoq_xml_attr_value(s, value) != 0) return -1;
     size_t r = 0, nr = sizeof agoq_xml_attr_rules / sizeof agoq_xml_attr_rules[0];
     while (r < nr && !(agoq_xml_attr_rules[r].elem == f->elem && strcmp(agoq_xml_attr_rules[r].name, name) == 0)) r++;
+    if (r == nr && f->elem == AGOQ_XE_OBJECT && strcmp(name, "online_cpuset") == 0)
+      return agoq_xml_fail(s, "attribute online_cpuset: " AGOQ_XML_V1_HINT);
     if (r == nr) return agoq_xml_fail(s, "unknown attribute %s on <%s>", name, agoq_xml_elem_names[f->elem]);
     if ((seen >> r) & 1u) return agoq_xml_fail(s, "duplicate attribute %s", name);
     seen |= (uint64_t)1 << r;
     int type_index = -1;
-    if (!agoq_xml_value_ok(agoq_xml_attr_rules[r].kind, value, &type_index))
+    if (!agoq_xml_value_ok(agoq_xml_attr_rules[r].kind, value, &type_index)) {
+      if (agoq_xml_attr_rules[r].kind == AGOQ_XV_TYPE && agoq_xml_is_v1_type(value))
+        return agoq_xml_fail(s, "type=\"%s\": " AGOQ_XML_V1_HINT, value);
+      if (agoq_xml_attr_rules[r].kind == AGOQ_XV_VERSION)
+        return agoq_xml_fail(s, "hwloc XML version \"%.16s\": agoq reads version 2.x (what hwloc 2.x writes)", value);
       return agoq_xml_fail(s, "invalid value for %s on <%s>", name, agoq_xml_elem_names[f->elem]);
+    }
     if (f->elem == AGOQ_XE_OBJECT && strcmp(name, "type") == 0) f->type = type_index, has_type = true;
     if (strcmp(name, "osdev_type") == 0) has_osdev = true;
     if (strcmp(name, "pci_busid") == 0) has_busid = true;
@@ -429,6 +492,8 @@ static int agoq_xml_attrs(agoq_xml_state* s, agoq_xml_frame* f, bool* selfclose)
     if (strcmp(name, "name") == 0) has_name = true;
     if (strcmp(name, "value") == 0) has_value = true;
     if (strcmp(name, "version") == 0) has_version = true;
+    if (strcmp(name, "encoding") == 0) f->base64 = true;
+    /* The values below passed agoq_xml_uint: decimal and in range. */
     if (strcmp(name, "nbobjs") == 0) {
       has_nbobjs = true;
       uint64_t n = 0;
@@ -440,10 +505,13 @@ static int agoq_xml_attrs(agoq_xml_state* s, agoq_xml_frame* f, bool* selfclose)
       has_length = true;
       for (const char* c = value; *c; c++) length = length * 10 + (uint64_t)(*c - '0');
     }
+    if (strcmp(name, "kind") == 0)
+      for (const char* c = value; *c; c++) kind = kind * 10 + (uint64_t)(*c - '0');
   }
+  const char* ename = agoq_xml_elem_names[f->elem];
   switch (f->elem) {
     case AGOQ_XE_TOPOLOGY:
-      if (!has_version) return agoq_xml_fail(s, "<topology> without version");
+      if (!has_version) return agoq_xml_fail(s, "<topology> without version=\"2.0\": " AGOQ_XML_V1_HINT);
       break;
     case AGOQ_XE_OBJECT: {
       if (!has_type) return agoq_xml_fail(s, "object without a type");
@@ -461,44 +529,108 @@ static int agoq_xml_attrs(agoq_xml_state* s, agoq_xml_frame* f, bool* selfclose)
     }
     case AGOQ_XE_INFO:
     case AGOQ_XE_SUPPORT:
-      if (!has_name) return agoq_xml_fail(s, "<%s> without a name", agoq_xml_elem_names[f->elem]);
+      if (!has_name) return agoq_xml_fail(s, "<%s> without a name", ename);
       if (f->elem == AGOQ_XE_INFO && !has_value) return agoq_xml_fail(s, "<info> without a value");
       break;
     case AGOQ_XE_CPUKIND:
       if (!agoq_xml_seen(seen, AGOQ_XE_CPUKIND, "cpuset")) return agoq_xml_fail(s, "<cpukind> without a cpuset");
       break;
     case AGOQ_XE_DISTANCES2:
-      if (!has_nbobjs) return agoq_xml_fail(s, "<distances2> without nbobjs");
-      if (*selfclose) return agoq_xml_fail(s, "<distances2> without indexes and values");
+    case AGOQ_XE_DISTANCES2HETERO:
+      if (!has_nbobjs) return agoq_xml_fail(s, "<%s> without nbobjs", ename);
+      if (!agoq_xml_seen(seen, f->elem, "kind") || kind == 0) return agoq_xml_fail(s, "<%s> without a kind", ename);
+      if (f->elem == AGOQ_XE_DISTANCES2 &&
+          (!agoq_xml_seen(seen, f->elem, "type") || !agoq_xml_seen(seen, f->elem, "indexing")))
+        return agoq_xml_fail(s, "<distances2> without type and indexing");
+      if (*selfclose) return agoq_xml_fail(s, "<%s> without indexes and values", ename);
       break;
     case AGOQ_XE_INDEXES:
     case AGOQ_XE_U64VALUES:
-      if (!has_length || length == 0) return agoq_xml_fail(s, "<%s> without a length", agoq_xml_elem_names[f->elem]);
-      f->nbobjs = length;
+      if (!has_length || length == 0) return agoq_xml_fail(s, "<%s> without a length", ename);
+      if (*selfclose) return agoq_xml_fail(s, "empty <%s>", ename);
+      f->text_len = length;
+      break;
+    case AGOQ_XE_MEMATTR:
+      if (!has_name || !agoq_xml_seen(seen, f->elem, "flags")) return agoq_xml_fail(s, "<memattr> without name and flags");
+      break;
+    case AGOQ_XE_MEMATTR_VALUE:
+      if (!has_value || !agoq_xml_seen(seen, f->elem, "target_obj_type") ||
+          !agoq_xml_seen(seen, f->elem, "target_obj_gp_index"))
+        return agoq_xml_fail(s, "<memattr_value> without target_obj_type, target_obj_gp_index and value");
+      if (agoq_xml_seen(seen, f->elem, "initiator_obj_gp_index") != agoq_xml_seen(seen, f->elem, "initiator_obj_type"))
+        return agoq_xml_fail(s, "<memattr_value> with only one of initiator_obj_gp_index and initiator_obj_type");
+      break;
+    case AGOQ_XE_USERDATA:
+      f->text_len = f->base64 ? 4 * ((length + 2) / 3) : length;
+      if (*selfclose && f->text_len != 0) return agoq_xml_fail(s, "empty <userdata> of length %llu", (unsigned long long)length);
       break;
     default: break;
   }
   return 0;
 }
 
-/* Text of <indexes>/<u64values>: whitespace-separated decimal numbers, exactly `want`. */
-static int agoq_xml_numbers(agoq_xml_state* s, uint64_t want) {
-  uint64_t n = 0;
-  for (;;) {
-    agoq_xml_skip_ws(s);
-    if (s->p >= s->end || *s->p == '<') break;
-    char num[24];
-    size_t k = 0;
-    while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
-      if (k >= 20) return agoq_xml_fail(s, "number too long");
-      num[k++] = *s->p;
-      agoq_xml_adv(s, 1);
-    }
-    num[k] = '\0';
-    if (k == 0 || !agoq_xml_uint(num, UINT64_MAX)) return agoq_xml_fail(s, "expected a decimal number");
-    if (++n > want) return agoq_xml_fail(s, "more numbers than length=%llu", (unsigned long long)want);
+static bool agoq_xml_b64_char(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '/' || c == '=';
+}
+
+/* One token of <indexes>/<u64values>: a decimal number, or TYPE:GP_INDEX in the indexes of
+ * a <distances2hetero>. */
+static bool agoq_xml_token_ok(const char* tok, bool typed) {
+  if (typed) {
+    const char* colon = strchr(tok, ':');
+    if (colon == NULL || colon - tok > 20) return false;
+    char type[24];
+    memcpy(type, tok, (size_t)(colon - tok));
+    type[colon - tok] = '\0';
+    int ignored;
+    if (!agoq_xml_value_ok(AGOQ_XV_TYPE, type, &ignored)) return false;
+    tok = colon + 1;
   }
-  if (n != want) return agoq_xml_fail(s, "%llu numbers, length says %llu", (unsigned long long)n, (unsigned long long)want);
+  return agoq_xml_uint(tok, UINT64_MAX);
+}
+
+/* The text of <indexes>, <u64values> or <userdata> (f, child of parent): exactly
+ * f->text_len characters up to the next '<'. Numbers are what hwloc writes ("%llu " each,
+ * so single spaces and one trailing space); they count toward the parent's matrix. */
+static int agoq_xml_text(agoq_xml_state* s, agoq_xml_frame* f, agoq_xml_frame* parent) {
+  const char* start = s->p;
+  const char* lt = memchr(s->p, '<', (size_t)(s->end - s->p));
+  if (lt == NULL) return agoq_xml_fail(s, "document ends inside <%s>", agoq_xml_elem_names[f->elem]);
+  size_t n = (size_t)(lt - start);
+  if (n != f->text_len)
+    return agoq_xml_fail(s, "<%s> holds %zu characters but length=\"%llu\" (%s)", agoq_xml_elem_names[f->elem], n,
+                         (unsigned long long)f->text_len,
+                         f->elem == AGOQ_XE_USERDATA ? "the data's bytes" : "hwloc's length= counts characters");
+  if (f->elem == AGOQ_XE_USERDATA) {
+    for (const char* c = start; c < lt; c++) {
+      unsigned char u = (unsigned char)*c;
+      if (f->base64 ? !agoq_xml_b64_char((char)u) : ((u < 0x20 && !agoq_xml_is_ws((char)u)) || u > 0x7e))
+        return agoq_xml_fail(s, "byte 0x%02x in <userdata>%s", u, f->base64 ? " (base64 expected)" : "");
+    }
+    agoq_xml_adv(s, n);
+    return 0;
+  }
+  bool typed = f->elem == AGOQ_XE_INDEXES && parent->elem == AGOQ_XE_DISTANCES2HETERO;
+  uint64_t* count = f->elem == AGOQ_XE_INDEXES ? &parent->nindexes : &parent->nvalues;
+  uint64_t max = f->elem == AGOQ_XE_INDEXES ? parent->nbobjs : parent->nbobjs * parent->nbobjs;
+  const char* c = start;
+  while (c < lt) {
+    char tok[48];
+    size_t k = 0;
+    while (c < lt && *c != ' ') {
+      if (k + 1 >= sizeof tok) return agoq_xml_fail(s, "number too long in <%s>", agoq_xml_elem_names[f->elem]);
+      tok[k++] = *c++;
+    }
+    tok[k] = '\0';
+    if (k == 0 || !agoq_xml_token_ok(tok, typed))
+      return agoq_xml_fail(s, "<%s> wants %s separated by single spaces", agoq_xml_elem_names[f->elem],
+                           typed ? "TYPE:INDEX pairs" : "decimal numbers");
+    if (++*count > max)
+      return agoq_xml_fail(s, "more than %llu %s in <%s>", (unsigned long long)max,
+                           f->elem == AGOQ_XE_INDEXES ? "indexes" : "values", agoq_xml_elem_names[parent->elem]);
+    if (c < lt) c++; /* the space after it */
+  }
+  agoq_xml_adv(s, n);
   return 0;
 }
 
@@ -518,6 +650,8 @@ static int agoq_xml_document(agoq_xml_state* s) {
   }
   if (agoq_xml_misc(s) != 0) return -1;
   if (agoq_xml_at(s, "<!DOCTYPE")) {
+    /* hwloc2.dtd from hwloc 2.x; hwloc.dtd from 1.x, whose <topology> has no version
+     * and is refused with a conversion hint below. */
     static const char* const doctypes[] = {"<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">",
                                            "<!DOCTYPE topology SYSTEM \"hwloc.dtd\">"};
     size_t d = 0;
@@ -532,8 +666,9 @@ static int agoq_xml_document(agoq_xml_state* s) {
   bool root_done = false;
   while (!root_done) {
     agoq_xml_frame* top = s->depth > 0 ? &s->stack[s->depth - 1] : NULL;
-    if (top != NULL && (top->elem == AGOQ_XE_INDEXES || top->elem == AGOQ_XE_U64VALUES)) {
-      if (agoq_xml_numbers(s, top->nbobjs) != 0) return -1;
+    if (top != NULL && (top->elem == AGOQ_XE_INDEXES || top->elem == AGOQ_XE_U64VALUES || top->elem == AGOQ_XE_USERDATA)) {
+      /* a text element sits below its parent: depth >= 2 */
+      if (agoq_xml_text(s, top, &s->stack[s->depth - 2]) != 0) return -1;
     } else {
       agoq_xml_skip_ws(s);
     }
@@ -556,11 +691,19 @@ static int agoq_xml_document(agoq_xml_state* s) {
     if (agoq_xml_name(s, name) != 0) return -1;
     agoq_xml_elem e = 0;
     while (e < AGOQ_XE_COUNT && strcmp(name, agoq_xml_elem_names[e]) != 0) e++;
+    if (e == AGOQ_XE_COUNT && (strcmp(name, "distances") == 0 || strcmp(name, "latency") == 0))
+      return agoq_xml_fail(s, "element <%s>: " AGOQ_XML_V1_HINT, name);
     if (e == AGOQ_XE_COUNT) return agoq_xml_fail(s, "unknown element <%s>", name);
     if (!agoq_xml_child_ok(top, e))
       return agoq_xml_fail(s, "<%s> is not allowed inside <%s>", name, top ? agoq_xml_elem_names[top->elem] : "(document)");
     if (s->depth >= AGOQ_TOPO_XML_MAX_DEPTH) return agoq_xml_fail(s, "nesting deeper than %d", AGOQ_TOPO_XML_MAX_DEPTH);
     if (++s->elements > AGOQ_TOPO_XML_MAX_ELEMENTS) return agoq_xml_fail(s, "more than %d elements", AGOQ_TOPO_XML_MAX_ELEMENTS);
+    /* hwloc reads an object's page_type, info and userdata before its child objects and
+     * refuses them after; and a <topology> starts with its Machine. */
+    if (top != NULL && top->elem == AGOQ_XE_OBJECT && e != AGOQ_XE_OBJECT && top->has_object)
+      return agoq_xml_fail(s, "<%s> after child objects (hwloc wants it before them)", name);
+    if (top != NULL && top->elem == AGOQ_XE_TOPOLOGY && e != AGOQ_XE_OBJECT && !top->has_object)
+      return agoq_xml_fail(s, "<%s> before the Machine object", name);
     agoq_xml_frame* f = &s->stack[s->depth];
     memset(f, 0, sizeof *f);
     f->elem = e;
@@ -575,22 +718,21 @@ static int agoq_xml_document(agoq_xml_state* s) {
       } else if (!agoq_xml_object_ok(top, c) || strcmp(agoq_xml_types[f->type].name, "Machine") == 0) {
         return agoq_xml_fail(s, "a %s object cannot be a child of a %s object", agoq_xml_types[f->type].name,
                              agoq_xml_types[top->type].name);
+      } else {
+        top->has_object = true;
       }
     }
-    if (e == AGOQ_XE_INDEXES) top->nindexes += f->nbobjs;
-    if (e == AGOQ_XE_U64VALUES) top->nvalues += f->nbobjs;
     s->depth++;
     if (!selfclose) continue;
     top = f;
   close_element:
     if (top->elem == AGOQ_XE_TOPOLOGY && !top->has_object) return agoq_xml_fail(s, "<topology> without a Machine object");
-    if (top->elem == AGOQ_XE_DISTANCES2 &&
+    if ((top->elem == AGOQ_XE_DISTANCES2 || top->elem == AGOQ_XE_DISTANCES2HETERO) &&
         (top->nindexes != top->nbobjs || top->nvalues != top->nbobjs * top->nbobjs))
-      return agoq_xml_fail(s, "<distances2> of %llu objects needs %llu indexes and %llu values",
-                           (unsigned long long)top->nbobjs, (unsigned long long)top->nbobjs,
-                           (unsigned long long)(top->nbobjs * top->nbobjs));
-    if ((top->elem == AGOQ_XE_INDEXES || top->elem == AGOQ_XE_U64VALUES) && top->nbobjs > 0 && s->p[-2] == '/')
-      return agoq_xml_fail(s, "empty <%s>", agoq_xml_elem_names[top->elem]);
+      return agoq_xml_fail(s, "<%s> of %llu objects needs %llu indexes and %llu values, has %llu and %llu",
+                           agoq_xml_elem_names[top->elem], (unsigned long long)top->nbobjs,
+                           (unsigned long long)top->nbobjs, (unsigned long long)(top->nbobjs * top->nbobjs),
+                           (unsigned long long)top->nindexes, (unsigned long long)top->nvalues);
     s->depth--;
     if (s->depth == 0) root_done = true;
   }
