@@ -115,9 +115,7 @@ static ncclResult_t agoq_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kin
   AGOQ_CHECK(agoq_net_isend(g->send[kind == AGOQ_CQ_P1S ? 0 : 1][j], (void*)data, size, g->rank, NULL, NULL, reqp));
   *posted = *reqp != NULL;
   if (*posted) {
-    agoq_coll_path_stats* st = agoq_coll_req_stats(g, s->req);
-    st->wire_raw += raw;
-    st->wire_sent += size;
+    agoq_stats_wire(g->st, s->req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, raw, size);
     agoq_cq_push(agoq_cq(g, j, kind), g, s);
   }
   return ncclSuccess;
@@ -193,9 +191,9 @@ static void agoq_engine_take(agoq_coll_comm* g, agoq_coll_req* list) {
     agoq_coll_req* r = list;
     list = r->next;
     r->next = NULL;
-    agoq_coll_path_stats* st = agoq_coll_req_stats(g, r);
-    st->calls++;
-    st->bytes_in += r->kind == AGOQ_COLL_ALLREDUCE ? r->result_bytes : r->count * r->esz;
+    agoq_stats_count(g->st, r->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT,
+                     r->kind == AGOQ_COLL_ALLREDUCE ? r->result_bytes : r->count * r->esz);
+    if (!r->quantized) agoq_stats_exact(g->st, (agoq_exact_reason)r->exact_reason);
     if (r->kind == AGOQ_COLL_REDUCESCATTER && r->nparts > 1) {
       size_t off = 0;
       for (int i = 0; i < r->nparts; i++) {
@@ -305,7 +303,7 @@ static ncclResult_t agoq_slot_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   }
   int64_t t0 = agoq_coll_now_ns();
   ncclResult_t res = r->quantized ? agoq_coll_quant_reduce(g, s) : agoq_coll_exact_reduce(g, s);
-  agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   return res;
 }
 
@@ -414,7 +412,7 @@ static void* agoq_coll_engine_main(void* arg) {
       continue;
     }
     if (progressed) {
-      if (idle > 0) g->stats[idle_path].wait_ns += (uint64_t)(agoq_coll_now_ns() - idle_since);
+      if (idle > 0) agoq_stats_add(&g->st->path[idle_path].wire_ns, (uint64_t)(agoq_coll_now_ns() - idle_since));
       idle = 0;
       continue;
     }

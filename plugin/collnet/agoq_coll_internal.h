@@ -13,6 +13,7 @@
 
 #include "agoq_codec.h"
 #include "collnet/agoq_collnet.h"
+#include "core/agoq_stats.h"
 
 #define AGOQ_COLL_CTX_MAGIC 0x58434341u    /* "ACCX" */
 #define AGOQ_COLL_LISTEN_MAGIC 0x4c434341u /* "ACCL" */
@@ -55,15 +56,9 @@ typedef struct {
 typedef enum { AGOQ_COLL_ALLREDUCE = 0, AGOQ_COLL_REDUCESCATTER, AGOQ_COLL_ALLGATHER } agoq_coll_kind;
 typedef enum { AGOQ_COLL_REQ_PENDING = 0, AGOQ_COLL_REQ_DONE, AGOQ_COLL_REQ_FAILED } agoq_coll_req_state;
 
-/* Per-path statistics (index 0 exact, 1 quantized); engine-private until the engine stops. */
-typedef struct {
-  uint64_t calls;
-  uint64_t bytes_in;  /* payload bytes the calls covered */
-  uint64_t wire_raw;  /* what the messages would have been in the input type */
-  uint64_t wire_sent; /* what they were */
-  uint64_t codec_ns;  /* quantize, decode, accumulate, exact reductions, conversions */
-  uint64_t wait_ns;   /* engine idle with work outstanding: waiting on the network */
-} agoq_coll_path_stats;
+/* Per-path statistics (AGOQ_STATS_EXACT, AGOQ_STATS_QUANT) in the group's stats entry:
+ * relaxed atomics written by the engine, readable by the interval and exit printers. */
+typedef agoq_stats_path agoq_coll_path_stats;
 
 struct agoq_coll_comm;
 
@@ -73,6 +68,7 @@ typedef struct agoq_coll_req {
   agoq_coll_kind kind;
   int dtype, op;
   bool quantized;
+  uint8_t exact_reason;   /* agoq_exact_reason when not quantized */
   agoq_dtype codec_dtype; /* quantized path only */
   size_t esz;             /* element size; 1 for allgather (bytes) */
   size_t count;           /* elements of the request's element space */
@@ -169,8 +165,7 @@ typedef struct agoq_coll_comm {
   uint64_t next_seq, reduce_seq;
   agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind] */
   const void** reduce_in; /* nranks input pointers of the slice being reduced */
-  agoq_coll_path_stats stats[2];
-  bool stats_printed;
+  agoq_stats_entry* st; /* never NULL once the engine runs (private when AGOQ_STATS=0) */
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
 
@@ -188,7 +183,7 @@ static inline agoq_codec_params agoq_coll_params(const agoq_coll_comm* g, agoq_d
 }
 
 static inline agoq_coll_path_stats* agoq_coll_req_stats(agoq_coll_comm* g, const agoq_coll_req* r) {
-  return &g->stats[r->quantized ? 1 : 0];
+  return &g->st->path[r->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT];
 }
 
 /* ---- agoq_coll_init.c ---- */
@@ -243,7 +238,12 @@ void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, siz
 void agoq_coll_narrow_fp32(agoq_dtype out_type, const float* acc, size_t m, void* dst);
 
 /* ---- agoq_coll_stats.c ---- */
+/* The group's stats entry (before its engine starts); its lines at close / finalize. */
+ncclResult_t agoq_coll_stats_open(agoq_coll_comm* comm);
 void agoq_coll_stats_print(agoq_coll_comm* comm, const char* when);
+/* Once per process: a WARN when AGOQ_MIN_BYTES is above every call NCCL's staged CollNet
+ * path makes, so compression would silently never happen. True when it warned now. */
+bool agoq_coll_min_bytes_check(uint64_t min_bytes);
 
 /* ---- buffers ---- */
 ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size);

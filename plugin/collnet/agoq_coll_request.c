@@ -96,15 +96,23 @@ static ncclResult_t agoq_coll_check_type_op(const char* what, int dtype, int op,
 }
 
 /* The quantized path takes fp32/bf16/fp16 sums from AGOQ_MIN_BYTES up; the decision uses
- * only values every rank has alike (call arguments and group settings). */
-static bool agoq_coll_quantizable(const agoq_coll_comm* g, int dtype, int op, size_t bytes, agoq_dtype* ct) {
-  if (g->cfg.format == AGOQ_FORMAT_NONE || op != ncclSum || bytes < g->cfg.min_bytes) return false;
+ * only values every rank has alike (call arguments and group settings). An exact call
+ * records why (AGOQ_STATS), first reason that applies in this order. */
+static bool agoq_coll_quantizable(const agoq_coll_comm* g, int dtype, int op, size_t bytes, agoq_dtype* ct,
+                                  uint8_t* why) {
+  bool is_float = true;
   switch (dtype) {
-    case ncclFloat32: *ct = AGOQ_DTYPE_FP32; return true;
-    case ncclBfloat16: *ct = AGOQ_DTYPE_BF16; return true;
-    case ncclFloat16: *ct = AGOQ_DTYPE_FP16; return true;
-    default: return false;
+    case ncclFloat32: *ct = AGOQ_DTYPE_FP32; break;
+    case ncclBfloat16: *ct = AGOQ_DTYPE_BF16; break;
+    case ncclFloat16: *ct = AGOQ_DTYPE_FP16; break;
+    default: is_float = false; break;
   }
+  if (g->cfg.format == AGOQ_FORMAT_NONE) *why = AGOQ_EXACT_FORMAT_NONE;
+  else if (!is_float) *why = AGOQ_EXACT_TYPE;
+  else if (op != ncclSum) *why = AGOQ_EXACT_OP;
+  else if (bytes < g->cfg.min_bytes) *why = AGOQ_EXACT_SMALL;
+  else return true;
+  return false;
 }
 
 ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_data, size_t count,
@@ -127,7 +135,7 @@ ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_d
   r->src = send_data;
   r->dst = recv_data;
   r->result_bytes = count * esz;
-  r->quantized = agoq_coll_quantizable(g, data_type, red_op, count * esz, &r->codec_dtype);
+  r->quantized = agoq_coll_quantizable(g, data_type, red_op, count * esz, &r->codec_dtype, &r->exact_reason);
   r->chunk_elems = agoq_coll_chunk_elems(g->cfg.chunk_bytes, esz, r->quantized ? g->cfg.block : 0);
   r->nchunks = (count + r->chunk_elems - 1) / r->chunk_elems;
   agoq_coll_enqueue(g, r);
@@ -198,7 +206,7 @@ ncclResult_t agoq_coll_ireducescatter(void* coll_comm, int n_send_parts, const a
   r->dtype = data_type;
   r->op = red_op;
   r->esz = esz;
-  r->quantized = agoq_coll_quantizable(g, data_type, red_op, window_bytes, &r->codec_dtype);
+  r->quantized = agoq_coll_quantizable(g, data_type, red_op, window_bytes, &r->codec_dtype, &r->exact_reason);
   ncclResult_t res = agoq_coll_window(g, r, "ireducescatter", n_send_parts, send_parts, bytes_per_rank,
                                       window_offset, window_bytes);
   if (res == ncclSuccess) {
@@ -231,6 +239,7 @@ ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_p
   r->dtype = ncclUint8;
   r->op = ncclSum;
   r->esz = 1;
+  r->exact_reason = AGOQ_EXACT_TYPE; /* bytes: no datatype to quantize */
   ncclResult_t res = agoq_coll_window(g, r, "iallgather", n_recv_parts, recv_parts, bytes_per_rank,
                                       window_offset, window_bytes);
   if (res == ncclSuccess && send_data == NULL && agoq_coll_rank_begin(r, g->rank + 1) > r->my_begin) {

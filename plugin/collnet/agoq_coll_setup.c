@@ -131,6 +131,7 @@ static void agoq_coll_comm_free(agoq_coll_comm* g) {
     free(g->send[ph]);
     free(g->recv[ph]);
   }
+  agoq_stats_release(g->st);
   g->magic = 0;
   free(g);
 }
@@ -183,6 +184,7 @@ static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed
       if (g->send[ph][p] == NULL) {
         AGOQ_CHECK(agoq_net_connect(net_ctx, g->dev, s->handles[i], &g->send[ph][p]));
         if (g->send[ph][p] == NULL) continue;
+        agoq_net_stats_detach(g->send[ph][p]); /* counted on the group's CollNet lines */
         *progressed = true;
       }
       if (s->ident_done[i]) continue;
@@ -230,6 +232,7 @@ static ncclResult_t agoq_coll_setup_accept(agoq_coll_setup* s, bool* progressed)
     void* rc = NULL;
     AGOQ_CHECK(agoq_net_accept(s->lc->net_listen, &rc));
     if (rc == NULL) break;
+    agoq_net_stats_detach(rc); /* counted on the group's CollNet lines */
     if (s->nacc == s->acc_cap) {
       (void)agoq_net_close_recv(rc);
       AGOQ_WARN("CollNet group creation: rank %d accepted more connections than the group has", s->g->rank);
@@ -438,6 +441,7 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
   agoq_coll_msg_encode(s.ready, AGOQ_COLL_MSG_READY, 0, rank, nranks);
   int64_t t0 = agoq_coll_now_ns();
   AGOQ_CHECK_GOTO(agoq_coll_setup_run(&s), res, fail);
+  AGOQ_CHECK_GOTO(agoq_coll_stats_open(s.g), res, fail);
   AGOQ_CHECK_GOTO(agoq_coll_engine_start(s.g), res, fail);
   agoq_coll_registry_add(s.g);
   if (s.g->cfg.format == AGOQ_FORMAT_NONE)

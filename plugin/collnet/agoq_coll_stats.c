@@ -1,26 +1,43 @@
-/* AGOQ_STATS=1: one INFO line per group when it is closed (or its context finalized first),
- * with the figures of each path. Read only after the engine stopped (it owns them). */
+/* CollNet statistics: each group's entry in the statistics registry (core/agoq_stats.h),
+ * its lines when it is closed (or its context finalized first), and the init-time check
+ * that AGOQ_MIN_BYTES still lets some call be quantized. */
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 
-static void agoq_coll_stats_path(char* out, size_t len, const char* name, const agoq_coll_path_stats* s) {
-  double mib = 1024.0 * 1024.0;
-  snprintf(out, len,
-           "%s: %llu calls, %.1f MiB in, wire %.1f MiB sent of %.1f MiB raw (ratio %.3f), codec %.1f ms, "
-           "network wait %.1f ms",
-           name, (unsigned long long)s->calls, (double)s->bytes_in / mib, (double)s->wire_sent / mib,
-           (double)s->wire_raw / mib, s->wire_raw ? (double)s->wire_sent / (double)s->wire_raw : 1.0,
-           (double)s->codec_ns / 1e6, (double)s->wait_ns / 1e6);
+/* The largest call NCCL's staged CollNet path makes (docs: nccl-plugin-api.md 2.5): a proxy
+ * groups up to 8 channels (COLLNET_GROUP_NSUBS) of at most 256 KiB each per iallreduce with
+ * the default NCCL_BUFFSIZE of 4 MiB. Only user-registered buffers with one rank per node
+ * give bigger calls (up to maxCollBytes). */
+#define AGOQ_COLL_NCCL_STAGED_CALL_MAX (2ull << 20)
+
+ncclResult_t agoq_coll_stats_open(agoq_coll_comm* g) {
+  char config[96];
+  snprintf(config, sizeof config, "format=%s block=%u min_bytes=%llu chunk=%llu", agoq_format_name(g->cfg.format),
+           g->cfg.block, (unsigned long long)g->cfg.min_bytes, (unsigned long long)g->cfg.chunk_bytes);
+  /* Kept with statistics off too (private entry): the engine counts unconditionally. */
+  g->st = agoq_stats_open(AGOQ_STATS_COLLNET, g, g->rank, g->nranks, config, true);
+  return g->st != NULL ? ncclSuccess : ncclSystemError;
 }
 
 void agoq_coll_stats_print(agoq_coll_comm* g, const char* when) {
-  if (!g->cfg.stats || g->stats_printed) return;
-  g->stats_printed = true;
-  char quant[256], exact[256];
-  agoq_coll_stats_path(quant, sizeof quant, "quantized", &g->stats[1]);
-  agoq_coll_stats_path(exact, sizeof exact, "exact", &g->stats[0]);
-  AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet stats at %s, rank %d of %d (%s, block %u): %s; %s", when, g->rank,
-            g->nranks, agoq_format_name(g->cfg.format), g->cfg.block, quant, exact);
+  (void)when; /* finalize before close prints the same lines: the counters are final either way */
+  agoq_stats_close(g->st);
+}
+
+static atomic_bool agoq_coll_min_bytes_warned;
+
+bool agoq_coll_min_bytes_check(uint64_t min_bytes) {
+  if (min_bytes <= AGOQ_COLL_NCCL_STAGED_CALL_MAX) return false;
+  if (atomic_exchange(&agoq_coll_min_bytes_warned, true)) return false;
+  AGOQ_WARN("AGOQ_MIN_BYTES=%llu bytes (%.2f MiB) is above the largest CollNet call NCCL makes from its staging "
+            "buffers (%llu bytes = 2 MiB: 8 channels x 256 KiB with the default NCCL_BUFFSIZE): CollNet "
+            "reductions will all run exact, uncompressed (only user-registered buffers with one rank per node "
+            "make larger calls). Units are 1024-based: 64K = 64KiB = 65536 bytes, 1M = 1MiB = 1048576 bytes; "
+            "the default is 64K",
+            (unsigned long long)min_bytes, (double)min_bytes / 1048576.0,
+            (unsigned long long)AGOQ_COLL_NCCL_STAGED_CALL_MAX);
+  return true;
 }

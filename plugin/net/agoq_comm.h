@@ -16,6 +16,7 @@
 #include "net/agoq_wire.h"
 #include "agoq_netif.h"
 #include "net/agoq_typed.h"
+#include "core/agoq_stats.h"
 
 #define AGOQ_CTX_MAGIC 0x58544341u    /* "ACTX" */
 #define AGOQ_LISTEN_MAGIC 0x4e534c41u /* "ALSN" */
@@ -29,6 +30,8 @@ typedef struct {
   int traffic_class;
   agoq_net_attr attr;
   ncclProfilerCallback_t prof_fn; /* NCCL's profiler callback (v10+), NULL before */
+  agoq_stats_entry* st_send;      /* AGOQ_STATS: this context's p2p lines, else NULL */
+  agoq_stats_entry* st_recv;
 } agoq_ctx;
 
 /* Process-wide transport state, fixed after the first successful init. */
@@ -85,6 +88,7 @@ typedef struct {
   agoq_conn_group* groups;
   int ngroups;
   unsigned accepted;
+  agoq_stats_entry* st_recv; /* its context's, for the comms it accepts */
   char addr[64];
 } agoq_listen_comm;
 
@@ -112,6 +116,7 @@ typedef struct agoq_comm {
   ncclProfilerCallback_t prof_fn; /* sender: the oracle's way into NCCL's profiler */
   agoq_stage_cache stage;
   agoq_typed_stats typed_stats;
+  agoq_stats_entry* st; /* AGOQ_STATS: the context's p2p send or receive entry, else NULL */
   char peer[64];
 } agoq_comm;
 

@@ -72,6 +72,9 @@ ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback
 bool agoq_net_placement_cpus(int dev, cpu_set_t* out);
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
+/* The comm's traffic is not p2p (CollNet's own connections): keep it off the net
+ * context's p2p statistics lines. */
+void agoq_net_stats_detach(void* comm);
 ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm);
 /* Abandons a connect still in progress on this handle buffer: closes its sockets and frees
  * its state; a no-op when there is none. For callers that give up waiting (CollNet group

@@ -129,10 +129,21 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   /* A p2p float payload whose type the profiler chain established travels as a frame
    * (agoq_typed.h); everything else exactly as NCCL handed it over. */
   size_t wire_size = size;
+  agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
+  uint64_t codec0 = comm->typed_stats.codec_ns;
   if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, data, size,
-                                            &req->stage[0], &wire_size)) {
+                                            &req->stage[0], &wire_size, &why)) {
     comm->typed_stats.exact_msgs++;
     comm->typed_stats.exact_bytes += size;
+    agoq_stats_exact(comm->st, why);
+  }
+  if (comm->st != NULL) {
+    int path = req->stage[0] >= 0 ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT;
+    req->quantized = path == AGOQ_STATS_QUANT;
+    req->post_ns = agoq_stats_clock_ns();
+    agoq_stats_count(comm->st, path, size);
+    agoq_stats_wire(comm->st, path, size, wire_size);
+    agoq_stats_add(&comm->st->path[path].codec_ns, comm->typed_stats.codec_ns - codec0);
   }
   agoq_msg_hdr hdr;
   agoq_msg_plan(wire_size, comm->inline_max, comm->min_chunk, comm->nsocks, &hdr);
@@ -221,6 +232,8 @@ static ncclResult_t agoq_recv_dispatch(agoq_comm* comm, agoq_request* req, const
   } else {
     comm->typed_stats.exact_msgs++;
     comm->typed_stats.exact_bytes += hdr->size;
+    agoq_stats_count(comm->st, AGOQ_STATS_EXACT, hdr->size);
+    agoq_stats_wire(comm->st, AGOQ_STATS_EXACT, hdr->size, hdr->size);
   }
   req->actual[slot] = hdr->size;
   req->matched_mask |= 1u << slot;
@@ -302,6 +315,7 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     req->posted[i] = sizes[i];
     req->tags[i] = tags != NULL ? tags[i] : 0;
   }
+  if (comm->st != NULL) req->post_ns = agoq_stats_clock_ns();
   agoq_fifo_push(&comm->ctrl_fifo, req);
   *request = req;
   (void)agoq_recv_progress(comm); /* errors surface in test(), whatever the timing */
@@ -350,8 +364,15 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
         continue;
       }
       size_t decoded = 0;
+      uint64_t codec0 = comm->typed_stats.codec_ns;
       ncclResult_t res = agoq_typed_decode(&comm->typed_stats, agoq_stage_ptr(&comm->stage, req->stage[i]),
                                            req->actual[i], req->data[i], req->posted[i], &decoded, comm->peer);
+      if (res == ncclSuccess && comm->st != NULL) {
+        req->quantized = true;
+        agoq_stats_count(comm->st, AGOQ_STATS_QUANT, decoded);
+        agoq_stats_wire(comm->st, AGOQ_STATS_QUANT, decoded, req->actual[i]);
+        agoq_stats_add(&comm->st->path[AGOQ_STATS_QUANT].codec_ns, comm->typed_stats.codec_ns - codec0);
+      }
       agoq_stage_put(&comm->stage, req->stage[i]);
       req->stage[i] = -1;
       if (res != ncclSuccess) {
@@ -364,6 +385,9 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
     }
     if (sizes != NULL)
       for (int i = 0; i < req->n; i++) sizes[i] = agoq_size_to_int(req->actual[i]);
+    if (comm->st != NULL)
+      agoq_stats_add(&comm->st->path[req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT].wire_ns,
+                     (uint64_t)(agoq_stats_clock_ns() - req->post_ns));
     agoq_request_release(&comm->pool, req);
     *done = 1;
     return ncclSuccess;

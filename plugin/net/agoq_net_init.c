@@ -9,6 +9,7 @@
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 #include "net/agoq_comm.h"
+#include "agoq_codec.h"
 #include "agoq_topo.h"
 
 agoq_transport_config agoq_config;
@@ -100,6 +101,14 @@ static ncclResult_t agoq_ctx_create(uint64_t comm_id, int traffic_class, ncclPro
   ctx->traffic_class = traffic_class;
   ctx->prof_fn = prof_fn;
   ctx->attr.op = ctx->attr.algo = ctx->attr.proto = UINT32_MAX;
+  if (agoq_stats_enabled()) {
+    char config[96];
+    snprintf(config, sizeof config, "format=%s block=%u min_bytes=%llu",
+             agoq_format_name((agoq_format)agoq_typed.format), agoq_typed.block,
+             (unsigned long long)agoq_typed.min_bytes);
+    ctx->st_send = agoq_stats_open(AGOQ_STATS_P2P_SEND, ctx, -1, -1, config, false);
+    ctx->st_recv = agoq_stats_open(AGOQ_STATS_P2P_RECV, ctx, -1, -1, config, false);
+  }
   *out = ctx;
 out:
   return res;
@@ -141,6 +150,9 @@ ncclResult_t agoq_net_finalize(void* ctx) {
   }
   pthread_mutex_lock(&agoq_state.mu);
   c->magic = 0;
+  /* Comms closed after finalize keep counting into the entries (never freed). */
+  agoq_stats_close(c->st_send);
+  agoq_stats_close(c->st_recv);
   free(c);
   if (--agoq_state.live_ctx == 0) {
     /* The last communicator is gone and NCCL may now dlclose us: no thread may outlive

@@ -125,6 +125,11 @@ void agoq_comm_destroy(agoq_comm* comm) {
   free(comm);
 }
 
+void agoq_net_stats_detach(void* p) {
+  agoq_comm* comm = p;
+  if (comm != NULL && (comm->magic == AGOQ_SEND_MAGIC || comm->magic == AGOQ_RECV_MAGIC)) comm->st = NULL;
+}
+
 /* ---- listen ------------------------------------------------------------------------ */
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm) {
@@ -138,6 +143,7 @@ ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_com
   AGOQ_CALLOC_GOTO(lc, 1, res, fail);
   lc->magic = AGOQ_LISTEN_MAGIC;
   lc->dev = dev;
+  lc->st_recv = c->st_recv;
   lc->fd = -1;
   lc->comm_id = c->comm_id;
   lc->nonce = agoq_random_u64();
@@ -355,6 +361,7 @@ ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm
   agoq_connect_state_free(st);
   if (res != ncclSuccess) return res;
   comm->prof_fn = c->prof_fn;
+  comm->st = c->st_send;
   AGOQ_INFO(NCCL_NET, "connected to %s with %u data sockets (dev %d)", comm->peer, comm->nsocks, dev);
   *send_comm = comm;
   return ncclSuccess;
@@ -515,6 +522,7 @@ ncclResult_t agoq_net_accept(void* listen_comm, void** recv_comm) {
   free(g); /* the fds belong to the comm now (or were closed by the failed create) */
   if (res != ncclSuccess) goto out;
   lc->accepted++;
+  comm->st = lc->st_recv;
   AGOQ_INFO(NCCL_NET, "accepted connection from %s with %u data sockets on %s", comm->peer, comm->nsocks, lc->addr);
   *recv_comm = comm;
 out:

@@ -42,6 +42,8 @@ typedef struct agoq_request {
   /* Typed payloads: the staging buffer holding the frame (sender: [0]; receiver: per
    * buffer), -1 when the bytes go straight from / into NCCL's buffer. */
   int stage[AGOQ_NET_MAX_RECVS];
+  int64_t post_ns;             /* AGOQ_STATS: when isend/irecv posted it */
+  bool quantized;              /* AGOQ_STATS: a frame went or came (wire time per path) */
   uint32_t pool_index;
 } agoq_request;
 

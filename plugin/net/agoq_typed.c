@@ -8,6 +8,7 @@
 
 #include "agoq_frame.h"
 #include "core/agoq_log.h"
+#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
 #include "profiler/agoq_oracle.h"
 
@@ -81,7 +82,7 @@ static void agoq_typed_explain_unknown(ncclProfilerCallback_t prof_fn) {
   if (prof_fn == NULL) {
     AGOQ_INFO(NCCL_NET | NCCL_P2P, "p2p payloads go exact: NCCL gave no profiler callback (net ABI before v10)");
   } else if (!agoq_oracle_profiler_loaded()) {
-    const char* p = getenv("NCCL_PROFILER_PLUGIN");
+    const char* p = agoq_nccl_env_str("NCCL_PROFILER_PLUGIN"); /* as NCCL's ncclGetEnv */
     AGOQ_INFO(NCCL_NET | NCCL_P2P,
               "p2p payloads go exact: agoq's profiler is not loaded (NCCL_PROFILER_PLUGIN=%s), so no transfer's "
               "datatype is known; unset it to let NCCL find agoq's profiler in this library",
@@ -99,9 +100,17 @@ static bool agoq_codec_dtype_of(int nccl_dtype, agoq_dtype* out) {
 }
 
 bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCallback_t prof_fn, void* phandle,
-                       const void* data, size_t size, int* stage_idx, size_t* wire_len) {
+                       const void* data, size_t size, int* stage_idx, size_t* wire_len, agoq_exact_reason* why) {
   *stage_idx = -1;
-  if (agoq_typed.format == AGOQ_FORMAT_NONE || size < agoq_typed.min_bytes || size == 0) return false;
+  *why = AGOQ_EXACT_NOGAIN;
+  if (agoq_typed.format == AGOQ_FORMAT_NONE) {
+    *why = AGOQ_EXACT_FORMAT_NONE;
+    return false;
+  }
+  if (size < agoq_typed.min_bytes || size == 0) {
+    *why = AGOQ_EXACT_SMALL;
+    return false;
+  }
   agoq_xfer_desc d;
   uint64_t t0 = agoq_typed.stats ? agoq_now_ns() : 0;
   bool known = agoq_oracle_query(prof_fn, phandle, &d);
@@ -110,6 +119,7 @@ bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCa
     st->oracle_ns += agoq_now_ns() - t0;
   }
   if (!known) {
+    *why = AGOQ_EXACT_UNKNOWN;
     st->unknown_type++;
     agoq_typed_explain_unknown(prof_fn);
     return false;
@@ -119,6 +129,9 @@ bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCa
    * rank's bits equal, and LL payloads interleave flags with the data. */
   if (d.kind != AGOQ_XFER_P2P || !d.is_send || d.proto != AGOQ_XFER_PROTO_SIMPLE ||
       !agoq_codec_dtype_of(d.dtype, &dt) || size % agoq_dtype_size(dt) != 0) {
+    *why = d.kind != AGOQ_XFER_P2P || !d.is_send        ? AGOQ_EXACT_COLLECTIVE
+           : d.proto != AGOQ_XFER_PROTO_SIMPLE            ? AGOQ_EXACT_LL
+                                                          : AGOQ_EXACT_TYPE;
     st->not_eligible++;
     return false;
   }

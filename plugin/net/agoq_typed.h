@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "abi/agoq_nccl_common.h"
+#include "core/agoq_stats.h"
 
 /* At most this many staged messages per comm at once; NCCL keeps at most
  * NCCL_NET_MAX_REQUESTS x maxRecvs requests per comm in flight. */
@@ -61,9 +62,11 @@ void agoq_stage_put(agoq_stage_cache* c, int idx);
 void agoq_stage_fini(agoq_stage_cache* c);
 
 /* Sender: decides whether `size` bytes at `data` go as a frame. On true, *stage_idx is the
- * staging buffer holding the frame and *wire_len its length (< size). */
+ * staging buffer holding the frame and *wire_len its length (< size); on false *why says
+ * which rule kept it exact (AGOQ_STATS). */
 bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCallback_t prof_fn,
-                       void* phandle, const void* data, size_t size, int* stage_idx, size_t* wire_len);
+                       void* phandle, const void* data, size_t size, int* stage_idx, size_t* wire_len,
+                       agoq_exact_reason* why);
 
 /* Receiver: validates the frame of `len` bytes and decodes it into dst (capacity `cap`).
  * Returns ncclSuccess with *decoded = bytes written, or an error (logged, peer named). */
