@@ -85,6 +85,25 @@ agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src,
   return AGOQ_CODEC_OK;
 }
 
+agoq_codec_status agoq_frame_seal_payload_crc(void* buf, size_t len) {
+  if (buf == NULL || len < AGOQ_FRAME_HEADER_SIZE) return AGOQ_CODEC_ECORRUPT;
+  uint8_t* h = (uint8_t*)buf;
+  if (get_u32(h + OFF_MAGIC) != AGOQ_FRAME_MAGIC || h[OFF_VERSION] != AGOQ_FRAME_VERSION ||
+      agoq_crc32c(0, h, OFF_HEADER_CRC) != get_u32(h + OFF_HEADER_CRC) ||
+      (h[OFF_FLAGS] & AGOQ_FRAME_FLAG_PAYLOAD_CRC) != 0 ||
+      get_u64(h + OFF_PAYLOAD_LEN) != (uint64_t)(len - AGOQ_FRAME_HEADER_SIZE))
+    return AGOQ_CODEC_ECORRUPT;
+  h[OFF_FLAGS] = (uint8_t)(h[OFF_FLAGS] | AGOQ_FRAME_FLAG_PAYLOAD_CRC);
+  put_u32(h + OFF_PAYLOAD_CRC, agoq_crc32c(0, h + AGOQ_FRAME_HEADER_SIZE, len - AGOQ_FRAME_HEADER_SIZE));
+  put_u32(h + OFF_HEADER_CRC, agoq_crc32c(0, h, OFF_HEADER_CRC));
+  return AGOQ_CODEC_OK;
+}
+
+bool agoq_frame_has_payload_crc(const void* buf, size_t len) {
+  return buf != NULL && len >= AGOQ_FRAME_HEADER_SIZE &&
+         (((const uint8_t*)buf)[OFF_FLAGS] & AGOQ_FRAME_FLAG_PAYLOAD_CRC) != 0;
+}
+
 /* Every scale of a body our encoders write is a finite non-negative fp32 (amax / M), and +0
  * for an escaped block. Anything else is a corrupt frame, caught here before it can decode
  * to NaN or Inf. */

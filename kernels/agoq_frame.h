@@ -59,6 +59,15 @@ size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n);
 /* Quantizes n elements into a complete frame in out (capacity cap). */
 agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src, size_t n,
                                     bool payload_crc, void* out, size_t cap, size_t* frame_len);
+/* Adds the payload CRC32C to a complete frame of len bytes made without one (sets flag bit0,
+ * the payload CRC and the header CRC). For a frame its maker decodes before sending it: the
+ * local decode needs no check, the copy on the wire does. AGOQ_CODEC_ECORRUPT if buf is not
+ * such a frame (bad magic, version, header CRC, length, or a CRC already present). */
+agoq_codec_status agoq_frame_seal_payload_crc(void* buf, size_t len);
+/* Whether the frame header at buf (len bytes) says a payload CRC is present; false when len
+ * is shorter than a header. Receivers that require the CRC ask before decoding; the flag
+ * itself is covered by the header CRC, which agoq_frame_parse checks. */
+bool agoq_frame_has_payload_crc(const void* buf, size_t len);
 /* Validates a frame of at most len bytes; on success fills info and *body (inside buf). */
 agoq_codec_status agoq_frame_parse(const void* buf, size_t len, agoq_frame_info* info,
                                    const void** body);

@@ -1,6 +1,14 @@
 /* The quantized path of one pipeline chunk: staging sizes, quantizing each slice once (the
  * owner's own too), the owner's fp32 accumulation in rank order with one re-quantization,
- * and decoding the owners' result frames. Frames are validated by the codec before use. */
+ * and decoding the owners' result frames. Frames are validated by the codec before use.
+ *
+ * Every frame that crosses the wire carries a payload CRC32C besides the header CRC, and a
+ * receiver refuses a frame without one: a flipped bit anywhere in a frame (a scale, a code,
+ * the escape bitmap, a raw block) fails the chunk before a byte of it is decoded, instead of
+ * decoding to wrong values (a flipped scale exponent gives 3.4e38) on every rank. The two
+ * frames that never travel get none: a rank's frame of its own slice, and the owner's result
+ * frame until the owner itself has decoded it (sealed with the CRC after that, before it is
+ * sent). Exact CollNet payloads carry no checksum of their own (TCP's, as on the net path). */
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
@@ -36,7 +44,7 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
   agoq_coll_req* r = s->req;
   agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
   int64_t t0 = agoq_coll_now_ns();
-  agoq_codec_status st = agoq_frame_encode(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], false,
+  agoq_codec_status st = agoq_frame_encode(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], j != g->rank,
                                            s->sbuf.p + s->s_off[j], s->sbuf.cap - s->s_off[j], &s->s_len[j]);
   agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
   if (st != AGOQ_CODEC_OK) {
@@ -55,11 +63,17 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   for (int k = 0; k < n; k++) {
     const uint8_t* f = k == me ? s->sbuf.p + s->s_off[me] : s->rbuf.p + (size_t)k * s->r_stride;
     size_t len = k == me ? s->s_len[me] : (size_t)s->p1r_size[k];
+    if (k != me && !agoq_frame_has_payload_crc(f, len)) {
+      AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
+                "(%zu bytes; another agoq version?): refused, nothing decoded", me, k, s->sb[me], s->sb[me] + m, len);
+      return ncclSystemError;
+    }
     agoq_codec_status st = k == 0 ? agoq_frame_decode(f, len, AGOQ_DTYPE_FP32, acc, m)
                                   : agoq_frame_decode_accumulate(f, len, acc, m);
     if (st != AGOQ_CODEC_OK) {
-      AGOQ_WARN("CollNet: invalid frame from rank %d (%zu bytes, %zu elements expected): %s", k, len, m,
-                agoq_codec_status_str(st));
+      AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call rejected before decoding: %s "
+                "(%zu bytes; header and payload CRC32C, lengths and scales are checked first); nothing decoded, "
+                "the call fails", me, k, s->sb[me], s->sb[me] + m, agoq_codec_status_str(st), len);
       return ncclSystemError;
     }
   }
@@ -75,6 +89,8 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
   agoq_codec_status st = agoq_frame_encode(&p32, acc, m, false, s->res.p, s->res.cap, &s->res_len);
   if (st == AGOQ_CODEC_OK) st = agoq_frame_decode(s->res.p, s->res_len, r->codec_dtype, dst, m);
+  /* Decoded here from our own memory without a check; the copies for the peers get the CRC. */
+  if (st == AGOQ_CODEC_OK && n > 1) st = agoq_frame_seal_payload_crc(s->res.p, s->res_len);
   if (st != AGOQ_CODEC_OK) {
     AGOQ_WARN("CollNet: quantizing the reduced slice failed: %s", agoq_codec_status_str(st));
     return ncclInternalError;
@@ -84,12 +100,20 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
   agoq_coll_req* r = s->req;
+  const uint8_t* f = s->gbuf.p + s->g_off[j];
+  if (!agoq_frame_has_payload_crc(f, (size_t)size)) {
+    AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
+              "(%d bytes; another agoq version?): refused, nothing decoded", g->rank, j, s->sb[j], s->sb[j] + s->sl[j],
+              size);
+    return ncclSystemError;
+  }
   int64_t t0 = agoq_coll_now_ns();
-  agoq_codec_status st = agoq_frame_decode(s->gbuf.p + s->g_off[j], (size_t)size, r->codec_dtype,
-                                           agoq_coll_dst_at(r, s->sb[j]), s->sl[j]);
+  agoq_codec_status st = agoq_frame_decode(f, (size_t)size, r->codec_dtype, agoq_coll_dst_at(r, s->sb[j]), s->sl[j]);
   agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
   if (st == AGOQ_CODEC_OK) return ncclSuccess;
-  AGOQ_WARN("CollNet: invalid result frame from rank %d (%d bytes, %zu elements expected): %s", j, size, s->sl[j],
-            agoq_codec_status_str(st));
+  /* The decoder writes nothing into NCCL's buffer unless the whole frame checked out. */
+  AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call rejected before "
+            "decoding: %s (%d bytes; header and payload CRC32C, lengths and scales are checked first); the call "
+            "fails", g->rank, j, s->sb[j], s->sb[j] + s->sl[j], agoq_codec_status_str(st), size);
   return ncclSystemError;
 }

@@ -247,6 +247,62 @@ static void test_payload_bit_flips(void** state) {
   }
 }
 
+/* A frame sealed after the fact (CollNet's owner decodes its result frame itself, then
+ * seals it for the peers) equals one encoded with the CRC, and then catches every flip;
+ * a frame that is not an unsealed frame of exactly len bytes is refused. */
+static void test_seal_payload_crc(void** state) {
+  (void)state;
+  for (int f = AGOQ_FORMAT_NONE; f < AGOQ_FORMAT_COUNT; f++) {
+    agoq_codec_params p = {.format = (agoq_format)f, .dtype = AGOQ_DTYPE_FP32, .block = 64};
+    size_t len, len_crc;
+    uint8_t* plain = make_frame(&p, 250, false, &len);
+    uint8_t* with = make_frame(&p, 250, true, &len_crc);
+    assert_int_equal(len, len_crc);
+    assert_false(agoq_frame_has_payload_crc(plain, len));
+    assert_true(agoq_frame_has_payload_crc(with, len));
+    assert_false(agoq_frame_has_payload_crc(with, AGOQ_FRAME_HEADER_SIZE - 1));
+    assert_int_equal(agoq_frame_seal_payload_crc(plain, len - 1), AGOQ_CODEC_ECORRUPT);
+    assert_int_equal(agoq_frame_seal_payload_crc(plain, len), AGOQ_CODEC_OK);
+    assert_memory_equal(plain, with, len);
+    assert_int_equal(agoq_frame_seal_payload_crc(plain, len), AGOQ_CODEC_ECORRUPT); /* sealed twice */
+    with[3] ^= 1; /* magic */
+    assert_int_equal(agoq_frame_seal_payload_crc(with, len), AGOQ_CODEC_ECORRUPT);
+    float y[250];
+    for (size_t bit = 48 * 8; bit < len * 8; bit += 7) {
+      plain[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+      assert_int_equal(agoq_frame_decode(plain, len, AGOQ_DTYPE_FP32, y, 250), AGOQ_CODEC_ECORRUPT);
+      plain[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    }
+    assert_int_equal(agoq_frame_decode(plain, len, AGOQ_DTYPE_FP32, y, 250), AGOQ_CODEC_OK);
+    free(plain);
+    free(with);
+  }
+}
+
+/* What CollNet frames had before they carried the payload CRC: one flipped bit in a scale's
+ * mantissa still passes every structural check and decodes a whole block to other finite
+ * values (the header CRC does not cover the payload); with the CRC it is refused. */
+static void test_scale_flip_needs_payload_crc(void** state) {
+  (void)state;
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 128};
+  float x[256], y[256], ref[256];
+  for (int i = 0; i < 256; i++) x[i] = (float)(i % 17) - 8.0f;
+  uint8_t f[4096];
+  size_t len;
+  for (int crc = 0; crc < 2; crc++) {
+    assert_int_equal(agoq_frame_encode(&p, x, 256, crc, f, sizeof f, &len), AGOQ_CODEC_OK);
+    assert_int_equal(agoq_frame_decode(f, len, AGOQ_DTYPE_FP32, ref, 256), AGOQ_CODEC_OK);
+    f[48 + 8 + 2] ^= 0x40; /* block 0's scale, bit 22 of its mantissa */
+    agoq_codec_status st = agoq_frame_decode(f, len, AGOQ_DTYPE_FP32, y, 256);
+    if (crc) {
+      assert_int_equal(st, AGOQ_CODEC_ECORRUPT);
+    } else {
+      assert_int_equal(st, AGOQ_CODEC_OK);
+      assert_true(memcmp(y, ref, 128 * sizeof(float)) != 0); /* silently different values */
+    }
+  }
+}
+
 /* Header fields that pass the CRC but not validation. */
 static void test_bad_fields(void** state) {
   (void)state;
@@ -335,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_crc32c),           cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_truncated),        cmocka_unit_test(test_header_bit_flips),
       cmocka_unit_test(test_payload_bit_flips), cmocka_unit_test(test_bad_fields),
+      cmocka_unit_test(test_seal_payload_crc), cmocka_unit_test(test_scale_flip_needs_payload_crc),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
