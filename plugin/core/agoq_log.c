@@ -1,5 +1,7 @@
 #include "core/agoq_log.h"
 
+#include "core/agoq_nccl_env.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,8 +18,15 @@ static ncclDebugLogLevel agoq_log_stderr_level(void) {
   /* Read each time: tools set the variable before the first line and it costs nothing
    * next to the write itself. */
   const char* v = getenv("AGOQ_DEBUG");
-  if (v == NULL || *v == '\0') v = getenv("NCCL_DEBUG");
-  if (v == NULL || *v == '\0') return NCCL_LOG_WARN;
+  if (v == NULL || *v == '\0') {
+    /* NCCL_DEBUG as NCCL reads it: its five names, any other value (NONE, a typo, "")
+     * prints nothing. Unset, NCCL prints nothing either; agoq's tools, which have no NCCL,
+     * still show WARN lines then, so that their errors are never silent. */
+    const char* nccl = agoq_nccl_env_str("NCCL_DEBUG");
+    if (nccl == NULL) return NCCL_LOG_WARN;
+    int level = agoq_nccl_debug_level_parse(nccl);
+    return level < 0 ? NCCL_LOG_NONE : (ncclDebugLogLevel)level;
+  }
   if (strcasecmp(v, "TRACE") == 0) return NCCL_LOG_TRACE;
   if (strcasecmp(v, "INFO") == 0) return NCCL_LOG_INFO;
   if (strcasecmp(v, "VERSION") == 0) return NCCL_LOG_VERSION;

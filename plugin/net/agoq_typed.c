@@ -8,6 +8,7 @@
 
 #include "agoq_frame.h"
 #include "core/agoq_log.h"
+#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
 #include "profiler/agoq_oracle.h"
 
@@ -81,7 +82,7 @@ static void agoq_typed_explain_unknown(ncclProfilerCallback_t prof_fn) {
   if (prof_fn == NULL) {
     AGOQ_INFO(NCCL_NET | NCCL_P2P, "p2p payloads go exact: NCCL gave no profiler callback (net ABI before v10)");
   } else if (!agoq_oracle_profiler_loaded()) {
-    const char* p = getenv("NCCL_PROFILER_PLUGIN");
+    const char* p = agoq_nccl_env_str("NCCL_PROFILER_PLUGIN"); /* as NCCL's ncclGetEnv */
     AGOQ_INFO(NCCL_NET | NCCL_P2P,
               "p2p payloads go exact: agoq's profiler is not loaded (NCCL_PROFILER_PLUGIN=%s), so no transfer's "
               "datatype is known; unset it to let NCCL find agoq's profiler in this library",

@@ -1,11 +1,11 @@
 /* Profiler lifecycle: one context per communicator (init/finalize), the process-wide facts
  * the event handlers need (our pid, the LL bound) and the "profiler loaded" flag the net
  * side reads once. */
-#include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "core/agoq_check.h"
+#include "core/agoq_nccl_env.h"
 #include "profiler/agoq_prof.h"
 
 static _Atomic int agoq_prof_loaded;     /* an init succeeded in this process */
@@ -27,19 +27,16 @@ uint64_t agoq_prof_ll_limit(void) {
 }
 
 /* NCCL sends a p2p task with LL when its bytes are at most p2pnChannelsPerPeer x
- * NCCL_P2P_LL_THRESHOLD (enqueue.cc addP2pToPlan). The channel count is not visible to a
- * profiler, so the bound uses the largest one NCCL allows: a task called SIMPLE here is
- * SIMPLE whatever the channel count. Read like NCCL reads it (an integer; unset or
- * unparsable keeps the default). */
+ * NCCL_P2P_LL_THRESHOLD (enqueue.cc addP2pToPlan). No profiler event says which protocol a
+ * p2p used: the P2p, ProxyOp and ProxyStep descriptors and the step's state args of
+ * ncclProfiler_v5 (2.28) and v6 (2.29+) carry no protocol, only the Coll event does; and
+ * the P2p event's nChannels is the count NCCL chose for the task, not the
+ * p2pnChannelsPerPeer of the bound. So the bound is derived, with the largest channel
+ * count NCCL allows: a task called SIMPLE here is SIMPLE whatever the channel count. The
+ * threshold is read exactly as NCCL_PARAM reads it (agoq_nccl_env.h): "1048576 " is
+ * 1048576, "abc" is 0; with a threshold <= 0 NCCL sends nothing non-empty as LL. */
 static void agoq_prof_read_ll_threshold(void) {
-  int64_t thr = AGOQ_PROF_P2P_LL_THRESHOLD_DEFAULT;
-  const char* env = getenv("NCCL_P2P_LL_THRESHOLD");
-  if (env != NULL && *env != '\0') {
-    char* end;
-    errno = 0;
-    long long v = strtoll(env, &end, 0);
-    if (errno == 0 && end != env && *end == '\0') thr = v;
-  }
+  int64_t thr = agoq_nccl_param("NCCL_P2P_LL_THRESHOLD", AGOQ_PROF_P2P_LL_THRESHOLD_DEFAULT);
   uint64_t limit = thr <= 0 ? 0 : (uint64_t)thr * AGOQ_PROF_MAX_P2P_CHANNELS;
   if (thr > 0 && limit / AGOQ_PROF_MAX_P2P_CHANNELS != (uint64_t)thr) limit = UINT64_MAX;
   atomic_store_explicit(&agoq_prof_ll_bytes, limit, memory_order_relaxed);

@@ -628,7 +628,8 @@ static void test_oracle_cost(void** state) {
   agoq_emul_comm_destroy(c);
 }
 
-/* NCCL_P2P_LL_THRESHOLD moves the LL bound (read at init, like NCCL reads it). Last: it
+/* NCCL_P2P_LL_THRESHOLD moves the LL bound, read at init exactly as NCCL_PARAM reads it
+ * (strtoll on the prefix, base 0; empty = unset; a range error = the default). Last: it
  * changes process state, restored at the end. */
 static void test_ll_threshold_env(void** state) {
   (void)state;
@@ -640,10 +641,45 @@ static void test_ll_threshold_env(void** state) {
   assert_true(query_p2p(c, true, ncclFloat32, 64 * 1024 / 4 + 1, 1, &d));
   assert_int_equal(d.proto, AGOQ_XFER_PROTO_SIMPLE);
   agoq_emul_comm_destroy(c);
-  setenv("NCCL_P2P_LL_THRESHOLD", "junk", 1);
+
+  /* "1048576 ": NCCL runs sends up to 64 x 1 MiB as LL. A 32 MiB fp32 send may be LL, so
+   * it must stay untracked (exact): quantizing LL lines would corrupt their flags. */
+  setenv("NCCL_P2P_LL_THRESHOLD", "1048576 ", 1);
+  c = comm_new(5);
+  assert_int_equal(agoq_prof_ll_limit(), (uint64_t)64 << 20);
+  assert_false(query_p2p(c, true, ncclFloat32, (size_t)32 << 20 >> 2, 1, &d));
+  assert_false(query_p2p(c, true, ncclFloat32, (size_t)64 << 20 >> 2, 1, &d));
+  assert_true(query_p2p(c, true, ncclFloat32, ((size_t)64 << 20 >> 2) + 1, 1, &d));
+  assert_int_equal(d.proto, AGOQ_XFER_PROTO_SIMPLE);
+  agoq_emul_comm_destroy(c);
+
+  static const struct {
+    const char* value;
+    uint64_t limit;
+  } cases[] = {
+      {" 12", 64 * 12},    {"0x10", 64 * 16}, {"010", 64 * 8}, {"2048abc", 64 * 2048},
+      {"abc", 0},          /* no digits: NCCL's threshold is 0 (no errno) */
+      {"-1", 0},           /* negative: NCCL sends nothing non-empty as LL */
+      {"", LL_LIMIT},      /* empty = unset */
+      {"99999999999999999999", LL_LIMIT}, /* ERANGE: NCCL keeps the default */
+      {"9223372036854775807", UINT64_MAX}, /* 64 x that saturates */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("NCCL_P2P_LL_THRESHOLD", cases[i].value, 1);
+    agoq_emul_comm_destroy(comm_new(5));
+    if (agoq_prof_ll_limit() != cases[i].limit)
+      fail_msg("NCCL_P2P_LL_THRESHOLD=\"%s\": LL bound %llu, NCCL's is %llu", cases[i].value,
+               (unsigned long long)agoq_prof_ll_limit(), (unsigned long long)cases[i].limit);
+  }
+  /* A zero threshold: every non-empty fp32 send is SIMPLE, so tracked. */
+  setenv("NCCL_P2P_LL_THRESHOLD", "abc", 1);
+  c = comm_new(5);
+  assert_true(query_p2p(c, true, ncclFloat32, 16, 1, &d));
+  assert_int_equal(d.proto, AGOQ_XFER_PROTO_SIMPLE);
+  agoq_emul_comm_destroy(c);
+  unsetenv("NCCL_P2P_LL_THRESHOLD");
   agoq_emul_comm_destroy(comm_new(5));
   assert_int_equal(agoq_prof_ll_limit(), LL_LIMIT);
-  unsetenv("NCCL_P2P_LL_THRESHOLD");
 }
 
 static void test_parse_strings(void** state) {
