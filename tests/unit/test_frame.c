@@ -73,6 +73,18 @@ static void test_crc32c(void** state) {
       assert_int_equal(agoq_crc32c(0, buf + off, len), agoq_crc32c_portable(0, buf + off, len));
     }
   }
+  /* Three-lane path (from 3 x 4 KiB on): lengths around its lane multiples, chained starts. */
+  size_t big = 64 * 1024 + 64;
+  uint8_t* b = malloc(big);
+  assert_non_null(b);
+  for (size_t i = 0; i < big; i++) b[i] = (uint8_t)((i * 2654435761u) >> 13);
+  const size_t lens[] = {12287, 12288, 12289, 12295, 24576, 24577, 36863, 65536, 65536 + 63};
+  for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+    for (size_t off = 0; off < 3; off++) {
+      assert_int_equal(agoq_crc32c(0, b + off, lens[k]), agoq_crc32c_portable(0, b + off, lens[k]));
+      assert_int_equal(agoq_crc32c(0x12345678u, b + off, lens[k]), agoq_crc32c_portable(0x12345678u, b + off, lens[k]));
+    }
+  free(b);
   /* Chaining. */
   uint32_t whole = agoq_crc32c(0, buf, sizeof buf);
   assert_int_equal(agoq_crc32c(agoq_crc32c(0, buf, 1000), buf + 1000, sizeof buf - 1000), whole);
