@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agoq_args.h"
 #include "abi_harness.h"
 
 #define ABI_MAX_VERSIONS 32
@@ -84,12 +85,11 @@ static void abi_usage(FILE* f) {
           "<exe dir>/../lib/libnccl-net-agoq.so.\n");
 }
 
+/* The whole string, in range (tools/common/agoq_args.h). */
 static int abi_parse_int(const char* s, long min, long max, long* out) {
-  char* end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 0);
-  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return -1;
-  *out = v;
+  long long v = 0;
+  if (agoq_args_parse_ll(s, min, max, &v) != 0) return -1;
+  *out = (long)v;
   return 0;
 }
 
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
     const char* opt = argv[i];
     const char* val = i + 1 < argc ? argv[i + 1] : NULL;
     long v = 0;
+    unsigned long long u = 0;
     if (strcmp(opt, "--list") == 0) {
       list = true;
     } else if (strcmp(opt, "--newest") == 0) {
@@ -148,8 +149,8 @@ int main(int argc, char** argv) {
     } else if (strcmp(opt, "--result-fd") == 0 && abi_parse_int(val, 0, INT_MAX, &v) == 0) {
       wa.result_fd = (int)v;
       i++;
-    } else if (strcmp(opt, "--comm-id") == 0) {
-      wa.comm_id = strtoull(val, NULL, 0);
+    } else if (strcmp(opt, "--comm-id") == 0 && agoq_args_parse_ull(val, UINT64_MAX, &u) == 0) {
+      wa.comm_id = u;
       i++;
     } else {
       fprintf(stderr, "agoq-abi-harness: bad option or value: %s %s\n", opt, val);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agoq_args.h"
 #include "collnet_harness.h"
 
 static const cn_scenario* cn_find(const char* name) {
@@ -24,12 +25,11 @@ static const cn_scenario* cn_find(const char* name) {
   return NULL;
 }
 
+/* The whole string, in range (tools/common/agoq_args.h). */
 static int cn_parse_long(const char* s, long min, long max, long* out) {
-  char* end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 0);
-  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return -1;
-  *out = v;
+  long long v = 0;
+  if (agoq_args_parse_ll(s, min, max, &v) != 0) return -1;
+  *out = (long)v;
   return 0;
 }
 
@@ -44,13 +44,19 @@ int cn_worker_main(int argc, char** argv) {
     const char* o = argv[i];
     const char* v = argv[i + 1];
     long n = 0;
-    if (strcmp(o, "--worker") == 0 && cn_parse_long(v, 0, CN_MAX_RANKS - 1, &n) == 0) w.rank = (int)n;
-    else if (strcmp(o, "--nranks") == 0 && cn_parse_long(v, 1, CN_MAX_RANKS, &n) == 0) w.nranks = (int)n;
-    else if (strcmp(o, "--version") == 0 && cn_parse_long(v, 6, 12, &n) == 0) w.version = (int)n;
-    else if (strcmp(o, "--ctrl-fd") == 0 && cn_parse_long(v, 0, 1 << 20, &n) == 0) w.ctrl_fd = (int)n;
+    unsigned long long u = 0;
+    int bad = 0;
+    if (strcmp(o, "--worker") == 0) bad = cn_parse_long(v, 0, CN_MAX_RANKS - 1, &n), w.rank = (int)n;
+    else if (strcmp(o, "--nranks") == 0) bad = cn_parse_long(v, 1, CN_MAX_RANKS, &n), w.nranks = (int)n;
+    else if (strcmp(o, "--version") == 0) bad = cn_parse_long(v, 6, 12, &n), w.version = (int)n;
+    else if (strcmp(o, "--ctrl-fd") == 0) bad = cn_parse_long(v, 0, 1 << 20, &n), w.ctrl_fd = (int)n;
     else if (strcmp(o, "--scenario") == 0) scenario = v;
     else if (strcmp(o, "--lib") == 0) w.lib_path = v;
-    else if (strcmp(o, "--comm-id") == 0) w.comm_id = strtoull(v, NULL, 10);
+    else if (strcmp(o, "--comm-id") == 0) bad = agoq_args_parse_ull(v, UINT64_MAX, &u), w.comm_id = u;
+    if (bad) {
+      fprintf(stderr, "collnet worker: bad value for %s: '%s'\n", o, v);
+      return 2;
+    }
   }
   w.sc = scenario ? cn_find(scenario) : NULL;
   if (w.sc == NULL || w.ctrl_fd < 0 || w.nranks == 0 || w.lib_path == NULL) {

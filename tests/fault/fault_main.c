@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agoq_args.h"
 #include "fault.h"
 
 static void usage(FILE* out) {
@@ -24,9 +25,10 @@ int main(int argc, char** argv) {
   int o;
   while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (o) {
-      case 'n': seeds = atoi(optarg); break;
-      case 's': seed = strtoull(optarg, NULL, 0); break;
-      case 'r': nrogue = atoi(optarg); break;
+      /* Strict: "--seeds abc" used to run nothing and say PASSED. */
+      case 'n': seeds = agoq_args_int_or_exit("agoq-fault", "--seeds", optarg, 1, 1000000); break;
+      case 's': seed = agoq_args_ull_or_exit("agoq-fault", "--seed", optarg, UINT64_MAX); break;
+      case 'r': nrogue = agoq_args_int_or_exit("agoq-fault", "--rogue", optarg, 1, 1000000); break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }

@@ -3,6 +3,7 @@
  * option outside it is an error rather than silently ignored. Options and file names may
  * come in any order (GNU getopt permutes).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agoq_args.h"
 #include "codec.h"
 
 enum { OPT_STOCHASTIC = 256, OPT_SEED, OPT_CRC, OPT_DIST };
@@ -71,13 +73,10 @@ static void codec_names(char* buf, size_t cap, int count, const char* (*name)(in
 static const char* codec_format_name_i(int i) { return agoq_format_name((agoq_format)i); }
 static const char* codec_dtype_name_i(int i) { return agoq_dtype_name((agoq_dtype)i); }
 
-/* Decimal or 0x hex, no sign, the whole string. */
+/* Decimal or 0x hex, no sign, the whole string (tools/common/agoq_args.h; never octal). */
 static int codec_parse_u64(const char* s, uint64_t* out) {
-  char* end = NULL;
-  if (s[0] == '-' || s[0] == '+' || s[0] == '\0') return -1;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (errno != 0 || end == s || *end != '\0') return -1;
+  unsigned long long v = 0;
+  if (agoq_args_parse_ull(s, UINT64_MAX, &v) != 0) return -1;
   *out = v;
   return 0;
 }
@@ -85,7 +84,7 @@ static int codec_parse_u64(const char* s, uint64_t* out) {
 /* An integer with an optional K/M/G/T suffix (powers of 1024). */
 static int codec_parse_count(const char* s, size_t* out) {
   char* end = NULL;
-  if (s[0] == '-' || s[0] == '+' || s[0] == '\0') return -1;
+  if (!isdigit((unsigned char)s[0])) return -1; /* no blank, sign or empty string */
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno != 0 || end == s) return -1;

@@ -1,5 +1,14 @@
-/* Library lifecycle: dlopen as NCCL does, find the exported tables, hand out views. */
+/* Library lifecycle: dlopen as NCCL does, find the exported tables, check them, hand out
+ * views. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr1, dl_iterate_phdr */
+#endif
+#include <ctype.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +39,103 @@ static const void* agoq_loader_sym(void* handle, const char* prefix, int version
   return dlsym(handle, name);
 }
 
+/* ---- checking a table before anything calls through it ----
+ * A library that is not a plugin (or exports a plugin's symbol name for something else)
+ * must give an error, not a jump through garbage. NCCL trusts the table; the tools load
+ * whatever --lib names, so they check: the symbol is an object at least as large as the
+ * table of its version, its name is a short printable string in the library's loaded
+ * memory, and every member that is set points into executable code of a loaded object. */
+
+typedef struct {
+  uintptr_t addr;
+  size_t len;
+  uint32_t need; /* PF_R / PF_X */
+  uintptr_t seg_end; /* out: end of the segment holding addr (0: none) */
+} agoq_loader_span;
+
+static int agoq_loader_phdr_cb(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  agoq_loader_span* s = data;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD || (ph->p_flags & s->need) != s->need) continue;
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+    if (s->addr >= lo && s->addr < hi && s->len <= hi - s->addr) {
+      s->seg_end = hi;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Where [p, p + len) lies wholly in one loaded segment with the flags `need`: the end of
+ * that segment; 0 otherwise. */
+static uintptr_t agoq_loader_mapped(const void* p, size_t len, uint32_t need) {
+  agoq_loader_span s = {.addr = (uintptr_t)p, .len = len, .need = need};
+  if (p == NULL) return 0;
+  dl_iterate_phdr(agoq_loader_phdr_cb, &s);
+  return s.seg_end;
+}
+
+static size_t agoq_loader_table_size(bool coll, int v) {
+  static const size_t net[] = {sizeof(ncclNet_v6_t), sizeof(ncclNet_v7_t), sizeof(ncclNet_v8_t),
+                               sizeof(ncclNet_v9_t), sizeof(ncclNet_v10_t), sizeof(ncclNet_v11_t),
+                               sizeof(ncclNet_v12_t)};
+  static const size_t cnet[] = {sizeof(ncclCollNet_v6_t), sizeof(ncclCollNet_v7_t),
+                                sizeof(ncclCollNet_v8_t), sizeof(ncclCollNet_v9_t),
+                                sizeof(ncclCollNet_v10_t), sizeof(ncclCollNet_v11_t),
+                                sizeof(ncclCollNet_v12_t)};
+  _Static_assert(sizeof net / sizeof net[0] == AGOQ_LOADER_NUM_VERSIONS, "one size per version");
+  _Static_assert(sizeof cnet / sizeof cnet[0] == AGOQ_LOADER_NUM_VERSIONS, "one size per version");
+  return coll ? cnet[v - AGOQ_LOADER_MIN_VERSION] : net[v - AGOQ_LOADER_MIN_VERSION];
+}
+
+/* 0 when `table` (symbol `sym`) can be used as that version's table; else -1 and why. */
+static int agoq_loader_table_check(const void* table, const char* sym, bool coll, int v,
+                                   char* why, size_t whylen) {
+  size_t size = agoq_loader_table_size(coll, v);
+  Dl_info info;
+  const ElfW(Sym)* es = NULL;
+  if (dladdr1(table, &info, (void**)&es, RTLD_DL_SYMENT) == 0 || es == NULL) {
+    snprintf(why, whylen, "%s is not a symbol of a loaded object", sym);
+    return -1;
+  }
+  if (ELF64_ST_TYPE(es->st_info) != STT_OBJECT || es->st_size < size) {
+    snprintf(why, whylen, "%s is a %s of %zu B, not a %zu-byte v%d table",
+             sym, ELF64_ST_TYPE(es->st_info) == STT_FUNC ? "function" : "symbol",
+             (size_t)es->st_size, size, v);
+    return -1;
+  }
+  if (agoq_loader_mapped(table, size, PF_R) == 0) {
+    snprintf(why, whylen, "%s does not lie in readable memory", sym);
+    return -1;
+  }
+  const char* name = *(const char* const*)table;
+  uintptr_t end = agoq_loader_mapped(name, 1, PF_R);
+  size_t n = 0;
+  /* Names are short ("AGOQ", "IB", "Socket"): NUL within 64 bytes, all printable. */
+  while (end != 0 && (uintptr_t)(name + n) < end && n < 64 && name[n] != '\0' &&
+         isprint((unsigned char)name[n]))
+    n++;
+  if (end == 0 || n == 0 || (uintptr_t)(name + n) >= end || name[n] != '\0') {
+    snprintf(why, whylen, "%s has no valid name string", sym);
+    return -1;
+  }
+  const void* const* fns = (const void* const*)table + 1; /* every member after the name */
+  size_t nfns = (size - sizeof(void*)) / sizeof(void*);
+  for (size_t i = 0; i < nfns; i++) {
+    if (i < 3 && fns[i] == NULL) { /* init, devices, getProperties: NCCL calls them first */
+      snprintf(why, whylen, "%s member %zu (of init/devices/getProperties) is NULL", sym, i + 1);
+      return -1;
+    }
+    if (fns[i] != NULL && agoq_loader_mapped(fns[i], 1, PF_X) == 0) {
+      snprintf(why, whylen, "%s member %zu does not point into code", sym, i + 1);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int agoq_netlib_open(const char* path, agoq_netlib** out, char* err, size_t errlen) {
   if (path == NULL || out == NULL) {
     agoq_loader_err(err, errlen, "agoq_netlib_open: NULL %s", path == NULL ? "path" : "out");
@@ -53,6 +159,17 @@ int agoq_netlib_open(const char* path, agoq_netlib** out, char* err, size_t errl
     lib->net[v - AGOQ_LOADER_MIN_VERSION] = agoq_loader_sym(lib->handle, "ncclNetPlugin_v", v);
     lib->coll[v - AGOQ_LOADER_MIN_VERSION] =
         agoq_loader_sym(lib->handle, "ncclCollNetPlugin_v", v);
+    for (int c = 0; c < 2; c++) {
+      const void* t = c ? lib->coll[v - AGOQ_LOADER_MIN_VERSION] : lib->net[v - AGOQ_LOADER_MIN_VERSION];
+      char sym[64], why[160];
+      snprintf(sym, sizeof sym, "%s%d", c ? "ncclCollNetPlugin_v" : "ncclNetPlugin_v", v);
+      if (t != NULL && agoq_loader_table_check(t, sym, c != 0, v, why, sizeof why) != 0) {
+        agoq_loader_err(err, errlen, "%s is not a usable NCCL plugin: %s", path, why);
+        dlclose(lib->handle);
+        free(lib);
+        return -1;
+      }
+    }
     if (lib->net[v - AGOQ_LOADER_MIN_VERSION] != NULL) found++;
   }
   if (found == 0) {

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "agoq_args.h"
 #include "agoq_codec.h"
 #include "agoq_codec_cuda.h"
 #include "agoq_cuda_probe.h"
@@ -882,38 +883,15 @@ int main(int argc, char** argv) {
       case 'q': quick = true; break;
       case 'P': perf = false; break;
       case 'I': identity = false; break;
-      case 'm': {
-        char* end;
-        unsigned long v = strtoul(optarg, &end, 10);
-        if (*end != '\0' || v == 0 || v > 65536) {
-          usage(stderr);
-          return EXIT_USAGE;
-        }
-        perf_mib = v;
-        break;
-      }
+      /* Strict numbers (tools/common/agoq_args.h): a bad value says so and exits 2. */
+      case 'm': perf_mib = (size_t)agoq_args_ll_or_exit("codec_gpu_check", "--perf-mib", optarg, 1, 65536); break;
       case 'n':
-      case 'r': {
-        char* end;
-        unsigned long long v = strtoull(optarg, &end, 10);
-        if (*end != '\0' || v > ((size_t)1 << 32) || (c == 'n' && v < 1024)) {
-          usage(stderr);
-          return EXIT_USAGE;
-        }
-        if (c == 'n') max_n = (size_t)v;
-        else ranges_n = (size_t)v;
+        max_n = (size_t)agoq_args_ll_or_exit("codec_gpu_check", "--max-n", optarg, 1024, 1ll << 32);
         break;
-      }
-      case 'i': {
-        char* end;
-        long v = strtol(optarg, &end, 10);
-        if (*end != '\0' || v < 1 || v > 1000) {
-          usage(stderr);
-          return EXIT_USAGE;
-        }
-        perf_iters = (int)v;
+      case 'r':
+        ranges_n = (size_t)agoq_args_ll_or_exit("codec_gpu_check", "--ranges-n", optarg, 0, 1ll << 32);
         break;
-      }
+      case 'i': perf_iters = agoq_args_int_or_exit("codec_gpu_check", "--perf-iters", optarg, 1, 1000); break;
       case 'v': verbose = true; break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return EXIT_USAGE;

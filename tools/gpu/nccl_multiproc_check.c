@@ -14,6 +14,7 @@
  * Exit status: 0 all values correct, 1 wrong values, 2 error or timeout, 77 no GPU.
  */
 #include <dlfcn.h>
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -30,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agoq_args.h"
 #include "abi/agoq_nccl_common.h"
 
 #define EXIT_WRONG 1
@@ -132,6 +134,8 @@ static double now_s(void) {
 
 static int parse_size(const char* text, size_t* out) {
   char* end = NULL;
+  /* strtoull alone takes blanks, a sign (wrapping "-1") and an empty string. */
+  if (text == NULL || !isdigit((unsigned char)text[0])) return -1;
   errno = 0;
   unsigned long long v = strtoull(text, &end, 10);
   if (errno != 0 || end == text) return -1;
@@ -146,10 +150,8 @@ static int parse_size(const char* text, size_t* out) {
 }
 
 static int parse_int(const char* text, int lo, int hi, int* out) {
-  char* end = NULL;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) return -1;
+  long long v = 0;
+  if (agoq_args_parse_ll(text, lo, hi, &v) != 0) return -1; /* the whole string, in range */
   *out = (int)v;
   return 0;
 }
