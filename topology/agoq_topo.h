@@ -36,6 +36,7 @@ enum {
   AGOQ_TOPO_EINVAL = -3,    /* XML file hwloc rejects, or a bad argument */
   AGOQ_TOPO_ELOAD = -4,     /* hwloc failed to build the topology */
   AGOQ_TOPO_ENOMEM = -5,
+  AGOQ_TOPO_ENOSYSFS = -6,  /* a sysfs root with neither class/net nor bus/pci below it */
 };
 const char* agoq_topo_strerror(int rc);
 
@@ -109,7 +110,9 @@ int agoq_topo_discover_hwloc(agoq_topo* t);
 int agoq_topo_load_xml(const char* path, agoq_topo* t);
 /* An hwloc XML document in memory (fuzzing, embedded tests). */
 int agoq_topo_load_xml_buffer(const char* buf, int len, agoq_topo* t);
-/* This machine from sysfs alone, below `sysfs_root` ("/sys" except in tests). */
+/* This machine from sysfs alone, below `sysfs_root` ("/sys" except in tests).
+ * AGOQ_TOPO_ENOSYSFS when the root has neither class/net nor bus/pci (a mistyped or
+ * missing directory would otherwise read as a machine without devices). */
 int agoq_topo_discover_sysfs(const char* sysfs_root, agoq_topo* t);
 /* hwloc, else sysfs. *used_fallback tells which. */
 int agoq_topo_discover(agoq_topo* t, bool* used_fallback);

@@ -5,8 +5,11 @@
  * the PCI bridges of each device are the directories of its real sysfs path.
  */
 #include <dirent.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "agoq_topo_internal.h"
 
@@ -197,6 +200,17 @@ static void agoq_topo_sysfs_net(const char* root, agoq_topo* t) {
 int agoq_topo_discover_sysfs(const char* sysfs_root, agoq_topo* t) {
   if (sysfs_root == NULL || t == NULL) return AGOQ_TOPO_EINVAL;
   memset(t, 0, sizeof *t);
+  /* Every Linux sysfs has class/net (lo at least) and, with PCI, bus/pci: a root with
+   * neither is a wrong directory, not a machine without devices. */
+  static const char* const expected[] = {"class/net", "bus/pci"};
+  bool found = false;
+  for (size_t i = 0; i < sizeof expected / sizeof expected[0] && !found; i++) {
+    char path[PATH_MAX];
+    struct stat st;
+    int n = snprintf(path, sizeof path, "%s/%s", sysfs_root, expected[i]);
+    found = n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+  }
+  if (!found) return AGOQ_TOPO_ENOSYSFS;
   snprintf(t->source, sizeof t->source, "sysfs");
   /* Only the real /sys describes this machine; a test tree must not be mixed with it. */
   t->this_system = strcmp(sysfs_root, "/sys") == 0;

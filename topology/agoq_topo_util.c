@@ -13,6 +13,7 @@ const char* agoq_topo_strerror(int rc) {
     case AGOQ_TOPO_EINVAL: return "not a valid hwloc XML topology";
     case AGOQ_TOPO_ELOAD: return "hwloc could not load the topology";
     case AGOQ_TOPO_ENOMEM: return "out of memory";
+    case AGOQ_TOPO_ENOSYSFS: return "not a sysfs tree (neither class/net nor bus/pci below it)";
   }
   return "unknown error";
 }

@@ -138,12 +138,31 @@ static void test_sysfs_discovery(void** state) {
   free(t);
 }
 
-static void test_sysfs_empty_root(void** state) {
+/* A missing directory, or one that is not a sysfs tree, is an error, not an empty machine;
+ * a sysfs with class/net or bus/pci but no devices is an empty machine. */
+static void test_sysfs_not_a_sysfs_root(void** state) {
   (void)state;
   agoq_topo* t = calloc(1, sizeof *t);
   assert_non_null(t);
-  assert_int_equal(agoq_topo_discover_sysfs("/nonexistent-agoq-root", t), AGOQ_TOPO_OK);
+  assert_int_equal(agoq_topo_discover_sysfs("/nonexistent-agoq-root", t), AGOQ_TOPO_ENOSYSFS);
+  char dir[sizeof root + 16];
+  snprintf(dir, sizeof dir, "%s/devices", root); /* exists, but is no sysfs root */
+  assert_int_equal(agoq_topo_discover_sysfs(dir, t), AGOQ_TOPO_ENOSYSFS);
+  assert_non_null(strstr(agoq_topo_strerror(AGOQ_TOPO_ENOSYSFS), "class/net"));
+  char empty[64];
+  snprintf(empty, sizeof empty, "/tmp/agoq-topo-empty-XXXXXX");
+  assert_non_null(mkdtemp(empty));
+  char net[96];
+  snprintf(net, sizeof net, "%s/class", empty);
+  assert_int_equal(mkdir(net, 0700), 0);
+  snprintf(net, sizeof net, "%s/class/net", empty);
+  assert_int_equal(mkdir(net, 0700), 0);
+  assert_int_equal(agoq_topo_discover_sysfs(empty, t), AGOQ_TOPO_OK);
   assert_int_equal(t->ngpus + t->nnics + t->nnuma, 0);
+  rmdir(net);
+  snprintf(net, sizeof net, "%s/class", empty);
+  rmdir(net);
+  rmdir(empty);
   assert_int_equal(agoq_topo_discover_sysfs(NULL, t), AGOQ_TOPO_EINVAL);
   free(t);
 }
@@ -151,7 +170,7 @@ static void test_sysfs_empty_root(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sysfs_discovery),
-      cmocka_unit_test(test_sysfs_empty_root),
+      cmocka_unit_test(test_sysfs_not_a_sysfs_root),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -78,7 +78,7 @@ static int agoq_topo_cli_load_xml(const char* path, agoq_topo* t) {
     fprintf(stderr, "agoq-topo: %s: %s\n", path, agoq_topo_strerror(rc));
     return rc;
   }
-  char why[256];
+  char why[512]; /* room for the hwloc 1.x conversion hint */
   if (agoq_topo_xml_check(buf, len + 1, why, sizeof why) != 0) {
     fprintf(stderr, "agoq-topo: %s: %s: malformed topology XML: %s\n", path,
             agoq_topo_strerror(AGOQ_TOPO_EINVAL), why);
@@ -139,6 +139,7 @@ static int agoq_topo_cli_load_xml(const char* path, agoq_topo* t) {
 
 static void agoq_topo_usage(FILE* out) {
   fputs("usage: agoq-topo [--xml FILE | --sysfs [DIR]] [--json]\n"
+        "       (an option's value may follow it or an '=': --xml FILE, --xml=FILE)\n"
         "\n"
         "Prints the GPUs, NICs and NUMA nodes of this machine (hwloc when it can be loaded,\n"
         "else sysfs), the GPU x NIC path matrix in NCCL's terms (PIX, PXB, PHB, SYS), and\n"
@@ -147,7 +148,8 @@ static void agoq_topo_usage(FILE* out) {
         "  --xml FILE     read an hwloc XML topology instead of this machine (an error if\n"
         "                 the file is missing, fails agoq's strict XML check, or hwloc\n"
         "                 rejects it or crashes on it; never this machine)\n"
-        "  --sysfs [DIR]  skip hwloc and read sysfs below DIR (default /sys)\n"
+        "  --sysfs [DIR]  skip hwloc and read sysfs below DIR (default /sys; an error if DIR\n"
+        "                 has neither class/net nor bus/pci)\n"
         "  --json         print JSON instead of text\n"
         "  -h, --help     this text\n",
         out);
@@ -170,12 +172,27 @@ int main(int argc, char** argv) {
     switch (opt) {
       case OPT_XML: xml = optarg; break;
       case OPT_JSON: json = true; break;
-      case OPT_SYSFS: sysfs = optarg != NULL ? optarg : "/sys"; break;
+      case OPT_SYSFS:
+        /* getopt's optional argument takes only --sysfs=DIR; the documented --sysfs DIR
+         * takes the next word when it is not an option. */
+        if (optarg == NULL && optind < argc && argv[optind][0] != '-') optarg = argv[optind++];
+        sysfs = optarg != NULL ? optarg : "/sys";
+        if (sysfs[0] == '\0') {
+          fputs("agoq-topo: --sysfs: empty directory name\n", stderr);
+          return 2;
+        }
+        break;
       case 'h': agoq_topo_usage(stdout); return 0;
       default: agoq_topo_usage(stderr); return 2;
     }
   }
-  if (optind != argc || (xml != NULL && sysfs != NULL)) {
+  if (optind != argc) {
+    fprintf(stderr, "agoq-topo: unexpected argument '%s'\n", argv[optind]);
+    agoq_topo_usage(stderr);
+    return 2;
+  }
+  if (xml != NULL && sysfs != NULL) {
+    fputs("agoq-topo: --xml and --sysfs exclude each other\n", stderr);
     agoq_topo_usage(stderr);
     return 2;
   }
