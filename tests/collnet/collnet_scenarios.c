@@ -22,6 +22,7 @@
 #include "collnet_harness.h"
 
 int cn_sc_kill(cn_worker* w); /* collnet_scen_kill.c */
+int cn_sc_stats(cn_worker* w); /* collnet_scen_stats.c */
 
 static int cn_group_up(cn_worker* w) {
   if (cn_open(w) != 0) return -1;
@@ -333,5 +334,6 @@ const cn_scenario cn_scenarios[] = {
     {"inflight", "8 calls outstanding, tested newest first", cn_sc_inflight, 0},
     {"kill", "a rank SIGKILLed mid-collective: the others fail within 10 s", cn_sc_kill,
      CN_SC_VICTIM},
+    {"stats", "AGOQ_STATS: known call mix, then exit() with the group open", cn_sc_stats, 0},
 };
 const size_t cn_scenario_count = sizeof(cn_scenarios) / sizeof(cn_scenarios[0]);
