@@ -3,8 +3,9 @@
  * agoq-topo runs before hwloc); only documents it accepts reach hwloc, which must then not
  * crash (hwloc 2.9 does on many documents the check refuses). Whatever hwloc accepts, our
  * conversion, path rules, NIC choice and JSON output must neither crash nor produce
- * out-of-range results. The seed corpus is the fixtures of tests/fixtures/topo plus inputs
- * that crashed hwloc before the check existed (regress-hwloc-*). */
+ * out-of-range results. The seed corpus is the fixtures of tests/fixtures/topo (hand-written,
+ * their lstopo round trips, synthetic machines with distances and memattrs, hwloc 1.x)
+ * plus inputs that crashed hwloc before the check existed (regress-hwloc-*). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
