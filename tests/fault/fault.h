@@ -91,5 +91,6 @@ int fault_sc_kill_coll(int seeds, uint64_t seed0);
 int fault_sc_stall(void);
 int fault_sc_flood(int nrogue);
 int fault_sc_bitflip(int seeds, uint64_t seed0);
+int fault_sc_bitflip_coll(int seeds, uint64_t seed0); /* the same proxy between CollNet peers */
 
 #endif

@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include "agoq_frame.h"
+#include "collnet/agoq_collnet.h"
+#include "core/agoq_log.h"
 #include "fault.h"
 #include "net/agoq_net.h"
 #include "net/agoq_wire.h"
@@ -170,6 +172,8 @@ typedef struct {
   struct sockaddr_storage to;
   socklen_t to_len;
   uint64_t seed;
+  uint64_t data_span; /* bytes per data socket the flip offset is drawn from; 0: p2p's */
+  bool no_flip;       /* forward only */
 } bf_proxy_arg;
 
 #define BF_MAX_CONN 80
@@ -234,12 +238,13 @@ static int bf_proxy(int fd, void* varg) {
           if (k->index < 0 && k->hello_got == AGOQ_HELLO_SIZE) {
             k->index = k->hello[6];
             k->nsocks = k->hello[7];
-            if (target < 0) {
+            if (target < 0 && !a->no_flip) {
               /* Control socket in 1 case of 4 (within its 8 message headers), else a data
                * socket within its share of the 8 frames. */
               bool ctrl = fault_rand(&st) % 4 == 0;
               target = ctrl ? 0 : 1 + (int)(fault_rand(&st) % (uint64_t)k->nsocks);
-              uint64_t span = ctrl ? 8u * AGOQ_MSG_HDR_SIZE : (uint64_t)BF_MSGS * (BF_BYTES / 2 + 8192) / k->nsocks;
+              uint64_t data = a->data_span ? a->data_span : (uint64_t)BF_MSGS * (BF_BYTES / 2 + 8192) / k->nsocks;
+              uint64_t span = ctrl ? 8u * AGOQ_MSG_HDR_SIZE : data;
               flip_at = fault_rand(&st) % span;
             }
           }
@@ -338,6 +343,211 @@ int fault_sc_bitflip(int seeds, uint64_t seed0) {
   printf("fault: bitflip: cases=%d detected=%d correct-despite-flip=%d no-flip=%d wrong-data=%d hangs=%d\n", cases,
          detected, harmless, noflip, wrong, hangs);
   unsetenv("AGOQ_P2P_FORMAT");
+  unsetenv("AGOQ_BLOCK");
+  unsetenv("AGOQ_MIN_BYTES");
+  return wrong == 0 && hangs == 0 && detected > 0 ? 0 : 1;
+}
+
+/* ---- bitflip_coll: the same proxy between CollNet peers -------------------------------
+ * Three ranks run BC_CALLS quantized bf16 all-reduces (int8, block 128, every frame with
+ * header and payload CRC32C); every rank's listen address is replaced, in the handles the
+ * other ranks receive, by a proxy that forwards to it, and one proxy flips one bit of one
+ * socket (a data socket, or 1 case in 4 the control socket). Each rank reports a hash of
+ * all its results; a first run without a flip gives the reference. Every rank must end
+ * with the reference bits or with an error; wrong data or a hang fails the test. */
+
+#define BC_NRANKS 3
+#define BC_CALLS 8
+#define BC_COUNT (256u * 1024u) /* bf16 elements per call: 512 KiB */
+
+typedef struct {
+  int rank;
+} bc_arg;
+
+static int bc_rank(int fd, void* varg) {
+  bc_arg* a = varg;
+  void *ctx = NULL, *lc = NULL, *cc = NULL;
+  uint8_t handle[FAULT_HANDLE_SIZE] = {0};
+  static uint8_t all[BC_NRANKS][FAULT_HANDLE_SIZE];
+  if (agoq_coll_init(&ctx, FAULT_COMM_ID, agoq_log_stderr) != ncclSuccess) return fault_report_fail(fd, "coll init");
+  if (agoq_coll_listen(ctx, 0, handle, &lc) != ncclSuccess) return fault_report_fail(fd, "coll listen");
+  fault_send(fd, FAULT_MSG_HANDLE, handle, sizeof handle);
+  if (fault_recv_kind(fd, FAULT_MSG_HANDLES, all, sizeof all, 20000) != (int)sizeof all)
+    return fault_report_fail(fd, "no handles");
+  void* hp[BC_NRANKS];
+  for (int i = 0; i < BC_NRANKS; i++) hp[i] = all[i];
+  ncclResult_t err = agoq_coll_connect(hp, BC_NRANKS, a->rank, lc, &cc);
+  size_t bytes = (size_t)BC_COUNT * 2 * BC_CALLS;
+  uint16_t* send = malloc(bytes);
+  uint16_t* recv = malloc(bytes);
+  if (send == NULL || recv == NULL) return fault_report_fail(fd, "out of memory");
+  uint64_t st = fault_mix(0xc011b17ull + (uint64_t)a->rank); /* the same inputs in every case */
+  for (size_t i = 0; i < bytes / 2; i++) {
+    uint64_t r = fault_rand(&st);
+    send[i] = (uint16_t)(((r >> 8) & 0x8000u) | ((120u + (unsigned)(r % 15)) << 7) | ((r >> 20) & 0x7fu));
+  }
+  memset(recv, 0xee, bytes);
+  void *smh = NULL, *rmh = NULL;
+  void* reqs[BC_CALLS] = {0};
+  int step = 0;
+  if (err == ncclSuccess) {
+    agoq_coll_reg_mr(cc, send, bytes, NCCL_PTR_HOST, &smh);
+    agoq_coll_reg_mr(cc, recv, bytes, NCCL_PTR_HOST, &rmh);
+  }
+  for (int k = 0; k < BC_CALLS && err == ncclSuccess; k++) {
+    step = k;
+    int64_t end = fault_now_ms() + 20000;
+    while (reqs[k] == NULL && err == ncclSuccess) {
+      err = agoq_coll_iallreduce(cc, send + (size_t)k * BC_COUNT, recv + (size_t)k * BC_COUNT, BC_COUNT,
+                                 ncclBfloat16, ncclSum, &reqs[k]);
+      if (fault_now_ms() > end) return fault_report_fail(fd, "call %d could not be posted in 20 s", k);
+    }
+  }
+  for (int k = 0; k < BC_CALLS && err == ncclSuccess; k++) {
+    step = k;
+    int done = 0, size = 0;
+    int64_t end = fault_now_ms() + 20000;
+    while (!done && (err = agoq_coll_test(reqs[k], &done, &size)) == ncclSuccess)
+      if (fault_now_ms() > end) return fault_report_fail(fd, "call %d neither completed nor failed in 20 s", k);
+  }
+  if (err != ncclSuccess) {
+    fault_event_send(fd, FAULT_MSG_ERROR, step, err);
+  } else {
+    uint32_t h = agoq_crc32c(0, recv, bytes);
+    fault_event_send(fd, FAULT_MSG_DONE, 0, (int64_t)h);
+  }
+  uint32_t kind;
+  char sink[16];
+  fault_recv(fd, &kind, sink, sizeof sink, 30000);
+  if (smh) agoq_coll_dereg_mr(cc, smh);
+  if (rmh) agoq_coll_dereg_mr(cc, rmh);
+  if (cc) agoq_coll_close_coll(cc);
+  agoq_coll_close_listen(lc);
+  agoq_coll_finalize(ctx);
+  free(send);
+  free(recv);
+  return 0;
+}
+
+/* One case: ranks, proxies (one may flip), outcome per rank. Returns -1 on setup failure. */
+typedef struct {
+  int done, errors, hangs;
+  int64_t hash[BC_NRANKS];
+  bool flipped;
+  fault_event flip;
+} bc_outcome;
+
+static int bc_case(uint64_t seed, int flipper, bc_outcome* o) {
+  memset(o, 0, sizeof *o);
+  fault_child r[BC_NRANKS], px[BC_NRANKS];
+  bc_arg a[BC_NRANKS];
+  static uint8_t real[BC_NRANKS][FAULT_HANDLE_SIZE], proxied[BC_NRANKS][FAULT_HANDLE_SIZE];
+  static uint8_t view[BC_NRANKS][BC_NRANKS][FAULT_HANDLE_SIZE];
+  for (int k = 0; k < BC_NRANKS; k++) {
+    a[k].rank = k;
+    if (fault_spawn(&r[k], bc_rank, &a[k]) != 0) return -1;
+  }
+  for (int k = 0; k < BC_NRANKS; k++) {
+    if (fault_recv_kind(r[k].fd, FAULT_MSG_HANDLE, real[k], FAULT_HANDLE_SIZE, 20000) != FAULT_HANDLE_SIZE) return -1;
+    agoq_handle h;
+    if (agoq_handle_decode(real[k], AGOQ_HANDLE_WIRE_SIZE, &h) != AGOQ_WIRE_OK) return -1;
+    bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = seed + (uint64_t)k,
+                       .data_span = (uint64_t)BC_CALLS * (BC_COUNT / BC_NRANKS + 4096) / 2, .no_flip = k != flipper};
+    pa.lfd = socket(h.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage la = h.addr;
+    ((struct sockaddr_in*)&la)->sin_port = 0;
+    socklen_t ll = h.addr_len;
+    if (pa.lfd < 0 || bind(pa.lfd, (struct sockaddr*)&la, ll) != 0 || listen(pa.lfd, 128) != 0 ||
+        getsockname(pa.lfd, (struct sockaddr*)&la, &ll) != 0)
+      return -1;
+    if (fault_spawn(&px[k], bf_proxy, &pa) != 0) return -1;
+    close(pa.lfd);
+    h.addr = la;
+    memcpy(proxied[k], real[k], FAULT_HANDLE_SIZE); /* CollNet's settings at [64, 96) stay */
+    agoq_handle_encode(&h, proxied[k]);
+  }
+  /* Rank k sees its own handle as made, every other rank's through that rank's proxy. */
+  for (int k = 0; k < BC_NRANKS; k++) {
+    for (int j = 0; j < BC_NRANKS; j++) memcpy(view[k][j], j == k ? real[j] : proxied[j], FAULT_HANDLE_SIZE);
+    fault_send(r[k].fd, FAULT_MSG_HANDLES, view[k], sizeof view[k]);
+  }
+  for (int k = 0; k < BC_NRANKS; k++) {
+    uint32_t kind = 0;
+    char text[512];
+    int n = fault_recv(r[k].fd, &kind, text, sizeof text - 1, 40000);
+    fault_event e;
+    memcpy(&e, text, sizeof e);
+    if (n < 0) {
+      o->hangs++;
+      printf("fault: bitflip_coll: rank %d neither finished nor failed (hang)\n", k);
+    } else if (kind == FAULT_MSG_FAIL) {
+      o->hangs++;
+      printf("fault: bitflip_coll: rank %d: %.*s\n", k, n, text);
+    } else if (kind == FAULT_MSG_ERROR) {
+      o->errors++;
+      o->hash[k] = -1;
+    } else {
+      o->done++;
+      o->hash[k] = e.value;
+    }
+  }
+  if (flipper >= 0) {
+    uint32_t fk = 0;
+    o->flipped = fault_recv(px[flipper].fd, &fk, &o->flip, sizeof o->flip, 200) == (int)sizeof o->flip &&
+                 fk == FAULT_MSG_PHASE;
+  }
+  for (int k = 0; k < BC_NRANKS; k++) {
+    fault_send(r[k].fd, FAULT_MSG_STOP, NULL, 0);
+    fault_send(px[k].fd, FAULT_MSG_STOP, NULL, 0);
+    if (fault_reap(&r[k], 20000) != 0) o->hangs++;
+    if (fault_reap(&px[k], 20000) != 0) o->hangs++;
+  }
+  return 0;
+}
+
+int fault_sc_bitflip_coll(int seeds, uint64_t seed0) {
+  int cases = 0, detected = 0, harmless = 0, noflip = 0, wrong = 0, hangs = 0;
+  setenv("AGOQ_FORMAT", "int8", 1);
+  setenv("AGOQ_BLOCK", "128", 1);
+  setenv("AGOQ_MIN_BYTES", "64K", 1);
+  bc_outcome ref;
+  if (bc_case(seed0, -1, &ref) != 0 || ref.done != BC_NRANKS || ref.hash[1] != ref.hash[0] ||
+      ref.hash[2] != ref.hash[0]) {
+    printf("fault: bitflip_coll: the reference run without a flip failed (%d of %d ranks done)\n", ref.done,
+           BC_NRANKS);
+    return 1;
+  }
+  for (int i = 0; i < seeds; i++) {
+    uint64_t seed = fault_mix(seed0 + 0x200000u + (uint64_t)i);
+    bc_outcome o;
+    if (bc_case(seed, (int)(seed % BC_NRANKS), &o) != 0) return 1;
+    cases++;
+    hangs += o.hangs;
+    int bad = 0;
+    for (int k = 0; k < BC_NRANKS; k++)
+      if (o.hash[k] != -1 && o.hash[k] != ref.hash[0]) bad++;
+    const char* where = !o.flipped ? "no flip" : o.flip.phase == 0 ? "control socket" : "data socket";
+    if (bad > 0) {
+      wrong++;
+      printf("fault: bitflip_coll seed %d (%s, offset %lld): WRONG DATA on %d rank(s)\n", i, where,
+             (long long)o.flip.value, bad);
+    } else if (o.errors > 0) {
+      detected++;
+      printf("fault: bitflip_coll seed %d: flip on %s at offset %lld -> %d rank(s) failed, %d correct\n", i, where,
+             (long long)o.flip.value, o.errors, o.done);
+      if (!o.flipped) wrong++, printf("fault: bitflip_coll seed %d: ...but the proxy reports no flip\n", i);
+    } else if (o.flipped) {
+      harmless++;
+      printf("fault: bitflip_coll seed %d: flip on %s at offset %lld -> all results correct\n", i, where,
+             (long long)o.flip.value);
+    } else {
+      noflip++;
+      printf("fault: bitflip_coll seed %d: offset past the stream, no flip; all results correct\n", i);
+    }
+  }
+  printf("fault: bitflip_coll: cases=%d detected=%d correct-despite-flip=%d no-flip=%d wrong-data=%d hangs=%d\n",
+         cases, detected, harmless, noflip, wrong, hangs);
+  unsetenv("AGOQ_FORMAT");
   unsetenv("AGOQ_BLOCK");
   unsetenv("AGOQ_MIN_BYTES");
   return wrong == 0 && hangs == 0 && detected > 0 ? 0 : 1;

@@ -10,7 +10,7 @@
 #include "fault.h"
 
 static void usage(FILE* out) {
-  fputs("usage: agoq-fault kill_p2p|kill_coll|stall|flood|bitflip [--seeds N] [--seed S] [--rogue N]\n",
+  fputs("usage: agoq-fault kill_p2p|kill_coll|stall|flood|bitflip|bitflip_coll [--seeds N] [--seed S] [--rogue N]\n",
         out);
 }
 
@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   else if (strcmp(sc, "stall") == 0) rc = fault_sc_stall();
   else if (strcmp(sc, "flood") == 0) rc = fault_sc_flood(nrogue);
   else if (strcmp(sc, "bitflip") == 0) rc = fault_sc_bitflip(seeds, seed);
+  else if (strcmp(sc, "bitflip_coll") == 0) rc = fault_sc_bitflip_coll(seeds, seed);
   else {
     usage(stderr);
     return 2;
