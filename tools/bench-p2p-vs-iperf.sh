@@ -58,14 +58,10 @@ command -v python3 >/dev/null || die "python3 is needed to read JSON"
 # ---- the plugin's data sockets per connection ----
 nsocks="${AGOQ_SOCKET_NSOCKS:-}"
 source="AGOQ_SOCKET_NSOCKS"
-if [[ -z "$nsocks" && -n "$info" && -x "$info" ]]; then
-  nsocks="$("$info" -c 2>/dev/null | awk '/^AGOQ_SOCKET_NSOCKS /{getline; print $2; exit}')"
-  source="agoq-info"
-fi
-if [[ -z "$nsocks" || "$nsocks" == "0" ]]; then
-  # 0 = automatic; the rule is the parameter's documented default.
-  if [[ "$(nproc)" -lt 4 ]]; then nsocks=2; else nsocks=4; fi
-  source="automatic default for $(nproc) CPUs"
+if [[ -z "$nsocks" || "$nsocks" == "0" ]] && [[ -n "$info" && -x "$info" ]]; then
+  # The count the plugin resolves (0 = automatic included), as agoq-info -c reports it.
+  nsocks="$(AGOQ_SOCKET_IFNAME="${AGOQ_SOCKET_IFNAME:-lo}" "$info" -c 2>/dev/null | awk '/^data sockets:/{print $3; exit}')"
+  source="agoq-info -c (the plugin's resolved count)"
 fi
 [[ "$nsocks" =~ ^[0-9]+$ && "$nsocks" -ge 1 ]] || die "bad data socket count '$nsocks'"
 

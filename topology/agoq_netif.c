@@ -54,7 +54,11 @@ void agoq_netif_read_sysfs(const char* sysfs_root, agoq_netif* nif) {
   snprintf(path, sizeof path, "%s/class/net/%s/speed", sysfs_root, nif->name);
   /* Virtual interfaces (lo, veth in some kernels) report nothing or -1: keep NCCL's
    * default so the bandwidth model does not think the link is dead. */
-  if (agoq_netif_read_int(path, &speed) != 0 || speed <= 0) speed = AGOQ_NETIF_DEFAULT_SPEED_MBPS;
+  nif->speed_source = AGOQ_NETIF_SPEED_SYSFS;
+  if (agoq_netif_read_int(path, &speed) != 0 || speed <= 0) {
+    speed = AGOQ_NETIF_DEFAULT_SPEED_MBPS;
+    nif->speed_source = AGOQ_NETIF_SPEED_DEFAULT;
+  }
   nif->speed_mbps = speed;
 
   snprintf(path, sizeof path, "%s/class/net/%s/device", sysfs_root, nif->name);
@@ -91,6 +95,7 @@ static int agoq_netif_collect(struct ifaddrs* list, const char* spec, agoq_netif
       strcpy(nif->name, ifa->ifa_name);
       nif->addr_len = pass_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
       memcpy(&nif->addr, ifa->ifa_addr, nif->addr_len);
+      nif->running = (ifa->ifa_flags & IFF_RUNNING) != 0;
       nif->numa_node = -1; /* the topology fills it in (agoq_topo_annotate_netifs) */
       agoq_netif_read_sysfs(sysfs_root, nif);
     }
@@ -108,6 +113,59 @@ int agoq_netif_discover(const char* spec, agoq_netif_family family, const char* 
   } else {
     count = agoq_netif_collect(list, "^docker,lo", family, sysfs_root, out, max);
     if (count == 0) count = agoq_netif_collect(list, "=lo", family, sysfs_root, out, max);
+  }
+  freeifaddrs(list);
+  return count;
+}
+
+const char* agoq_netif_state_name(unsigned ifa_flags) {
+  if (!(ifa_flags & IFF_UP)) return "down";
+  return (ifa_flags & IFF_RUNNING) ? "up" : "no carrier";
+}
+
+const char* agoq_netif_speed_source_name(agoq_netif_speed_source s) {
+  switch (s) {
+    case AGOQ_NETIF_SPEED_SYSFS: return "sysfs";
+    case AGOQ_NETIF_SPEED_TOPOLOGY: return "topology";
+    default: return "default";
+  }
+}
+
+int agoq_netif_list_all(char* buf, size_t len) {
+  if (len > 0) buf[0] = '\0';
+  struct ifaddrs* list = NULL;
+  if (getifaddrs(&list) != 0) return -1;
+  int count = 0;
+  size_t off = 0;
+  /* getifaddrs lists an interface once per address (and once for AF_PACKET): one entry per
+   * name, with its best address (IPv4 before IPv6). */
+  for (struct ifaddrs* ifa = list; ifa != NULL; ifa = ifa->ifa_next) {
+    bool first = true;
+    for (struct ifaddrs* p = list; p != ifa && first; p = p->ifa_next) first = strcmp(p->ifa_name, ifa->ifa_name) != 0;
+    if (!first) continue;
+    const struct sockaddr* best = NULL;
+    unsigned flags = ifa->ifa_flags;
+    for (struct ifaddrs* p = ifa; p != NULL; p = p->ifa_next) {
+      if (strcmp(p->ifa_name, ifa->ifa_name) != 0 || p->ifa_addr == NULL) continue;
+      int fam = p->ifa_addr->sa_family;
+      if (fam == AF_INET && (best == NULL || best->sa_family != AF_INET)) best = p->ifa_addr;
+      else if (fam == AF_INET6 && best == NULL) best = p->ifa_addr;
+    }
+    char addr[INET6_ADDRSTRLEN + 16] = "(no address)";
+    if (best != NULL) {
+      agoq_sockaddr_str(best, addr, sizeof addr);
+      char* colon = strrchr(addr, ':'); /* drop the ":0" port */
+      if (colon != NULL) *colon = '\0';
+      if (addr[0] == '[') { /* "[fe80::1%2]" -> "fe80::1%2" */
+        memmove(addr, addr + 1, strlen(addr));
+        char* close = strrchr(addr, ']');
+        if (close != NULL) *close = '\0';
+      }
+    }
+    if (off < len)
+      off += (size_t)snprintf(buf + off, len - off, "%s%s %s %s", count ? ", " : "", ifa->ifa_name, addr,
+                              agoq_netif_state_name(flags));
+    count++;
   }
   freeifaddrs(list);
   return count;

@@ -18,11 +18,20 @@
 
 typedef enum { AGOQ_NETIF_FAMILY_ANY = 0, AGOQ_NETIF_FAMILY_IPV4 = 1, AGOQ_NETIF_FAMILY_IPV6 = 2 } agoq_netif_family;
 
+/* Where speed_mbps came from: users must be able to tell a measured link from a guess. */
+typedef enum {
+  AGOQ_NETIF_SPEED_DEFAULT = 0, /* nothing reported it: AGOQ_NETIF_DEFAULT_SPEED_MBPS */
+  AGOQ_NETIF_SPEED_SYSFS,       /* /sys/class/net/<name>/speed (the driver's, as ethtool) */
+  AGOQ_NETIF_SPEED_TOPOLOGY,    /* the topology's NIC (sysfs or an InfiniBand port's rate) */
+} agoq_netif_speed_source;
+
 typedef struct {
   char name[IF_NAMESIZE + 1];
   struct sockaddr_storage addr; /* port 0 */
   socklen_t addr_len;
+  bool running;                 /* IFF_RUNNING: the link has carrier (it is IFF_UP too) */
   int speed_mbps;               /* from sysfs; AGOQ_NETIF_DEFAULT_SPEED_MBPS when unknown */
+  agoq_netif_speed_source speed_source;
   bool has_pci_path;
   char pci_path[PATH_MAX];      /* realpath of /sys/class/net/<name>/device, or of its PCI
                                  * device when the topology knows it (agoq_topo_annotate_netifs) */
@@ -46,6 +55,19 @@ int agoq_netif_discover(const char* spec, agoq_netif_family family, const char* 
 
 /* Reads speed and PCI path for `name` below `sysfs_root` into `nif`. */
 void agoq_netif_read_sysfs(const char* sysfs_root, agoq_netif* nif);
+
+/* Every interface of this host, for an error that says what a filter could have matched:
+ * "eth0 10.0.0.2 up, lo 127.0.0.1 up, docker0 172.17.0.1 down, ib0 (no address) up" (the
+ * IPv4 address if any, else IPv6; "down" = not IFF_UP, "no carrier" = up without
+ * IFF_RUNNING). Truncated to len; returns the number of interfaces, -1 if the OS could not
+ * be asked. */
+int agoq_netif_list_all(char* buf, size_t len);
+
+/* "up", "no carrier" or "down", as agoq_netif_list_all says it. */
+const char* agoq_netif_state_name(unsigned ifa_flags);
+
+/* "sysfs", "topology" or "default". */
+const char* agoq_netif_speed_source_name(agoq_netif_speed_source s);
 
 /* "name:addr" for logs. */
 const char* agoq_netif_describe(const agoq_netif* nif, char* buf, size_t len);

@@ -25,7 +25,11 @@ int agoq_topo_annotate_netifs(const agoq_topo* t, agoq_netif* ifs, int n) {
       strcpy(nif->pci_path, nic->pci_path);
       nif->has_pci_path = true;
     }
-    if (nif->speed_mbps == AGOQ_NETIF_DEFAULT_SPEED_MBPS && nic->speed_mbps > 0) nif->speed_mbps = nic->speed_mbps;
+    /* Only a guess gives way (a link measured at exactly the default speed stays measured). */
+    if (nif->speed_source == AGOQ_NETIF_SPEED_DEFAULT && nic->speed_mbps > 0) {
+      nif->speed_mbps = nic->speed_mbps;
+      nif->speed_source = AGOQ_NETIF_SPEED_TOPOLOGY;
+    }
   }
   return matched;
 }

@@ -9,6 +9,8 @@
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 #include "net/agoq_comm.h"
+#include "net/agoq_net_config.h"
+#include "net/agoq_progress.h"
 #include "agoq_codec.h"
 #include "agoq_topo.h"
 
@@ -50,9 +52,8 @@ static void agoq_config_topology(agoq_transport_config* c) {
   free(topo);
 }
 
-static ncclResult_t agoq_config_load(void) {
+ncclResult_t agoq_net_config_resolve(agoq_transport_config* c) {
   AGOQ_CHECK(agoq_params_load());
-  agoq_transport_config* c = &agoq_config;
   memset(c, 0, sizeof *c);
   const char* spec = agoq_param_str(AGOQ_PARAM_SOCKET_IFNAME);
   agoq_netif_family family = (agoq_netif_family)agoq_param_int(AGOQ_PARAM_SOCKET_FAMILY);
@@ -62,8 +63,13 @@ static ncclResult_t agoq_config_load(void) {
     return ncclSystemError;
   }
   if (c->nifs == 0) {
-    AGOQ_WARN("no usable network interface matches %s=\"%s\" (family %s); set AGOQ_SOCKET_IFNAME",
-              agoq_param_source(AGOQ_PARAM_SOCKET_IFNAME), spec, agoq_param_str(AGOQ_PARAM_SOCKET_FAMILY));
+    /* Say what exists: a filter that matches nothing is usually a name from another host. */
+    char all[768];
+    if (agoq_netif_list_all(all, sizeof all) < 0) snprintf(all, sizeof all, "(cannot list: %s)", strerror(errno));
+    AGOQ_WARN("no usable network interface matches %s=\"%s\" (family %s, must be up with an address); "
+              "this host has: %s; set AGOQ_SOCKET_IFNAME",
+              agoq_param_source(AGOQ_PARAM_SOCKET_IFNAME), spec, agoq_param_str(AGOQ_PARAM_SOCKET_FAMILY),
+              all[0] ? all : "no interfaces");
     return ncclSystemError;
   }
   agoq_config_topology(c);
@@ -78,6 +84,14 @@ static ncclResult_t agoq_config_load(void) {
   c->timeout_s = (int)agoq_param_int(AGOQ_PARAM_TIMEOUT_S);
   c->handshake_timeout_ms = agoq_param_int(AGOQ_PARAM_HANDSHAKE_TIMEOUT_MS);
   c->max_pending = (int)agoq_param_int(AGOQ_PARAM_MAX_PENDING_CONNECTIONS);
+  return ncclSuccess;
+}
+
+int agoq_net_config_nthreads(void) { return agoq_progress_nthreads(); }
+
+static ncclResult_t agoq_config_load(void) {
+  agoq_transport_config* c = &agoq_config;
+  AGOQ_CHECK(agoq_net_config_resolve(c));
   agoq_typed_policy_load();
 
   char line[512] = "", one[160], desc[128];
@@ -85,9 +99,9 @@ static ncclResult_t agoq_config_load(void) {
     snprintf(one, sizeof one, "%s[%d]%s", i ? " " : "", i, agoq_netif_describe(&c->ifs[i], desc, sizeof desc));
     strncat(line, one, sizeof line - strlen(line) - 1);
   }
-  AGOQ_INFO(NCCL_INIT | NCCL_NET, "Using %s; %u data sockets per connection, %s progress threads",
-            line, c->nsocks,
-            agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS) ? agoq_param_str(AGOQ_PARAM_SOCKET_NTHREADS) : "auto");
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, "Using %s; %u data sockets per connection, %d progress threads%s",
+            line, c->nsocks, agoq_net_config_nthreads(),
+            agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS) ? "" : " (auto)");
   return ncclSuccess;
 }
 

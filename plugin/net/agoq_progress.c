@@ -181,6 +181,11 @@ static int agoq_progress_default_threads(void) {
   return (int)n;
 }
 
+int agoq_progress_nthreads(void) {
+  int n = (int)agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS);
+  return n != 0 ? n : agoq_progress_default_threads();
+}
+
 static void agoq_worker_destroy(agoq_worker* w) {
   if (w->wake_fd >= 0) close(w->wake_fd);
   pthread_mutex_destroy(&w->mu);
@@ -274,8 +279,7 @@ static int agoq_worker_start(agoq_worker* w, int index) {
 
 static ncclResult_t agoq_pool_start_locked(void) {
   ncclResult_t res = ncclSuccess;
-  int n = (int)agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS);
-  if (n == 0) n = agoq_progress_default_threads();
+  int n = agoq_progress_nthreads();
   AGOQ_CALLOC_GOTO(agoq_pool.workers, n, res, fail);
   int homes[AGOQ_NETIF_MAX];
   cpu_set_t home_cpus[AGOQ_NETIF_MAX];

@@ -64,6 +64,8 @@ void agoq_progress_shutdown(void);
 /* Stops the workers now if no stream is attached, else when the last one detaches. */
 void agoq_progress_shutdown_when_idle(void);
 int agoq_progress_nworkers(void);
+/* Progress threads the pool starts with: AGOQ_SOCKET_NTHREADS, its 0 (auto) resolved. */
+int agoq_progress_nthreads(void);
 /* Worker i's NUMA node under AGOQ_PLACEMENT=auto (-1 = not pinned, -2 = no such worker)
  * and, if `cpus` is not NULL, its current affinity (tests, agoq-info). */
 int agoq_progress_worker_numa(int i, cpu_set_t* cpus);

@@ -60,6 +60,8 @@ static void test_sysfs_speed_and_pci_path(void** state) {
   agoq_netif nif = {.name = "eth9"};
   agoq_netif_read_sysfs(root, &nif);
   assert_int_equal(nif.speed_mbps, 100000);
+  assert_int_equal(nif.speed_source, AGOQ_NETIF_SPEED_SYSFS); /* measured, and agoq-info says so */
+  assert_string_equal(agoq_netif_speed_source_name(nif.speed_source), "sysfs");
   assert_true(nif.has_pci_path);
   char* real = realpath(dev, NULL);
   assert_string_equal(nif.pci_path, real);
@@ -73,6 +75,8 @@ static void test_sysfs_speed_and_pci_path(void** state) {
   agoq_netif v = {.name = "veth0"};
   agoq_netif_read_sysfs(root, &v);
   assert_int_equal(v.speed_mbps, AGOQ_NETIF_DEFAULT_SPEED_MBPS);
+  assert_int_equal(v.speed_source, AGOQ_NETIF_SPEED_DEFAULT); /* a guess, not a measurement */
+  assert_string_equal(agoq_netif_speed_source_name(v.speed_source), "default");
   assert_false(v.has_pci_path);
 
   char cmd[PATH_MAX + 16];
@@ -88,6 +92,7 @@ static void test_discover_loopback(void** state) {
   assert_string_equal(ifs[0].name, "lo");
   assert_int_equal(ifs[0].addr.ss_family, AF_INET);
   assert_false(ifs[0].has_pci_path);
+  assert_true(ifs[0].running); /* lo is up and always has carrier */
   assert_int_equal(agoq_netif_discover("=no-such-if", AGOQ_NETIF_FAMILY_ANY, "/sys", ifs, AGOQ_NETIF_MAX), 0);
   /* The default never picks lo while another interface is up, and never docker*. */
   n = agoq_netif_discover("", AGOQ_NETIF_FAMILY_ANY, "/sys", ifs, AGOQ_NETIF_MAX);
@@ -96,11 +101,31 @@ static void test_discover_loopback(void** state) {
   for (int i = 0; i < n; i++) assert_true(strncmp(ifs[i].name, "docker", 6) != 0);
 }
 
+/* What the init error lists when a filter matches nothing: every interface, its address
+ * and state (the loopback test above already needs lo up with 127.0.0.1). */
+static void test_list_all_interfaces(void** state) {
+  (void)state;
+  char buf[2048];
+  int n = agoq_netif_list_all(buf, sizeof buf);
+  assert_true(n >= 1);
+  assert_non_null(strstr(buf, "lo 127.0.0.1 up"));
+  /* A short buffer is truncated, never overrun. */
+  char small[8];
+  memset(small, 'x', sizeof small);
+  assert_int_equal(agoq_netif_list_all(small, 4), n);
+  assert_true(strlen(small) < 4);
+  assert_int_equal(small[5], 'x');
+  assert_string_equal(agoq_netif_state_name(IFF_UP | IFF_RUNNING), "up");
+  assert_string_equal(agoq_netif_state_name(IFF_UP), "no carrier");
+  assert_string_equal(agoq_netif_state_name(0), "down");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spec_prefix_exclude_exact),
       cmocka_unit_test(test_sysfs_speed_and_pci_path),
       cmocka_unit_test(test_discover_loopback),
+      cmocka_unit_test(test_list_all_interfaces),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,27 @@ void agoq_info_config_markdown(FILE* out);
  * as NCCL would. Returns 0 or 1. */
 int agoq_info_devices(FILE* out, const char* lib_path, bool json);
 
+/* ---- what the plugin's init resolves (info_net.c, through the plugin's own code) ---- */
+
+#include "net/agoq_net_config.h"
+
+typedef struct {
+  ncclResult_t res;
+  agoq_transport_config config; /* interfaces, data sockets per connection */
+  int nthreads;                 /* progress threads */
+  bool nthreads_auto, nsocks_auto;
+} agoq_info_net;
+
+/* 0, or -1 (n->res set) when init would fail; its WARN is logged. */
+int agoq_info_net_resolve(agoq_info_net* n);
+const agoq_netif* agoq_info_net_find(const agoq_info_net* n, const char* name);
+/* An interface's address (no port), link ("up" / "no carrier") and speed source. */
+void agoq_info_netif_fields(const agoq_netif* nif, char* addr, size_t addr_len, const char** link,
+                            const char** speed_source);
+void agoq_info_net_print_counts(FILE* out, const agoq_info_net* n);
+/* `agoq-info -c`'s interface section: 0, or 1 when no interface matches. */
+int agoq_info_config_interfaces(FILE* out);
+
 /* Shared formatting helpers. */
 /* "64K" when v is a whole number of K/M/G/T, else the decimal bytes. */
 void agoq_info_size_human(long long v, char* buf, size_t len);

@@ -168,7 +168,8 @@ int agoq_info_config_text(FILE* out) {
                         : "parameters failed to load");
     return 1;
   }
-  return 0;
+  /* Valid values can still select nothing: resolve the interfaces as init does. */
+  return agoq_info_config_interfaces(out);
 }
 
 /* ---- Markdown ---------------------------------------------------------------------------- */

@@ -31,6 +31,11 @@ typedef struct {
   int ndev;
   agoq_view_props* props;
 
+  /* The same facts from the plugin's own init code in this process: address, carrier,
+   * speed source, sockets and threads (NCCL's properties carry none of them). */
+  bool net_resolved;
+  agoq_info_net net_cfg;
+
   bool has_collnet;
   agoq_collnet_view collnet;
   char collnet_error[128];
@@ -182,9 +187,15 @@ static void agoq_info_print_text(FILE* out, const agoq_info_report* rep) {
     agoq_info_ptr_support(p->ptr_support, ptr, sizeof ptr);
     agoq_info_size_human((long long)p->max_p2p_bytes, p2p, sizeof p2p);
     agoq_info_size_human((long long)p->max_coll_bytes, coll, sizeof coll);
+    const agoq_netif* nif = rep->net_resolved ? agoq_info_net_find(&rep->net_cfg, p->name) : NULL;
+    char addr[INET6_ADDRSTRLEN + 8] = "?";
+    const char *link = "?", *src = "?";
+    if (nif != NULL) agoq_info_netif_fields(nif, addr, sizeof addr, &link, &src);
     fprintf(out, "  [%d] %s\n", d, p->name);
+    fprintf(out, "      address       %s\n", addr);
+    fprintf(out, "      link          %s\n", link);
     fprintf(out, "      pciPath       %s\n", p->has_pci_path ? p->pci_path : "(virtual)");
-    fprintf(out, "      speed         %d Mbps\n", p->speed);
+    fprintf(out, "      speed         %d Mbps, %s\n", p->speed, src);
     fprintf(out, "      ptrSupport    %s\n", ptr);
     fprintf(out, "      maxRecvs      %d\n", p->max_recvs);
     fprintf(out, "      maxComms      %d\n", p->max_comms);
@@ -198,6 +209,11 @@ static void agoq_info_print_text(FILE* out, const agoq_info_report* rep) {
             p->net_device_version);
     fprintf(out, "      vdevs         %d, maxMultiRequestSize %d\n", p->vdev_count,
             p->max_multi_request_size);
+  }
+
+  if (rep->net_resolved) {
+    fputc('\n', out);
+    agoq_info_net_print_counts(out, &rep->net_cfg);
   }
 
   if (!rep->has_collnet) {
@@ -246,6 +262,9 @@ static void agoq_info_print_json(FILE* out, const agoq_info_report* rep) {
   agoq_info_json_versions(out, rep->profiler_versions, rep->n_profiler_versions);
   fputs(",\n  \"tuner_versions\": ", out);
   agoq_info_json_versions(out, rep->tuner_versions, rep->n_tuner_versions);
+  if (rep->net_resolved)
+    fprintf(out, ",\n  \"socketNsocks\": %u,\n  \"socketNthreads\": %d", rep->net_cfg.config.nsocks,
+            rep->net_cfg.nthreads);
   fprintf(out, ",\n  \"net\": {\n    \"version\": %d,\n    \"name\": ", rep->net.version);
   agoq_info_json_string(out, rep->net.name);
   fputs(",\n    \"error\": ", out);
@@ -260,6 +279,16 @@ static void agoq_info_print_json(FILE* out, const agoq_info_report* rep) {
     agoq_info_ptr_support(p->ptr_support, ptr, sizeof ptr);
     fprintf(out, "%s\n      {\"index\": %d, \"name\": ", d > 0 ? "," : "", d);
     agoq_info_json_string(out, p->name);
+    const agoq_netif* nif = rep->net_resolved ? agoq_info_net_find(&rep->net_cfg, p->name) : NULL;
+    if (nif != NULL) {
+      char addr[INET6_ADDRSTRLEN + 8];
+      const char *link, *src;
+      agoq_info_netif_fields(nif, addr, sizeof addr, &link, &src);
+      fputs(", \"address\": ", out);
+      agoq_info_json_string(out, addr);
+      fprintf(out, ", \"link\": \"%s\", \"speedSource\": \"%s\"", link,
+              agoq_netif_speed_source_name(nif->speed_source));
+    }
     fputs(", \"pciPath\": ", out);
     if (p->has_pci_path)
       agoq_info_json_string(out, p->pci_path);
@@ -316,6 +345,8 @@ int agoq_info_devices(FILE* out, const char* lib_path, bool json) {
   /* agoq_netlib_open guarantees at least one net version. */
   agoq_info_collect_net(lib, &rep);
   agoq_info_collect_collnet(lib, &rep);
+  /* Only after the plugin's own init succeeded: a failure is already reported by it. */
+  rep.net_resolved = rep.net_error[0] == '\0' && agoq_info_net_resolve(&rep.net_cfg) == 0;
 
   if (json)
     agoq_info_print_json(out, &rep);
