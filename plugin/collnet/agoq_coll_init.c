@@ -21,8 +21,6 @@ static struct {
   agoq_coll_comm* groups; /* open groups */
 } agoq_coll_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static atomic_bool agoq_coll_inactive_warned;
-
 int64_t agoq_coll_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -41,19 +39,10 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   return ncclSuccess;
 }
 
-/* NCCL initialises CollNet for every communicator whether or not it will use it
- * (src/plugin/net.cc ncclNetPluginInit); only NCCL_COLLNET_ENABLE=1 makes it use it
- * (init.cc reads it per communicator, strtol(value, NULL, 0) == 1). Without it every
- * reduction goes through the exact net path: say so once, where users look. */
-static void agoq_coll_warn_if_inactive(void) {
-  const char* v = getenv("NCCL_COLLNET_ENABLE");
-  if (v != NULL && strtol(v, NULL, 0) == 1) return;
-  if (atomic_exchange(&agoq_coll_inactive_warned, true)) return;
-  AGOQ_WARN("gradient compression is inactive: NCCL_COLLNET_ENABLE is %s%s%s, so NCCL will not "
-            "use agoq's CollNet and every reduction stays exact on the net transport. Set "
-            "NCCL_COLLNET_ENABLE=1 on every rank to enable it (CollNet needs 2 or more nodes).",
-            v == NULL ? "unset" : "\"", v == NULL ? "" : v, v == NULL ? "" : "\"");
-}
+/* No "compression inactive" line here: at init the environment cannot tell, since a
+ * program may enable CollNet through ncclConfig_t.collnetEnable, and NCCL initialises
+ * CollNet for every communicator whether or not it uses it. The tuner says it when it is
+ * known (agoq_tuner.c agoq_tuner_warn_inactive). */
 
 ncclResult_t agoq_coll_init(void** ctx, uint64_t comm_id, ncclDebugLogger_t log_fn) {
   ncclResult_t res = ncclSuccess;
@@ -70,7 +59,6 @@ ncclResult_t agoq_coll_init(void** ctx, uint64_t comm_id, ncclDebugLogger_t log_
   AGOQ_CHECK_GOTO(agoq_coll_config_load(&c->cfg), res, fail);
   AGOQ_CHECK_GOTO(agoq_net_init(&c->net_ctx, comm_id, NCCL_NET_TRAFFIC_CLASS_UNDEF, log_fn, NULL), res, fail);
   c->owns_net_ctx = true;
-  agoq_coll_warn_if_inactive();
   *ctx = c;
   return ncclSuccess;
 fail:
@@ -96,7 +84,6 @@ ncclResult_t agoq_coll_legacy_init(ncclDebugLogger_t log_fn) {
     }
   }
   pthread_mutex_unlock(&agoq_coll_state.mu);
-  if (res == ncclSuccess) agoq_coll_warn_if_inactive();
   return res;
 }
 

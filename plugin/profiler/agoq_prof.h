@@ -153,6 +153,8 @@ uint64_t agoq_prof_ll_limit(void);
 
 /* ---- events (agoq_prof_events.c): each returns the handle for *eHandle ---- */
 void* agoq_prof_start_coll(void* ctx, const char* datatype, const char* proto);
+/* A collective API call: remembered for the tuner (agoq_prof_api.h); no handle. */
+void* agoq_prof_start_coll_api(void* ctx, const char* func, const char* datatype, size_t count);
 void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, size_t count,
                           int peer);
 void* agoq_prof_start_op(void* ctx, const void* parent, pid_t pid, int peer, int is_send);

@@ -1,8 +1,11 @@
 /* Event handlers: what each start records, how a child finds and checks its parent, and
  * stop. Called by NCCL from the user thread (tasks) and from proxy threads (ops, steps and
  * the net plugin's events), concurrently; everything shared is in the pools' atomics. */
+#include <string.h>
+
 #include "core/agoq_log.h"
 #include "profiler/agoq_prof.h"
+#include "profiler/agoq_prof_api.h"
 
 /* Coll handles: one static byte per (protocol, datatype + 1). The address says what a
  * ProxyOp under the collective needs to know, without an object to allocate or free. */
@@ -24,6 +27,48 @@ void* agoq_prof_start_coll(void* ctx, const char* datatype, const char* proto) {
   (void)ctx;
   int dtype = agoq_prof_parse_dtype(datatype);
   return &agoq_prof_coll_tags[agoq_prof_parse_proto(proto)][dtype + 1];
+}
+
+/* The last AllReduce API calls of this thread (agoq_prof_api.h). Thread-local: written and
+ * read on the user thread only, no sharing, nothing to free. */
+#define AGOQ_PROF_API_RING 16
+static _Thread_local struct {
+  uint64_t comm_id;
+  uint64_t bytes;
+  int dtype_plus1; /* 0: empty */
+} agoq_prof_api_ring[AGOQ_PROF_API_RING];
+static _Thread_local unsigned agoq_prof_api_head;
+
+void* agoq_prof_start_coll_api(void* ctx, const char* func, const char* datatype, size_t count) {
+  const agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
+  if (c == NULL || func == NULL || strcmp(func, "AllReduce") != 0) return NULL;
+  int dtype = agoq_prof_parse_dtype(datatype);
+  uint64_t bytes;
+  if (dtype < 0 ||
+      __builtin_mul_overflow((uint64_t)count, (uint64_t)agoq_prof_dtype_size(dtype), &bytes))
+    return NULL;
+  unsigned i = agoq_prof_api_head++ % AGOQ_PROF_API_RING;
+  agoq_prof_api_ring[i].comm_id = c->comm_id;
+  agoq_prof_api_ring[i].bytes = bytes;
+  agoq_prof_api_ring[i].dtype_plus1 = dtype + 1;
+  return NULL;
+}
+
+int agoq_prof_allreduce_take(uint64_t comm_id, uint64_t nbytes) {
+  /* Newest first: for a call outside a group, NCCL asks the tuner right after its API
+   * event. Inside a group an older call of the same size may answer; on agoq's CollNet that
+   * is as true, since whether CollNet is available never depends on the type. Taken, so
+   * that one API call answers one tuner call and no later one. */
+  for (unsigned k = 1; k <= AGOQ_PROF_API_RING; k++) {
+    unsigned i = (agoq_prof_api_head - k) % AGOQ_PROF_API_RING;
+    int dtype = agoq_prof_api_ring[i].dtype_plus1 - 1;
+    if (dtype >= 0 && agoq_prof_api_ring[i].comm_id == comm_id &&
+        agoq_prof_api_ring[i].bytes == nbytes) {
+      agoq_prof_api_ring[i].dtype_plus1 = 0;
+      return dtype;
+    }
+  }
+  return -1;
 }
 
 void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, size_t count,

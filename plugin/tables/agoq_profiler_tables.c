@@ -4,13 +4,17 @@
  * its version's descriptor and calls the version-neutral core (plugin/profiler/agoq_prof.h);
  * v6 differs only in the descriptor type, whose v5 members sit at v5's offsets.
  */
+#include <stddef.h>
+
 #include "profiler/agoq_prof.h"
 #include "abi/agoq_nccl_profiler_v6.h"
 #include "tables/agoq_tables.h"
 
 /* Unpacks descriptor `d` (either version) into the core's start functions. Event types the
- * oracle does not need (groups, API events, kernel channels, CE events) get a NULL handle:
- * NCCL accepts it and passes NULL as their children's parent. */
+ * oracle does not need (groups, other API events, kernel channels, CE events) get a NULL
+ * handle: NCCL accepts it and passes NULL as their children's parent. CollApi events are
+ * only remembered for the tuner (their handle is NULL too). NCCL starts them already
+ * under the NetPlugin mask bit (profiler.cc collApiMask includes it): no extra events. */
 #define AGOQ_PROF_START(ctx, d)                                                            \
   ((d)->type == ncclProfileNetPlugin                                                       \
        ? agoq_prof_start_net((ctx), (d)->parentObj, (d)->netPlugin.id, (d)->netPlugin.data) \
@@ -24,7 +28,19 @@
                              (d)->p2p.peer)                                                \
    : (d)->type == ncclProfileColl                                                          \
        ? agoq_prof_start_coll((ctx), (d)->coll.datatype, (d)->coll.proto)                  \
+   : (d)->type == ncclProfileCollApi                                                       \
+       ? agoq_prof_start_coll_api((ctx), (d)->collApi.func, (d)->collApi.datatype,         \
+                                  (d)->collApi.count)                                      \
        : NULL)
+
+/* The CollApi members the macro reads sit at the same place in both versions. */
+_Static_assert(offsetof(ncclProfilerEventDescr_v5_t, collApi.func) ==
+                       offsetof(ncclProfilerEventDescr_v6_t, collApi.func) &&
+                   offsetof(ncclProfilerEventDescr_v5_t, collApi.count) ==
+                       offsetof(ncclProfilerEventDescr_v6_t, collApi.count) &&
+                   offsetof(ncclProfilerEventDescr_v5_t, collApi.datatype) ==
+                       offsetof(ncclProfilerEventDescr_v6_t, collApi.datatype),
+               "profiler v5/v6 collApi layout");
 
 static ncclResult_t agoq_prof_start_v5(void* ctx, void** handle,
                                        ncclProfilerEventDescr_v5_t* d) {

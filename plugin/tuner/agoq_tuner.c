@@ -4,11 +4,16 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+#include <limits.h>
 
 #include "abi/agoq_nccl_tuner_v5.h"
 #include "core/agoq_check.h"
+#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
+#include "profiler/agoq_prof_api.h"
 
 #define AGOQ_TUNER_MAGIC 0x4e555441u /* "ATUN" */
 
@@ -20,6 +25,7 @@ typedef struct {
   uint64_t min_bytes; /* AGOQ_MIN_BYTES */
   _Atomic int logged_steer; /* the per-communicator lines were printed: CollNet chosen */
   _Atomic int logged_keep;  /* ... and eligible but CollNet unusable */
+  _Atomic int warned_inactive; /* the WARN: a float AllReduce that compression misses */
 } agoq_tuner_ctx;
 
 ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t nnodes,
@@ -40,6 +46,7 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
   c->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
   atomic_init(&c->logged_steer, 0);
   atomic_init(&c->logged_keep, 0);
+  atomic_init(&c->warned_inactive, 0);
   *ctx = c;
   return ncclSuccess;
 fail:
@@ -65,6 +72,47 @@ static const char* agoq_tuner_func_name(int coll_type) {
   return coll_type == ncclFuncAllReduce ? "AllReduce" : "ReduceScatter";
 }
 
+static bool agoq_tuner_dtype_is_float(int dtype) {
+  return dtype == ncclFloat32 || dtype == ncclBfloat16 || dtype == ncclFloat16;
+}
+
+static const char* agoq_tuner_dtype_name(int dtype) {
+  return dtype == ncclFloat32 ? "fp32" : dtype == ncclBfloat16 ? "bf16" : "fp16";
+}
+
+/* Said once per communicator, and only when it is known to be true: this AllReduce is of
+ * fp32/bf16/fp16 (the profiler saw the call), compression is on, it is large enough, and
+ * NCCL's cost table has no CollNet entry. agoq's CollNet accepts every (type, op) pair
+ * (reduceSupport), so NCCL's collNetSupportMatrix never removes CollNet for one call: a
+ * table without CollNet means CollNet is off for the whole communicator (enqueue.cc
+ * getCollNetSupport / updateCollCostTable: config.collnetEnable, more than 8 GPUs per
+ * node) or NCCL_ALGO excludes it. Neither NCCL's tuner nor its profiler events carry the
+ * reduction op, so "float AllReduce" is as precise as the facts go; a float Sum is then
+ * exact as well. */
+static void agoq_tuner_warn_inactive(agoq_tuner_ctx* c, int dtype, size_t nbytes) {
+  if (atomic_exchange_explicit(&c->warned_inactive, 1, memory_order_relaxed) != 0) return;
+  char why[160];
+  const char* env = agoq_nccl_env_str("NCCL_COLLNET_ENABLE");
+  int enable = agoq_nccl_config_int("NCCL_COLLNET_ENABLE", INT_MIN);
+  if (c->nnodes < 2)
+    snprintf(why, sizeof why, "the communicator spans %zu node (CollNet needs 2 or more)",
+             c->nnodes);
+  else if (env == NULL)
+    snprintf(why, sizeof why, "NCCL_COLLNET_ENABLE is unset and ncclConfig_t.collnetEnable is not 1");
+  else if (enable != 1)
+    snprintf(why, sizeof why, "NCCL_COLLNET_ENABLE=\"%.40s\" (NCCL reads it as %d)", env, enable);
+  else
+    snprintf(why, sizeof why,
+             "NCCL_COLLNET_ENABLE=1 but NCCL did not set CollNet up (more than 8 GPUs per node, "
+             "NCCL_ALGO without CollNet, or a CollNet setup failure in NCCL's INFO lines)");
+  AGOQ_WARN("gradient compression is inactive on comm %llx: NCCL cannot use CollNet for an %s "
+            "AllReduce of %zu bytes (AGOQ_FORMAT=%s, AGOQ_MIN_BYTES=%llu), so it stays exact: %s. "
+            "Fix: NCCL_COLLNET_ENABLE=1 on every rank, or ncclConfig_t.collnetEnable=1, on 2 or "
+            "more nodes",
+            (unsigned long long)c->comm_id, agoq_tuner_dtype_name(dtype), nbytes,
+            agoq_param_str(AGOQ_PARAM_FORMAT), (unsigned long long)c->min_bytes, why);
+}
+
 ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
                                       float** cost_table, int num_algo, int num_proto,
                                       int* nchannels) {
@@ -73,10 +121,17 @@ ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
   if (c == NULL || c->magic != AGOQ_TUNER_MAGIC || cost_table == NULL || !c->enabled)
     return ncclSuccess;
   if (coll_type != ncclFuncAllReduce && coll_type != ncclFuncReduceScatter) return ncclSuccess;
+  /* Every AllReduce takes its API call's record, used or not, so none answers a later one. */
+  int dtype = coll_type == ncclFuncAllReduce ? agoq_prof_allreduce_take(c->comm_id, nbytes) : -1;
   if ((uint64_t)nbytes < c->min_bytes) return ncclSuccess;
   float* table = (float*)cost_table; /* really float[num_algo][num_proto] */
   int algo = agoq_tuner_collnet_algo(table, num_algo, num_proto);
   if (algo < 0) {
+    if (agoq_tuner_dtype_is_float(dtype)) {
+      agoq_tuner_warn_inactive(c, dtype, nbytes);
+      return ncclSuccess;
+    }
+    /* Type unknown (or not a float): true, but no reason to alarm anyone. */
     if (atomic_exchange_explicit(&c->logged_keep, 1, memory_order_relaxed) == 0)
       AGOQ_INFO(NCCL_TUNING,
                 "tuner: comm %llx: CollNet is not usable for %s of %zu bytes (nodes %zu, "

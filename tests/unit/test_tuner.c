@@ -6,16 +6,49 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "abi/agoq_nccl_profiler_v6.h"
 #include "abi/agoq_nccl_tuner_v6.h"
+#include "collnet/agoq_collnet.h"
+#include "core/agoq_log.h"
 #include "core/agoq_params.h"
+#include "net/agoq_net.h"
 
 extern const ncclTuner_v5_t ncclTunerPlugin_v5;
 extern const ncclTuner_v6_t ncclTunerPlugin_v6;
+extern const ncclProfiler_v5_t ncclProfiler_v5;
+extern const ncclProfiler_v6_t ncclProfiler_v6;
+
+/* ---- a logger that keeps the WARN lines ---- */
+static char log_buf[8192];
+static int log_warns;
+
+static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                        const char* fmt, ...) {
+  (void)flags;
+  (void)file;
+  (void)line;
+  if (level != NCCL_LOG_WARN) return;
+  log_warns++;
+  size_t used = strlen(log_buf);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(log_buf + used, sizeof log_buf - used, fmt, ap);
+  va_end(ap);
+  used = strlen(log_buf);
+  if (used + 1 < sizeof log_buf) strcat(log_buf, "\n");
+}
+
+static void capture_start(void) {
+  log_buf[0] = '\0';
+  log_warns = 0;
+  agoq_log_set_logger(capture_log);
+}
 
 enum { NA = NCCL_NUM_ALGORITHMS_V5, NP = NCCL_NUM_PROTOCOLS_V5 };
 
@@ -175,11 +208,167 @@ static void test_never_fails(void** state) {
   assert_string_equal(ncclTunerPlugin_v6.name, "AGOQ");
 }
 
+/* ---- the "compression inactive" WARN: only when known true ---- */
+
+#define COMM 42 /* tuner_open's communicator */
+
+/* NCCL's profiler as ncclEnqueueCheck drives it: a CollApi event on the calling thread
+ * before the tuner is asked at group end. */
+static void* prof_open(uint64_t comm_id) {
+  void* pctx = NULL;
+  int mask = 0;
+  assert_int_equal(ncclProfiler_v5.init(&pctx, comm_id, &mask, "c", 2, 8, 0, NULL), ncclSuccess);
+  assert_non_null(pctx);
+  return pctx;
+}
+
+static void coll_api(int version, void* pctx, const char* func, const char* dtype, size_t count) {
+  void* h = (void*)&h;
+  if (version == 5) {
+    ncclProfilerEventDescr_v5_t d = {.type = ncclProfileCollApi};
+    d.collApi.func = func;
+    d.collApi.datatype = dtype;
+    d.collApi.count = count;
+    assert_int_equal(ncclProfiler_v5.startEvent(pctx, &h, &d), ncclSuccess);
+  } else {
+    ncclProfilerEventDescr_v6_t d = {.type = ncclProfileCollApi};
+    d.collApi.func = func;
+    d.collApi.datatype = dtype;
+    d.collApi.count = count;
+    assert_int_equal(ncclProfiler_v6.startEvent(pctx, &h, &d), ncclSuccess);
+  }
+  assert_null(h); /* nothing for NCCL to stop */
+}
+
+static void allreduce(int version, void* ctx, void* pctx, const char* dtype, size_t count,
+                      size_t size, bool usable) {
+  float t[NA][NP];
+  coll_api(version, pctx, "AllReduce", dtype, count);
+  table_fill(t, usable);
+  get_info(version, ctx, ncclFuncAllReduce, count * size, t);
+}
+
+static void test_warns_once_for_float_allreduce_without_collnet(void** state) {
+  (void)state;
+  static const struct {
+    const char* name;
+    size_t size;
+    const char* shown;
+  } floats[] = {{"ncclFloat32", 4, "fp32"}, {"ncclBfloat16", 2, "bf16"}, {"ncclFloat16", 2, "fp16"}};
+  unsetenv("NCCL_COLLNET_ENABLE");
+  for (int version = 5; version <= 6; version++)
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+      void* pctx = prof_open(COMM);
+      void* ctx = tuner_open(version, "int8");
+      capture_start();
+      allreduce(version, ctx, pctx, floats[i].name, (64u << 20) / floats[i].size, floats[i].size, false);
+      assert_int_equal(log_warns, 1);
+      assert_non_null(strstr(log_buf, "gradient compression is inactive"));
+      assert_non_null(strstr(log_buf, floats[i].shown));
+      assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE is unset")); /* the reason */
+      assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE=1"));        /* the fix */
+      assert_non_null(strstr(log_buf, "ncclConfig_t.collnetEnable=1"));
+      assert_non_null(strstr(log_buf, "2 or more nodes"));
+      /* Once per communicator. */
+      allreduce(version, ctx, pctx, floats[i].name, (32u << 20) / floats[i].size, floats[i].size, false);
+      allreduce(version, ctx, pctx, floats[i].name, (64u << 20) / floats[i].size, floats[i].size, false);
+      assert_int_equal(log_warns, 1);
+      tuner_close(version, ctx);
+      /* Another communicator says it again. */
+      ctx = tuner_open(version, "int8");
+      allreduce(version, ctx, pctx, floats[i].name, (64u << 20) / floats[i].size, floats[i].size, false);
+      assert_int_equal(log_warns, 2);
+      tuner_close(version, ctx);
+      assert_int_equal(ncclProfiler_v5.finalize(pctx), ncclSuccess);
+    }
+  /* The reason follows NCCL's reading of NCCL_COLLNET_ENABLE. */
+  setenv("NCCL_COLLNET_ENABLE", "0", 1);
+  void* pctx = prof_open(COMM);
+  void* ctx = tuner_open(5, "int8");
+  capture_start();
+  allreduce(5, ctx, pctx, "ncclBfloat16", 1 << 24, 2, false);
+  assert_int_equal(log_warns, 1);
+  assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE=\"0\""));
+  tuner_close(5, ctx);
+  setenv("NCCL_COLLNET_ENABLE", " 1", 1); /* NCCL reads 1: CollNet was asked for */
+  ctx = tuner_open(5, "int8");
+  capture_start();
+  allreduce(5, ctx, pctx, "ncclBfloat16", 1 << 24, 2, false);
+  assert_int_equal(log_warns, 1);
+  assert_non_null(strstr(log_buf, "NCCL did not set CollNet up"));
+  tuner_close(5, ctx);
+  unsetenv("NCCL_COLLNET_ENABLE");
+  assert_int_equal(ncclProfiler_v5.finalize(pctx), ncclSuccess);
+  agoq_log_set_logger(NULL);
+}
+
+static void test_never_warns_unless_known_true(void** state) {
+  (void)state;
+  unsetenv("NCCL_COLLNET_ENABLE");
+  void* pctx = prof_open(COMM);
+  void* other = prof_open(COMM + 1);
+  void* ctx = tuner_open(5, "int8");
+  capture_start();
+  allreduce(5, ctx, pctx, "ncclFloat32", 1 << 24, 4, true); /* CollNet available: steered */
+  static const char* const ints[] = {"ncclInt8", "ncclInt32", "ncclUint32", "ncclInt64",
+                                     "ncclUint64", "ncclFloat64", "ncclFloat8e4m3"};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    allreduce(5, ctx, pctx, ints[i], 1 << 20, 8, false); /* type not quantized */
+  allreduce(5, ctx, pctx, "ncclFloat32", (1 << 20) / 4 - 1, 4, false); /* below AGOQ_MIN_BYTES */
+  /* Type unknown to the tuner: no CollApi seen (another profiler), another communicator's
+   * call, a size that matches no call, a non-AllReduce API call of that size. */
+  float t[NA][NP];
+  table_fill(t, false);
+  get_info(5, ctx, ncclFuncAllReduce, 96 << 20, t);
+  coll_api(5, other, "AllReduce", "ncclFloat32", 1 << 24);
+  table_fill(t, false);
+  get_info(5, ctx, ncclFuncAllReduce, (size_t)4 << 24, t);
+  coll_api(5, pctx, "Broadcast", "ncclFloat32", 3 << 20);
+  table_fill(t, false);
+  get_info(5, ctx, ncclFuncAllReduce, (size_t)12 << 20, t);
+  /* ReduceScatter: not the gradient AllReduce the WARN is about. */
+  table_fill(t, false);
+  get_info(5, ctx, ncclFuncReduceScatter, 64 << 20, t);
+  assert_int_equal(log_warns, 0);
+  tuner_close(5, ctx);
+  /* Compression off: nothing is inactive. */
+  ctx = tuner_open(6, "none");
+  allreduce(6, ctx, pctx, "ncclBfloat16", 1 << 24, 2, false);
+  assert_int_equal(log_warns, 0);
+  tuner_close(6, ctx);
+  assert_int_equal(ncclProfiler_v5.finalize(pctx), ncclSuccess);
+  assert_int_equal(ncclProfiler_v5.finalize(other), ncclSuccess);
+  agoq_log_set_logger(NULL);
+}
+
+/* Init (net and CollNet) does not guess: with NCCL_COLLNET_ENABLE unset a program may still
+ * enable CollNet through ncclConfig_t.collnetEnable, so nothing is said there. */
+static void test_init_does_not_warn(void** state) {
+  (void)state;
+  unsetenv("NCCL_COLLNET_ENABLE");
+  unsetenv("AGOQ_FORMAT");
+  agoq_params_reset();
+  capture_start();
+  void* net = NULL;
+  void* coll = NULL;
+  assert_int_equal(agoq_net_init(&net, COMM, NCCL_NET_TRAFFIC_CLASS_UNDEF, capture_log, NULL),
+                   ncclSuccess);
+  assert_int_equal(agoq_coll_init(&coll, COMM, capture_log), ncclSuccess);
+  assert_int_equal(log_warns, 0);
+  assert_null(strstr(log_buf, "inactive"));
+  assert_int_equal(agoq_coll_finalize(coll), ncclSuccess);
+  assert_int_equal(agoq_net_finalize(net), ncclSuccess);
+  agoq_log_set_logger(NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_collnet_cheapest_above_threshold),
       cmocka_unit_test(test_unchanged_otherwise),
       cmocka_unit_test(test_never_fails),
+      cmocka_unit_test(test_warns_once_for_float_allreduce_without_collnet),
+      cmocka_unit_test(test_never_warns_unless_known_true),
+      cmocka_unit_test(test_init_does_not_warn),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
