@@ -57,7 +57,7 @@ static int perf_coll_support(perf_coll_net* c, const perf_coll_opts* o, perf_gro
 }
 
 static int perf_coll_size(perf_coll_net* c, perf_group* g, const perf_coll_opts* o,
-                          const perf_coll_codec_env* env, size_t size, uint8_t* send,
+                          perf_coll_wire* wire, size_t size, uint8_t* send,
                           uint8_t* recv, bool* limits_ok) {
   perf_coll_plan plan;
   int rc = -1;
@@ -79,6 +79,8 @@ static int perf_coll_size(perf_coll_net* c, perf_group* g, const perf_coll_opts*
   mine.count = (double)e.count;
   int64_t diverged = -1;
   if (perf_coll_diverged(g, &plan, recv, &diverged) != 0) goto fail;
+  double wire_ratio = 1.0; /* the plugin's count for this size (perf_coll_wire.c) */
+  if (perf_coll_wire_cycle(c, g, wire, PERF_COLL_CHECK_MS(o), &wire_ratio) != 0) goto fail;
   perf_coll_share* all = g->rank == 0 ? calloc((size_t)g->nranks, sizeof(*all)) : NULL;
   if (g->rank == 0 && all == NULL) goto fail;
   if (perf_group_gather(g, &mine, all, sizeof(mine), PERF_COLL_CHECK_MS(o)) != 0) {
@@ -87,7 +89,7 @@ static int perf_coll_size(perf_coll_net* c, perf_group* g, const perf_coll_opts*
   }
   if (g->rank == 0) {
     perf_coll_result res = {.bytes = plan.bytes, .count = plan.count, .diverged = diverged,
-                            .wire_ratio = perf_coll_wire_ratio(o, &plan)};
+                            .wire_ratio = wire_ratio};
     for (int k = 0; k < g->nranks; k++) {
       if (all[k].time_us > res.time_us) res.time_us = all[k].time_us;
       perf_err ek = {.err2 = all[k].err2, .ref2 = all[k].ref2, .max_abs = all[k].max_abs,
@@ -96,7 +98,7 @@ static int perf_coll_size(perf_coll_net* c, perf_group* g, const perf_coll_opts*
     }
     free(all);
     if (plan.nwin == 0) res.time_us = 0;
-    perf_coll_report_line(o, c, env, &res);
+    perf_coll_report_line(o, c, wire, &res);
     fflush(stdout);
     double l2 = perf_err_rel_l2(&res.err);
     if (o->max_rel_l2 >= 0 && (!(l2 <= o->max_rel_l2) || res.err.nonfinite > 0)) {
@@ -138,6 +140,9 @@ static int perf_coll_session(perf_coll_opts* o, perf_group* g, uint64_t comm_id)
   perf_coll_net c;
   uint8_t *send = NULL, *recv = NULL;
   int rc = -1;
+  perf_coll_wire wire;
+  memset(&c, 0, sizeof(c));
+  if (perf_coll_wire_begin(&wire, g->rank) != 0) return -1;
   int opened = perf_coll_open(&c, o->lib, o->abi, o->dev, comm_id, g->rank) == 0;
   if (!perf_coll_all_ok(g, opened, "CollNet set-up")) goto out;
   if (perf_coll_support(&c, o, g) != 0) goto out;
@@ -159,17 +164,13 @@ static int perf_coll_session(perf_coll_opts* o, perf_group* g, uint64_t comm_id)
     perf_input_fill(o->dtype, send, send_count, perf_rank_seed(o->seed, g->rank), o->nranks, 0);
     memset(recv, 0, recv_bytes); /* first-touch faults stay out of the timed runs */
     ready = perf_coll_register(&c, send, send_bytes, recv, recv_bytes) == 0;
+    wire.send = send;
+    wire.recv = recv;
+    wire.send_bytes = send_bytes;
+    wire.recv_bytes = recv_bytes;
   }
   if (!perf_coll_all_ok(g, ready, "buffer set-up")) goto out;
 
-  perf_coll_codec_env env;
-  if (perf_coll_codec_env_get(&env) != 0 && g->rank == 0)
-    fprintf(stderr, "agoq-perf: an AGOQ_FORMAT/BLOCK/MIN_BYTES/COLLNET_CHUNK value does not "
-            "parse; the wire column assumes the defaults for it\n");
-  if (g->rank == 0) {
-    perf_coll_report_header(o, &c, &env);
-    fflush(stdout);
-  }
   perf_opts sweep = {.min_bytes = o->min_bytes, .max_bytes = o->max_bytes,
                      .factor = o->factor, .step_bytes = o->step_bytes};
   bool limits_ok = true;
@@ -180,7 +181,7 @@ static int perf_coll_session(perf_coll_opts* o, perf_group* g, uint64_t comm_id)
     if (!first && size / unit * unit == last) continue;
     first = false;
     last = size / unit * unit;
-    if (perf_coll_size(&c, g, o, &env, size, send, recv, &limits_ok) != 0) goto out;
+    if (perf_coll_size(&c, g, o, &wire, size, send, recv, &limits_ok) != 0) goto out;
   }
   /* Close only when everyone is done, so no rank tears down a connection under a peer's
    * last bytes. */
@@ -188,6 +189,7 @@ static int perf_coll_session(perf_coll_opts* o, perf_group* g, uint64_t comm_id)
   rc = limits_ok ? 0 : 1;
 out:
   perf_coll_close(&c);
+  perf_coll_wire_end(&wire);
   free(send);
   free(recv);
   return rc;
@@ -200,8 +202,7 @@ static int perf_coll_main(int argc, char** argv, perf_coll_kind kind) {
   perf_group g;
   if (o.rank < 0) {
     /* All ranks on this host: loopback, unless the user chose interfaces. */
-    if (getenv("AGOQ_SOCKET_IFNAME") == NULL && getenv("NCCL_SOCKET_IFNAME") == NULL)
-      setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
+    if (getenv("NCCL_SOCKET_IFNAME") == NULL) setenv("AGOQ_SOCKET_IFNAME", "lo", 0);
     if (perf_group_fork(&g, o.nranks) != 0) return 1;
   } else if (perf_group_tcp(&g, o.rank, o.nranks, o.addr, o.boot_timeout_s) != 0) {
     return 1;

@@ -127,17 +127,29 @@ void perf_coll_error(const perf_coll_opts* o, const perf_coll_plan* p, const uin
 int perf_coll_diverged(perf_group* g, const perf_coll_plan* p, const uint8_t* recv,
                        int64_t* diverged);
 
-/* Wire bytes over the bytes an exact run moves, modelled from the frame layout for the
- * calls the plugin quantizes (perf_coll_wire.c). */
-double perf_coll_wire_ratio(const perf_coll_opts* o, const perf_coll_plan* p);
-/* The plugin configuration the model assumes (from AGOQ_* in this environment). */
+/* ---- the wire column, measured by the plugin (perf_coll_wire.c) ---- */
+
 typedef struct {
-  int format; /* index into perf_coll_formats */
+  char path[512]; /* this rank's AGOQ_STATS_FILE */
+  long offset;    /* bytes of it already read */
+  /* The plugin's configuration, from its statistics lines (after the first cycle). */
+  bool have_config;
+  char format[16];
   unsigned block;
-  size_t min_bytes;
-  size_t pipeline_chunk;
-} perf_coll_codec_env;
-int perf_coll_codec_env_get(perf_coll_codec_env* env);
+  uint64_t min_bytes, pipeline_chunk;
+  /* The registered buffers, registered again with each new group. */
+  void* send;
+  void* recv;
+  size_t send_bytes, recv_bytes;
+} perf_coll_wire;
+
+/* Before the plugin is loaded: a statistics file of this rank's own, AGOQ_STATS=1. */
+int perf_coll_wire_begin(perf_coll_wire* w, int rank);
+void perf_coll_wire_end(perf_coll_wire* w);
+/* Collective, after a size's calls: closes the group (the plugin writes its figures),
+ * reads them, connects and registers a new group. *ratio: wire bytes over raw bytes of
+ * every rank's both paths. */
+int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int timeout_ms, double* ratio);
 
 /* ---- output (perf_coll_report.c) ---- */
 
@@ -149,10 +161,9 @@ typedef struct {
   int64_t diverged;
 } perf_coll_result;
 
-void perf_coll_report_header(const perf_coll_opts* o, const perf_coll_net* c,
-                             const perf_coll_codec_env* env);
+/* The header comes with the first line: the plugin's configuration is known by then. */
 void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
-                           const perf_coll_codec_env* env, const perf_coll_result* r);
+                           const perf_coll_wire* w, const perf_coll_result* r);
 double perf_coll_busbw_factor(perf_coll_kind kind, int nranks);
 
 #endif

@@ -1,7 +1,10 @@
 /*
  * Result lines of the collective subcommands: nccl-tests' columns plus the compression
  * and correctness columns for people, one JSON object per line for scripts (netlab.sh).
+ * Every figure is measured: times by the tool, the wire ratio and the configuration by the
+ * plugin (perf_coll_wire.c).
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,38 +17,36 @@ double perf_coll_busbw_factor(perf_coll_kind kind, int nranks) {
   return kind == PERF_COLL_ALLREDUCE ? 2.0 * (n - 1) / n : (n - 1) / n;
 }
 
-static const char* perf_coll_format_label(const perf_coll_opts* o,
-                                          const perf_coll_codec_env* env) {
-  return perf_coll_formats[o->format >= 0 ? o->format : env->format];
-}
-
-void perf_coll_report_header(const perf_coll_opts* o, const perf_coll_net* c,
-                             const perf_coll_codec_env* env) {
-  if (o->json) return;
+static void perf_coll_report_header(const perf_coll_opts* o, const perf_coll_net* c,
+                                    const perf_coll_wire* w) {
   printf("# agoq-perf %s: collnet v%d \"%s\", device %d \"%s\" (%d Mbps), %d ranks (%s)\n",
          perf_coll_kind_name(o->kind), c->view.version, c->view.name ? c->view.name : "?",
          c->dev, c->props.name, c->props.speed, o->nranks,
          o->rank < 0 ? "forked on this host" : "multi-host mode");
-  const char* from = o->format >= 0 ? "--format" : getenv("AGOQ_FORMAT") ? "AGOQ_FORMAT"
-                                                                          : "plugin default";
   char calls[64];
   if (o->chunk == 0)
     snprintf(calls, sizeof calls, "one call per buffer (at most %zu B)", c->props.max_coll_bytes);
   else
     snprintf(calls, sizeof calls, "calls of at most %zu B", o->chunk);
-  printf("# %s %s; AGOQ_FORMAT %s (%s), block %u, min bytes %zu; %s, %d in flight; "
-         "iters %d, warmup %d\n",
+  /* The plugin's own settings, as its statistics lines state them. */
+  printf("# %s %s; plugin: format %s%s, block %u, min bytes %" PRIu64 ", pipeline chunk %" PRIu64
+         " B; %s, %d in flight; iters %d, warmup %d\n",
          perf_dtype_name(o->dtype),
-         o->kind == PERF_COLL_ALLGATHER ? "(bytes)" : perf_op_name(o->op),
-         perf_coll_format_label(o, env), from, env->block, env->min_bytes, calls, o->inflight,
-         o->iters, o->warmup);
+         o->kind == PERF_COLL_ALLGATHER ? "(bytes)" : perf_op_name(o->op), w->format,
+         o->format >= 0 ? " (--format)" : "", w->block, w->min_bytes, w->pipeline_chunk, calls,
+         o->inflight, o->iters, o->warmup);
+  printf("# wire: bytes on the wire / bytes in the input type, both as the plugin counted them "
+         "(AGOQ_STATS), all ranks\n");
   printf("#\n# %12s %11s %7s %6s %11s %11s %11s %6s %9s %10s %9s\n", "size(B)", "count", "type",
          "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wire", "rel_l2", "max_abs",
          "diverged");
 }
 
 void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
-                           const perf_coll_codec_env* env, const perf_coll_result* r) {
+                           const perf_coll_wire* w, const perf_coll_result* r) {
+  static bool header_done = false;
+  if (!o->json && !header_done) perf_coll_report_header(o, c, w);
+  header_done = true;
   double algbw = r->time_us > 0 ? (double)r->bytes / (r->time_us * 1e3) : 0.0;
   double busbw = algbw * perf_coll_busbw_factor(o->kind, o->nranks);
   double l2 = perf_err_rel_l2(&r->err);
@@ -69,7 +70,7 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
          "\"busbw_GBps\":%.4f,\"wire_ratio\":%.4f,\"rel_l2\":%.6e,\"max_abs\":%.6e,"
          "\"nonfinite\":%llu,\"diverged\":",
          perf_coll_kind_name(o->kind), c->view.version, c->props.name, o->nranks,
-         perf_dtype_name(o->dtype), op, perf_coll_format_label(o, env), r->bytes, r->count,
+         perf_dtype_name(o->dtype), op, w->format, r->bytes, r->count,
          o->chunk, o->inflight, o->iters, r->time_us, algbw, busbw, r->wire_ratio,
          isfinite(l2) ? l2 : -1.0, r->err.max_abs, (unsigned long long)r->err.nonfinite);
   if (r->diverged < 0)

@@ -1,127 +1,139 @@
 /*
- * The wire-bytes ratio: bytes the plugin puts on the wire for one collective over the
- * bytes the exact path puts there, summed over all ranks. agoq-perf cannot see the
- * plugin's sockets, and AGOQ_STATS=1 prints the plugin's own totals only once per
- * communicator at finalize, so the ratio is modelled from what the plugin documents:
- *  - a call is quantized when its type is fp32, bf16 or fp16, the op is Sum, AGOQ_FORMAT
- *    is not none and the call's bytes (allreduce: count * size; reducescatter: windowBytes)
- *    are at least AGOQ_MIN_BYTES; allgather is always exact;
- *  - a quantized all-reduce call is cut into pipeline chunks of AGOQ_COLLNET_CHUNK input
- *    bytes (whole blocks), each split into one slice per rank on AGOQ_BLOCK boundaries; a
- *    reduce-scatter call sends each owner its part of the window in pieces of
- *    AGOQ_COLLNET_CHUNK / nranks bytes; every slice or piece travels as one frame (kernels/agoq_frame.h: a 48-byte header, then the codec body: an escape bitmap
- *    of ceil(blocks / 64) words, one fp32 scale per block, one code byte per element, half a
- *    byte for int4; N(0,1) inputs escape no block);
- *  - allreduce: phase 1 sends every slice from the n-1 ranks that do not own it, phase 2
- *    sends every owner's reduced slice (from fp32) to the n-1 others: the exact path moves
- *    the same slices raw. reducescatter has phase 1 only.
- * So the ratio of a call is sum(frame bytes) / sum(raw bytes) over its slices. The plugin's
- * own count (AGOQ_STATS=1, "wire ... sent of ... raw" at closeColl) is the same ratio over
- * the whole run, exact calls included: it checks this model.
+ * The wire column, measured: the bytes the plugin put on the wire for one size over the
+ * bytes its messages would have been in the input type, as the plugin itself counted them
+ * (AGOQ_STATS=1, docs/usage.md "Statistics"). Each rank gets its own AGOQ_STATS_FILE; after
+ * a size's calls the ranks close their CollNet group, which makes the plugin write the
+ * group's two lines (path=quantized, path=exact, event=close), read them, and connect a
+ * fresh group for the next size. The ratio is sum(wire_bytes) / sum(wire_raw) over both
+ * paths of every rank: 1.000 when every call went exact, whatever the configuration says.
+ * The tool reads no AGOQ_* variable: the plugin's configuration (format, block,
+ * min_bytes, chunk) is taken from the same lines.
  */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
+#include <unistd.h>
 
 #include "perf_coll.h"
 
-#define PERF_FRAME_HEADER 48
+#define PERF_WIRE_LINE_MAX 2048
 
-int perf_coll_codec_env_get(perf_coll_codec_env* env) {
-  *env = (perf_coll_codec_env){.format = 1, .block = 128, .min_bytes = 64u << 10,
-                               .pipeline_chunk = 1u << 20};
-  int rc = 0;
-  const char* f = getenv("AGOQ_FORMAT");
-  if (f != NULL && *f != '\0') {
-    int found = -1;
-    for (int i = 0; i < perf_coll_nformats; i++)
-      if (strcasecmp(f, perf_coll_formats[i]) == 0) found = i;
-    if (found < 0) rc = -1;
-    else env->format = found;
+int perf_coll_wire_begin(perf_coll_wire* w, int rank) {
+  memset(w, 0, sizeof(*w));
+  const char* tmp = getenv("TMPDIR");
+  if (tmp == NULL || *tmp == '\0' || strchr(tmp, '%') != NULL) tmp = "/tmp";
+  snprintf(w->path, sizeof w->path, "%s/agoq-perf-stats-%d-XXXXXX", tmp, (int)getpid());
+  int fd = mkstemp(w->path);
+  if (fd < 0) {
+    fprintf(stderr, "agoq-perf: rank %d: cannot create a statistics file in %s: %s\n", rank, tmp,
+            strerror(errno));
+    return -1;
   }
-  const char* b = getenv("AGOQ_BLOCK");
-  if (b != NULL && *b != '\0') {
-    int block = 0;
-    if (perf_parse_int(b, 32, 1024, &block) != 0 || (block & (block - 1)) != 0) rc = -1;
-    else env->block = (unsigned)block;
-  }
-  size_t v;
-  const char* m = getenv("AGOQ_MIN_BYTES");
-  if (m != NULL && *m != '\0') {
-    if (perf_parse_size(m, &v) != 0) rc = -1;
-    else env->min_bytes = v;
-  }
-  const char* c = getenv("AGOQ_COLLNET_CHUNK");
-  if (c != NULL && *c != '\0') {
-    if (perf_parse_size(c, &v) != 0 || v == 0) rc = -1;
-    else env->pipeline_chunk = v;
-  }
-  return rc;
+  close(fd);
+  /* Before the plugin is loaded: it reads its parameters at init. The tool's own file
+   * replaces any the user named: only then are the lines in it this run's. */
+  setenv("AGOQ_STATS", "1", 1);
+  setenv("AGOQ_STATS_FILE", w->path, 1);
+  unsetenv("AGOQ_STATS_INTERVAL_S");
+  return 0;
 }
 
-/* Elements of one pipeline piece: whole blocks, at least one block. */
-static size_t perf_chunk_elems(size_t bytes, size_t elt, unsigned block) {
-  size_t e = bytes / elt;
-  e -= e % block;
-  return e < block ? block : e;
+void perf_coll_wire_end(perf_coll_wire* w) {
+  if (w->path[0] != '\0') unlink(w->path);
+  w->path[0] = '\0';
 }
 
-static size_t perf_frame_bytes(const perf_coll_codec_env* env, size_t n) {
-  if (n == 0) return 0;
-  size_t nb = (n + env->block - 1) / env->block;
-  size_t codes = env->format == 2 ? (n + 1) / 2 : n; /* int4: two codes a byte */
-  return PERF_FRAME_HEADER + (nb + 63) / 64 * 8 + 4 * nb + codes;
+/* The value of `key=` in line as text (up to the next blank), or NULL. */
+static const char* perf_wire_field(const char* line, const char* key, char* out, size_t outlen) {
+  char pat[48];
+  snprintf(pat, sizeof pat, " %s=", key);
+  const char* p = strstr(line, pat);
+  if (p == NULL) return NULL;
+  p += strlen(pat);
+  size_t n = strcspn(p, " \n");
+  if (n == 0 || n >= outlen) return NULL;
+  memcpy(out, p, n);
+  out[n] = '\0';
+  return out;
 }
 
-/* Frame bytes of n elements cut into pipeline pieces of `piece` elements, each piece split
- * into `parts` block-aligned slices (parts 1: the piece is one slice). */
-static double perf_frames(const perf_coll_codec_env* env, size_t n, size_t piece, int parts) {
-  double total = 0;
-  for (size_t off = 0; off < n; off += piece) {
-    size_t len = n - off < piece ? n - off : piece;
-    size_t nb = (len + env->block - 1) / env->block;
-    for (int j = 0; j < parts; j++) {
-      size_t b0 = nb * (size_t)j / (size_t)parts, b1 = nb * (size_t)(j + 1) / (size_t)parts;
-      size_t e0 = b0 * env->block, e1 = b1 * env->block;
-      if (e1 > len) e1 = len;
-      if (e0 < e1) total += (double)perf_frame_bytes(env, e1 - e0);
-    }
+static int perf_wire_u64(const char* line, const char* key, uint64_t* v) {
+  char text[32];
+  if (perf_wire_field(line, key, text, sizeof text) == NULL) return -1;
+  char* end;
+  errno = 0;
+  unsigned long long x = strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0') return -1;
+  *v = (uint64_t)x;
+  return 0;
+}
+
+/* The close lines of this rank's group written since the last read: wire and raw bytes of
+ * both paths, and the plugin's configuration. */
+static int perf_wire_read(perf_coll_wire* w, int rank, uint64_t* wire, uint64_t* raw) {
+  FILE* f = fopen(w->path, "r");
+  if (f == NULL || fseek(f, w->offset, SEEK_SET) != 0) {
+    fprintf(stderr, "agoq-perf: rank %d: cannot read the plugin's statistics %s: %s\n", rank, w->path,
+            strerror(errno));
+    if (f != NULL) fclose(f);
+    return -1;
   }
-  return total;
-}
-
-double perf_coll_wire_ratio(const perf_coll_opts* o, const perf_coll_plan* p) {
-  perf_coll_codec_env env;
-  perf_coll_codec_env_get(&env); /* an invalid value fails the plugin's init first */
-  if (o->format >= 0) env.format = o->format;
-  bool quantizable = (p->dtype == ncclFloat32 || p->dtype == ncclBfloat16 ||
-                      p->dtype == ncclFloat16) &&
-                     p->op == ncclSum && env.format != 0 && p->kind != PERF_COLL_ALLGATHER;
-  if (!quantizable || p->nwin == 0 || p->nranks < 2) return 1.0;
-  size_t piece = perf_chunk_elems(env.pipeline_chunk, p->elt, env.block);
-  double wire = 0, raw = 0;
-  for (int w = 0; w < p->nwin; w++) {
-    const perf_window* win = &p->win[w];
-    size_t elems = win->bytes / p->elt;
-    raw += (double)win->bytes;
-    if (win->bytes < env.min_bytes) {
-      wire += (double)win->bytes;
+  char line[PERF_WIRE_LINE_MAX];
+  int paths = 0;
+  *wire = *raw = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strncmp(line, "agoq-stats ", 11) != 0 || strstr(line, " kind=collnet ") == NULL ||
+        strstr(line, " event=close ") == NULL)
       continue;
-    }
-    if (p->kind == PERF_COLL_ALLREDUCE) {
-      wire += perf_frames(&env, elems, piece, p->nranks);
-      continue;
-    }
-    /* reducescatter: each owner's share of the window is its own slice. */
-    size_t per_bytes = p->per_rank * p->elt;
-    size_t piece_per_owner =
-        perf_chunk_elems(env.pipeline_chunk / (size_t)p->nranks, p->elt, env.block);
-    for (int j = 0; j < p->nranks; j++) {
-      size_t lo = (size_t)j * per_bytes, hi = lo + per_bytes;
-      size_t a = win->off > lo ? win->off : lo;
-      size_t b = win->off + win->bytes < hi ? win->off + win->bytes : hi;
-      if (a < b) wire += perf_frames(&env, (b - a) / p->elt, piece_per_owner, 1);
-    }
+    uint64_t wb, wr;
+    if (perf_wire_u64(line, "wire_bytes", &wb) != 0 || perf_wire_u64(line, "wire_raw", &wr) != 0) continue;
+    *wire += wb;
+    *raw += wr;
+    paths++;
+    perf_wire_field(line, "format", w->format, sizeof w->format);
+    uint64_t x;
+    if (perf_wire_u64(line, "block", &x) == 0) w->block = (unsigned)x;
+    if (perf_wire_u64(line, "min_bytes", &x) == 0) w->min_bytes = x;
+    if (perf_wire_u64(line, "chunk", &x) == 0) w->pipeline_chunk = x;
   }
-  return raw > 0 ? wire / raw : 1.0;
+  w->offset = ftell(f);
+  fclose(f);
+  if (paths != 2) {
+    fprintf(stderr, "agoq-perf: rank %d: the plugin wrote %d CollNet statistics lines at closeColl, expected 2 "
+            "(quantized, exact) in %s\n", rank, paths, w->path);
+    return -1;
+  }
+  w->have_config = true;
+  return 0;
+}
+
+int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int timeout_ms, double* ratio) {
+  /* Nobody closes under a peer's last bytes. */
+  if (perf_group_barrier(g, timeout_ms) != 0) return -1;
+  int ok = 1;
+  if (c->send_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->send_mh);
+  if (c->recv_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->recv_mh);
+  c->send_mh = c->recv_mh = NULL;
+  ncclResult_t r = agoq_collnet_view_close_coll(&c->view, c->coll_comm);
+  c->coll_comm = NULL;
+  if (r != ncclSuccess) {
+    fprintf(stderr, "agoq-perf: rank %d: CollNet closeColl failed: %s\n", g->rank, perf_result_str(r));
+    ok = 0;
+  }
+  uint64_t mine[2] = {0, 0};
+  if (ok && perf_wire_read(w, g->rank, &mine[0], &mine[1]) != 0) ok = 0;
+  uint64_t all[PERF_COLL_MAX_RANKS][3];
+  uint64_t share[3] = {mine[0], mine[1], (uint64_t)ok};
+  if (perf_group_allgather(g, share, all, sizeof(share), timeout_ms) != 0) return -1;
+  uint64_t wire = 0, raw = 0;
+  for (int k = 0; k < g->nranks; k++) {
+    if (!all[k][2]) return -1; /* that rank said why */
+    wire += all[k][0];
+    raw += all[k][1];
+  }
+  *ratio = raw > 0 ? (double)wire / (double)raw : 1.0;
+  if (perf_coll_connect(c, g) != 0) return -1;
+  return perf_coll_register(c, w->send, w->send_bytes, w->recv, w->recv_bytes);
 }

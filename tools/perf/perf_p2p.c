@@ -305,8 +305,7 @@ int perf_p2p_main(int argc, char** argv) {
   bool check_failed = false; /* a typed size failed its check: run on, then exit 1 */
   if (o.rank < 0) {
     /* Both ends on this host: loopback, unless the user chose interfaces. */
-    if (getenv("AGOQ_SOCKET_IFNAME") == NULL && getenv("NCCL_SOCKET_IFNAME") == NULL)
-      setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
+    if (getenv("NCCL_SOCKET_IFNAME") == NULL) setenv("AGOQ_SOCKET_IFNAME", "lo", 0);
     if (perf_boot_fork(&boot) != 0) return 1;
   } else if (perf_boot_tcp(&boot, o.rank, o.addr, o.boot_timeout_s) != 0) {
     return 1;
@@ -343,7 +342,7 @@ int perf_p2p_main(int argc, char** argv) {
     }
     p2p_typed_env(o.format);
   }
-  if (perf_net_open_ex(&n, o.lib, o.dev, comm_id, o.dtype >= 0 ? p2p_typed_logger() : agoq_log_stderr,
+  if (perf_net_open_ex(&n, o.lib, o.dev, comm_id, p2p_typed_logger(),
                        o.dtype >= 0 ? p2p_typed_callback() : NULL) != 0)
     goto fail_net;
   if (o.dtype >= 0 && p2p_typed_open(&typed, &n, comm_id, o.max_bytes, rank) != 0) goto fail_net;

@@ -19,6 +19,7 @@ void p2p_typed_env(const char* format) {
 
 static uint64_t typed_frames, typed_unknown, typed_queries;
 static double typed_in_mib, typed_wire_mib, typed_query_ns;
+static unsigned typed_nsocks; /* from the plugin's init line; 0 until it said */
 
 static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                           const char* fmt, ...) {
@@ -48,8 +49,18 @@ static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const ch
       typed_queries += q;
     }
   }
+  /* "Using [0]lo ...; N data sockets per connection, ..." at init: what the plugin chose. */
+  const char* ds = strstr(msg, " data sockets per connection");
+  if (ds != NULL && strstr(msg, "Using ") != NULL) {
+    const char* p = ds;
+    while (p > msg && p[-1] >= '0' && p[-1] <= '9') p--;
+    unsigned v = 0;
+    if (p < ds && sscanf(p, "%u", &v) == 1) typed_nsocks = v;
+  }
   agoq_log_stderr(level, flags, file, line, "%s", msg);
 }
+
+unsigned p2p_typed_nsocks(void) { return typed_nsocks; }
 
 ncclDebugLogger_t p2p_typed_logger(void) { return p2p_typed_log; }
 ncclProfilerCallback_t p2p_typed_callback(void) { return agoq_emul_callback(); }

@@ -40,8 +40,11 @@ typedef struct {
 /* Sets the plugin's environment before it is loaded (AGOQ_P2P_FORMAT from `format`,
  * AGOQ_STATS=1): call before perf_net_open. */
 void p2p_typed_env(const char* format);
-/* The logger to hand the plugin: agoq_log_stderr, plus it keeps the p2p statistics. */
+/* The logger to hand the plugin: agoq_log_stderr, plus it keeps the p2p statistics and the
+ * data sockets per connection the plugin chose. */
 ncclDebugLogger_t p2p_typed_logger(void);
+/* Data sockets per connection from the plugin's init line (0: it has not said). */
+unsigned p2p_typed_nsocks(void);
 /* The callback to hand the plugin's init: the emulated NCCL's (a no-op without profiler). */
 ncclProfilerCallback_t p2p_typed_callback(void);
 /* Rank 0: the plugin's profiler table and one emulated communicator. */

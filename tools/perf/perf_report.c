@@ -23,16 +23,18 @@ static void perf_json_string(const char* s) {
 
 void perf_report_header(const perf_opts* o, const perf_net* n, const char* test) {
   if (o->json) return;
-  const char* nsocks = getenv("AGOQ_SOCKET_NSOCKS");
+  /* The plugin's own figures (its init line), never our reading of its variables. */
+  char nsocks[48] = "not reported";
+  if (p2p_typed_nsocks() > 0) snprintf(nsocks, sizeof nsocks, "%u", p2p_typed_nsocks());
   printf("# agoq-perf %s: net v%d \"%s\", device %d \"%s\" (%d Mbps)\n", test, n->view.version,
          n->view.name ? n->view.name : "?", n->dev, n->props.name, n->props.speed);
-  printf("# iters %d, warmup %d, inflight %d, AGOQ_SOCKET_NSOCKS %s, check %s, %s\n", o->iters,
-         o->warmup, o->inflight, nsocks ? nsocks : "(plugin default)", o->check ? "on" : "off",
+  printf("# iters %d, warmup %d, inflight %d, data sockets per connection %s, check %s, %s\n", o->iters,
+         o->warmup, o->inflight, nsocks, o->check ? "on" : "off",
          o->rank < 0 ? "forked peer on this host" : "two-host mode");
   if (o->dtype >= 0) {
-    const char* fmt = o->format ? o->format : getenv("AGOQ_P2P_FORMAT");
-    printf("# typed p2p: dtype %s, AGOQ_P2P_FORMAT %s, oracle %s, traffic %s; %s messages checked\n",
-           perf_dtype_name((ncclDataType_t)o->dtype), fmt ? fmt : "(plugin default)",
+    printf("# typed p2p: dtype %s, p2p format %s, oracle %s, traffic %s; %s messages checked\n",
+           perf_dtype_name((ncclDataType_t)o->dtype),
+           o->format ? o->format : "as the plugin is configured (its agoq-stats lines say: format=)",
            o->no_oracle ? "none (no profiler)" : "agoq profiler via emulated NCCL chain",
            o->coll_traffic ? "collective ring" : "p2p", o->check ? "all" : "warm-up");
     printf("#\n# %14s %8s %12s %11s %11s %10s %6s\n", "size(B)", "count", "time(us)", "bw(GB/s)",
