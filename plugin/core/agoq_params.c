@@ -181,7 +181,8 @@ static void agoq_param_expected(const agoq_param_desc* desc, char* out, size_t o
       break;
     case AGOQ_PARAM_TYPE_SIZE:
       snprintf(out, outlen,
-               "a size in bytes in [%" PRId64 ", %" PRId64 "], optionally with a K/M/G/T suffix",
+               "a size in bytes in [%" PRId64 ", %" PRId64 "], optionally with a K/M/G/T suffix "
+               "(powers of 1024: 64K = 64KB = 64KiB = 65536)",
                desc->min, desc->max);
       break;
     case AGOQ_PARAM_TYPE_BOOL:

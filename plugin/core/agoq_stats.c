@@ -34,6 +34,7 @@ static bool agoq_stats_thread_on;
 static int agoq_stats_thread_pid;
 static bool agoq_stats_thread_stop;
 static pthread_t agoq_stats_thread;
+static atomic_int agoq_stats_exit_printed; /* the exit lines are out: a later close adds none */
 
 bool agoq_stats_enabled(void) { return agoq_param_int(AGOQ_PARAM_STATS) != 0; }
 
@@ -304,7 +305,8 @@ agoq_stats_entry* agoq_stats_open(agoq_stats_kind kind, const void* comm, int ra
 void agoq_stats_close(agoq_stats_entry* e) {
   if (e == NULL || !e->registered) return;
   if (atomic_exchange(&e->closed, 1)) return;
-  if (e->pid == (int)getpid()) agoq_stats_print_entry(atomic_load(&agoq_stats_fd), e, "close");
+  if (e->pid == (int)getpid() && !atomic_load(&agoq_stats_exit_printed))
+    agoq_stats_print_entry(atomic_load(&agoq_stats_fd), e, "close");
 }
 
 void agoq_stats_release(agoq_stats_entry* e) {
@@ -318,7 +320,6 @@ void agoq_stats_release(agoq_stats_entry* e) {
 /* No allocation; the only lock is the interval thread's, which it never holds while it
  * prints or sleeps (pthread_cond_timedwait releases it). */
 void agoq_stats_at_exit(void) {
-  static atomic_int done;
   if (atomic_load(&agoq_stats_head) == NULL) return;
   pthread_mutex_lock(&agoq_stats_mu);
   bool join = agoq_stats_thread_on && agoq_stats_thread_pid == (int)getpid();
@@ -328,8 +329,23 @@ void agoq_stats_at_exit(void) {
   pthread_mutex_unlock(&agoq_stats_mu);
   /* dlclose unmaps this code: the thread must be gone first. */
   if (join) pthread_join(agoq_stats_thread, NULL);
-  if (atomic_exchange(&done, 1)) return;
-  agoq_stats_print_all(atomic_load(&agoq_stats_fd), "exit", true);
+  if (!atomic_exchange(&agoq_stats_exit_printed, 1))
+    agoq_stats_print_all(atomic_load(&agoq_stats_fd), "exit", true);
+  /* When every communicator was closed (a clean teardown before NCCL unloads us), nothing
+   * can count into an entry any more: free them, or dlclose would leave them unreachable.
+   * With one still open a thread may yet add to it (exit() while NCCL runs): keep them. */
+  int pid = (int)getpid();
+  for (agoq_stats_entry* e = atomic_load(&agoq_stats_head); e != NULL; e = e->next)
+    if (e->pid == pid && !atomic_load(&e->closed)) return;
+  agoq_stats_entry* e = atomic_exchange(&agoq_stats_head, NULL);
+  while (e != NULL) {
+    agoq_stats_entry* next = e->next;
+    free(e);
+    e = next;
+  }
+  int fd = atomic_exchange(&agoq_stats_fd, -1);
+  if (agoq_stats_fd_owned && fd >= 0) close(fd);
+  agoq_stats_fd_owned = false;
 }
 
 /* Runs at exit() and when NCCL unloads the plugin. */

@@ -128,8 +128,9 @@ size_t agoq_stats_format(const agoq_stats_entry* e, int path, const char* event,
 /* Lines of every entry of this process, open ones only when `open_only`, to fd. */
 void agoq_stats_print_all(int fd, const char* event, bool open_only);
 
-/* The exit hook's work (also what the library destructor calls): stops the interval thread
- * and prints event=exit lines of every open entry. Idempotent. */
+/* The exit hook's work (the library destructor calls it): stops the interval thread, prints
+ * the event=exit lines of every open entry (once), and frees the registry when every entry
+ * is closed (dlclose after a clean teardown). Safe to call again after closing more. */
 void agoq_stats_at_exit(void);
 
 /* Tests: the output fd the registry writes to (-1: not opened yet). */

@@ -256,6 +256,13 @@ ncclResult_t agoq_net_set_attr(void* ctx, const agoq_net_attr* attr) {
  * then, so load/unload cycles do not leak. */
 __attribute__((destructor)) static void agoq_net_unload(void) {
   pthread_mutex_lock(&agoq_state.mu);
+  if (agoq_state.legacy_ctx != NULL) {
+    /* Its statistics go out at exit (or now); then the registry may be freed. */
+    agoq_stats_at_exit();
+    agoq_stats_close(agoq_state.legacy_ctx->st_send);
+    agoq_stats_close(agoq_state.legacy_ctx->st_recv);
+    agoq_stats_at_exit();
+  }
   free(agoq_state.legacy_ctx);
   agoq_state.legacy_ctx = NULL;
   pthread_mutex_unlock(&agoq_state.mu);

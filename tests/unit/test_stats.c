@@ -323,6 +323,24 @@ static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char
   captured_warns++;
 }
 
+/* What the documentation promises about the spellings of a size. */
+static void test_size_units(void** state) {
+  (void)state;
+  const agoq_param_desc* d = agoq_param_describe(AGOQ_PARAM_MIN_BYTES);
+  const char* mib[] = {"1M", "1MB", "1MiB", "1m", "1048576", "1048576B"};
+  for (size_t i = 0; i < sizeof mib / sizeof mib[0]; i++) {
+    int64_t v = 0;
+    assert_int_equal(agoq_param_parse(d, mib[i], &v, NULL, 0), ncclSuccess);
+    assert_int_equal(v, 1048576);
+  }
+  int64_t v = 0;
+  assert_int_equal(agoq_param_parse(d, "64KB", &v, NULL, 0), ncclSuccess);
+  assert_int_equal(v, 65536);
+  char err[256];
+  assert_int_equal(agoq_param_parse(d, "1.5M", &v, err, sizeof err), ncclInvalidUsage);
+  assert_non_null(strstr(err, "powers of 1024"));
+}
+
 static void test_min_bytes_warning(void** state) {
   (void)state;
   agoq_log_set_logger(capture_log);
@@ -408,6 +426,7 @@ int main(void) {
       cmocka_unit_test(test_expand_path),
       cmocka_unit_test(test_interval_schedule),
       cmocka_unit_test(test_line_format),
+      cmocka_unit_test(test_size_units),
       cmocka_unit_test(test_min_bytes_warning),
       cmocka_unit_test(test_collnet_exact_reasons),
       cmocka_unit_test(test_collnet_stats_off),
