@@ -12,6 +12,29 @@
 static char agoq_prof_coll_tags[AGOQ_XFER_PROTO_LL128 + 1][ncclNumTypes + 1];
 /* The handle of a NetPlugin event whose descriptor was ours (filled or not). */
 static char agoq_prof_net_tag;
+/* Handles of p2p tasks agoq will never quantize but whose reason is known: one static byte
+ * per (protocol, datatype, direction). The tag is handed down unchanged as the ProxyOp's
+ * and ProxyStep's handle, so the net event can say "LL" or "integer" instead of "unknown"
+ * (the reason in AGOQ_STATS) without a pool object. No tag is ever made for a SIMPLE float
+ * send: those are tracked objects with their peer checked, so a tag cannot lead to a
+ * lossy transfer. */
+static char agoq_prof_p2p_tags[AGOQ_XFER_PROTO_LL128 + 1][ncclNumTypes][2];
+
+static void* agoq_prof_p2p_tag(const agoq_prof_info* info) {
+  return &agoq_prof_p2p_tags[info->proto][info->dtype][info->is_send];
+}
+
+static bool agoq_prof_p2p_tag_decode(const void* h, agoq_prof_info* info) {
+  uintptr_t off = (uintptr_t)h - (uintptr_t)&agoq_prof_p2p_tags[0][0][0];
+  if (off >= sizeof agoq_prof_p2p_tags) return false;
+  info->kind = AGOQ_XFER_P2P;
+  info->is_send = (int)(off % 2);
+  info->dtype = (int)(off / 2 % ncclNumTypes);
+  info->proto = (agoq_xfer_proto)(off / 2 / ncclNumTypes);
+  info->peer = -1;
+  info->task_bytes = 0;
+  return true;
+}
 
 static bool agoq_prof_coll_tag_decode(const void* h, agoq_prof_info* info) {
   uintptr_t off = (uintptr_t)h - (uintptr_t)&agoq_prof_coll_tags[0][0];
@@ -86,12 +109,12 @@ void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, siz
   info.task_bytes = bytes;
   info.proto = bytes <= agoq_prof_ll_limit() ? AGOQ_XFER_PROTO_LL : AGOQ_XFER_PROTO_SIMPLE;
   /* Only what the net side could quantize gets an object: a SIMPLE send of fp32, bf16 or
-   * fp16. Everything else is exact whether its type is known or not, and leaving it
-   * untracked keeps the quarantined pool (agoq_prof.h) for the transfers that matter; a
-   * NULL handle makes NCCL pass NULL parents down the chain. */
+   * fp16. Everything else is exact whatever happens, so it gets a static tag instead: no
+   * quarantined pool slot (agoq_prof.h) is spent on it, and its class still reaches the
+   * net side as the reason it went exact. */
   if (info.is_send != 1 || info.proto != AGOQ_XFER_PROTO_SIMPLE ||
       (info.dtype != ncclFloat32 && info.dtype != ncclBfloat16 && info.dtype != ncclFloat16))
-    return NULL;
+    return agoq_prof_p2p_tag(&info);
   agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_P2P]);
   if (o == NULL) return NULL;
   agoq_prof_obj_publish(o, &info);
@@ -105,6 +128,9 @@ void* agoq_prof_start_op(void* ctx, const void* parent, pid_t pid, int peer, int
   agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
   if (c == NULL) return NULL;
   agoq_prof_info info;
+  /* An exact p2p's tag names its steps too; a direction that does not match is a parent
+   * we cannot vouch for (unknown). */
+  if (agoq_prof_p2p_tag_decode(parent, &info)) return info.is_send == (is_send != 0) ? (void*)parent : NULL;
   if (agoq_prof_coll_tag_decode(parent, &info)) {
     info.peer = peer;
     info.is_send = is_send != 0;
@@ -125,8 +151,9 @@ void* agoq_prof_start_step(void* ctx, const void* parent) {
   if (parent == NULL) return NULL; /* op not tracked (PXN, unknown, pool full) */
   agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
   if (c == NULL) return NULL;
-  const agoq_prof_obj* p = agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_OP], parent);
   agoq_prof_info info;
+  if (agoq_prof_p2p_tag_decode(parent, &info)) return (void*)parent;
+  const agoq_prof_obj* p = agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_OP], parent);
   if (p == NULL || !agoq_prof_obj_read(p, &info)) return NULL;
   agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_STEP]);
   if (o == NULL) return NULL;
@@ -144,7 +171,7 @@ void* agoq_prof_start_net(void* ctx, const void* parent, int64_t plugin_id, void
     const agoq_prof_obj* p =
         c != NULL ? agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_STEP], parent) : NULL;
     agoq_prof_info info;
-    if (p != NULL && agoq_prof_obj_read(p, &info)) {
+    if (agoq_prof_p2p_tag_decode(parent, &info) || (p != NULL && agoq_prof_obj_read(p, &info))) {
       d->kind = info.kind;
       d->dtype = info.dtype;
       d->proto = info.proto;
@@ -160,7 +187,8 @@ void* agoq_prof_start_net(void* ctx, const void* parent, int64_t plugin_id, void
 ncclResult_t agoq_prof_stop(void* handle) {
   if (handle == NULL || handle == &agoq_prof_net_tag) return ncclSuccess;
   agoq_prof_info ignored;
-  if (agoq_prof_coll_tag_decode(handle, &ignored)) return ncclSuccess;
+  if (agoq_prof_coll_tag_decode(handle, &ignored) || agoq_prof_p2p_tag_decode(handle, &ignored))
+    return ncclSuccess;
   /* Every other handle NCCL can pass is one of our pool objects. */
   if (agoq_prof_obj_is_ours(handle)) agoq_prof_obj_release(handle);
   return ncclSuccess;

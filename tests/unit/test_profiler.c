@@ -88,6 +88,19 @@ static void expect_unknown(const agoq_xfer_desc* d) {
   assert_int_equal(d->dtype, -1);
 }
 
+/* A p2p agoq never quantizes (a receive, a type the codec does not take, a size NCCL may
+ * send as LL) is answered from its task's tag: the class is known, so the exact transfer's
+ * reason in AGOQ_STATS is right, but no peer or size is claimed. */
+static void expect_exact_p2p(const agoq_xfer_desc* d, int dtype, int is_send, agoq_xfer_proto proto) {
+  assert_int_equal(d->filled, 1);
+  assert_int_equal(d->kind, AGOQ_XFER_P2P);
+  assert_int_equal(d->dtype, dtype);
+  assert_int_equal(d->is_send, is_send);
+  assert_int_equal(d->proto, proto);
+  assert_int_equal(d->peer, -1);
+  assert_int_equal(d->task_bytes, 0);
+}
+
 static void test_init_sets_netplugin_mask(void** state) {
   (void)state;
   agoq_emul_comm* c = comm_new(5);
@@ -121,8 +134,8 @@ static void test_p2p_floats_dtype_and_ll_rule(void** state) {
         agoq_xfer_desc d;
         size_t big = (64u << 20) / floats[i].size;
         if (!send) { /* receives are never quantized by the receiver: not tracked */
-          assert_false(query_p2p(c, send, floats[i].dtype, big, 2, &d));
-          expect_unknown(&d);
+          assert_true(query_p2p(c, send, floats[i].dtype, big, 2, &d));
+          expect_exact_p2p(&d, floats[i].dtype, 0, AGOQ_XFER_PROTO_SIMPLE);
           continue;
         }
         assert_true(query_p2p(c, send, floats[i].dtype, big, 2, &d));
@@ -135,19 +148,21 @@ static void test_p2p_floats_dtype_and_ll_rule(void** state) {
         /* At the LL bound NCCL may still pick LL (untracked: exact); one element more and
          * it cannot. */
         size_t at = LL_LIMIT / floats[i].size;
-        assert_false(query_p2p(c, send, floats[i].dtype, at, 1, &d));
-        expect_unknown(&d);
+        assert_true(query_p2p(c, send, floats[i].dtype, at, 1, &d));
+        expect_exact_p2p(&d, floats[i].dtype, 1, AGOQ_XFER_PROTO_LL);
         assert_true(query_p2p(c, send, floats[i].dtype, at + 1, 1, &d));
         assert_int_equal(d.proto, AGOQ_XFER_PROTO_SIMPLE);
         assert_int_equal(d.task_bytes, LL_LIMIT + floats[i].size);
-        assert_false(query_p2p(c, send, floats[i].dtype, 16, 1, &d));
+        assert_true(query_p2p(c, send, floats[i].dtype, 16, 1, &d));
+        expect_exact_p2p(&d, floats[i].dtype, 1, AGOQ_XFER_PROTO_LL);
       }
     }
     agoq_emul_comm_destroy(c);
   }
 }
 
-/* Types the codec does not take are not tracked: their transfers are unknown, i.e. exact. */
+/* Types the codec does not take are not tracked: their transfers are answered from a tag
+ * (exact, with the type as the reason); a type NCCL cannot name stays unknown. */
 static void test_p2p_other_types_untracked(void** state) {
   (void)state;
   static const int types[] = {ncclInt8,   ncclInt32,   ncclUint32,     ncclInt64,
@@ -156,9 +171,9 @@ static void test_p2p_other_types_untracked(void** state) {
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     agoq_xfer_desc d;
     agoq_emul_task* t = agoq_emul_p2p_start(c, true, types[i], 1 << 22, 3, 2);
-    assert_null(agoq_emul_task_handle(t));
-    assert_false(query_task(t, &d));
-    expect_unknown(&d);
+    assert_non_null(agoq_emul_task_handle(t));
+    assert_true(query_task(t, &d));
+    expect_exact_p2p(&d, types[i], 1, AGOQ_XFER_PROTO_SIMPLE);
   }
   /* NCCL 2.28.9 prints "Unknown" for ncclUint8; a type we cannot name stays unknown, as do
    * a function that is not Send/Recv and a NULL string. */
@@ -168,7 +183,19 @@ static void test_p2p_other_types_untracked(void** state) {
   assert_false(query_task(agoq_emul_p2p_start_str(c, "Send", "ncclFloat33", 1 << 20, 3, 2), &d));
   assert_false(query_task(agoq_emul_p2p_start_str(c, "SendRecv", "ncclFloat32", 1 << 20, 3, 2), &d));
   assert_false(query_task(agoq_emul_p2p_start_str(c, "Send", NULL, 1 << 20, 3, 2), &d));
-  assert_false(query_task(agoq_emul_p2p_start_str(c, "Send", "ncclUint8", 1 << 20, 3, 2), &d));
+  assert_true(query_task(agoq_emul_p2p_start_str(c, "Send", "ncclUint8", 1 << 20, 3, 2), &d));
+  expect_exact_p2p(&d, ncclUint8, 1, AGOQ_XFER_PROTO_LL); /* 1 MiB: at the LL bound */
+  /* A tag's direction must match its op's: a mismatched parent is unknown, not a guess. */
+  agoq_emul_task* t = agoq_emul_p2p_start(c, true, ncclInt32, 1 << 20, 3, 2);
+  agoq_emul_task_stop(t);
+  agoq_emul_op_args a = {.channel = 3, .nsteps = 1, .chunk = 1 << 19, .peer = 2, .is_send = 0};
+  agoq_emul_op* op = agoq_emul_op_start_ex(t, &a);
+  assert_non_null(op);
+  assert_null(agoq_emul_op_handle(op));
+  assert_false(agoq_oracle_query(agoq_emul_callback(), agoq_emul_step_phandle(op, 0), &d));
+  expect_unknown(&d);
+  agoq_emul_op_stop(op);
+  agoq_emul_task_free(t);
   assert_true(query_task(agoq_emul_p2p_start_str(c, "Send", "ncclBfloat16", 1 << 20, 3, 2), &d));
   assert_int_equal(d.dtype, ncclBfloat16);
   agoq_emul_comm_destroy(c);
@@ -533,7 +560,8 @@ static void* worker(void* p) {
     int dtype = types[(i + w->id) % 4];
     bool send = (i & 1) != 0;
     size_t count = (i % 3 == 0) ? 64 : ((size_t)1 << 20) + (size_t)i;
-    /* Receives, int64 and LL-sized transfers are untracked: unknown is their right answer. */
+    /* Receives, int64 and LL-sized transfers are untracked: they are answered from their
+     * task's tag (class only), or unknown when a recycled op refuses them. */
     bool tracked = send && dtype != ncclInt64 && count != 64;
     agoq_emul_task* t = agoq_emul_p2p_start(w->comm, send, dtype, count, w->id, 2);
     agoq_emul_task_stop(t);
@@ -544,9 +572,14 @@ static void* worker(void* p) {
       void* ph = agoq_emul_step_phandle(op, s);
       bool ok = agoq_oracle_query(agoq_emul_callback(), ph, &d);
       agoq_emul_step_stop(op, s);
+      agoq_xfer_proto proto = count == 64 ? AGOQ_XFER_PROTO_LL : AGOQ_XFER_PROTO_SIMPLE;
       if (!ok) {
         if (tracked) w->unknown++;
-      } else if (!tracked || d.kind != AGOQ_XFER_P2P || d.dtype != dtype || d.is_send != (int)send ||
+      } else if (!tracked) {
+        if (d.kind != AGOQ_XFER_P2P || d.dtype != dtype || d.is_send != (int)send || d.proto != proto ||
+            d.peer != -1 || (send && proto == AGOQ_XFER_PROTO_SIMPLE && dtype != ncclInt64))
+          w->wrong++;
+      } else if (d.kind != AGOQ_XFER_P2P || d.dtype != dtype || d.is_send != (int)send ||
                  d.peer != w->id ||
                  d.proto != (count == 64 ? AGOQ_XFER_PROTO_LL : AGOQ_XFER_PROTO_SIMPLE) ||
                  d.task_bytes != count * agoq_prof_dtype_size(dtype)) {
@@ -637,7 +670,8 @@ static void test_ll_threshold_env(void** state) {
   agoq_emul_comm* c = comm_new(5);
   assert_int_equal(agoq_prof_ll_limit(), 64 * 1024);
   agoq_xfer_desc d;
-  assert_false(query_p2p(c, true, ncclFloat32, 64 * 1024 / 4, 1, &d)); /* may be LL: untracked */
+  assert_true(query_p2p(c, true, ncclFloat32, 64 * 1024 / 4, 1, &d)); /* may be LL: untracked */
+  expect_exact_p2p(&d, ncclFloat32, 1, AGOQ_XFER_PROTO_LL);
   assert_true(query_p2p(c, true, ncclFloat32, 64 * 1024 / 4 + 1, 1, &d));
   assert_int_equal(d.proto, AGOQ_XFER_PROTO_SIMPLE);
   agoq_emul_comm_destroy(c);
@@ -647,8 +681,10 @@ static void test_ll_threshold_env(void** state) {
   setenv("NCCL_P2P_LL_THRESHOLD", "1048576 ", 1);
   c = comm_new(5);
   assert_int_equal(agoq_prof_ll_limit(), (uint64_t)64 << 20);
-  assert_false(query_p2p(c, true, ncclFloat32, (size_t)32 << 20 >> 2, 1, &d));
-  assert_false(query_p2p(c, true, ncclFloat32, (size_t)64 << 20 >> 2, 1, &d));
+  assert_true(query_p2p(c, true, ncclFloat32, (size_t)32 << 20 >> 2, 1, &d));
+  expect_exact_p2p(&d, ncclFloat32, 1, AGOQ_XFER_PROTO_LL);
+  assert_true(query_p2p(c, true, ncclFloat32, (size_t)64 << 20 >> 2, 1, &d));
+  expect_exact_p2p(&d, ncclFloat32, 1, AGOQ_XFER_PROTO_LL);
   assert_true(query_p2p(c, true, ncclFloat32, ((size_t)64 << 20 >> 2) + 1, 1, &d));
   assert_int_equal(d.proto, AGOQ_XFER_PROTO_SIMPLE);
   agoq_emul_comm_destroy(c);
