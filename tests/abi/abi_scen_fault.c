@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "abi_harness.h"
+#include "core/agoq_params.h"
 #include "abi_scenarios.h"
 #include "core/agoq_log.h"
 #include "net/agoq_wire.h"
@@ -172,10 +173,12 @@ static const char* const abi_rogue_names[ABI_ROGUE_COUNT] = {
 #define ABI_ROGUE_PAYLOAD 1048579u
 #define ABI_ROGUE_SEED 4242u
 
+/* The handshake timeout the plugin uses, from its own parameter code (one parser of AGOQ_*);
+ * the plugin under test has already refused an invalid value. */
 static int abi_handshake_timeout_ms(void) {
-  const char* s = getenv("AGOQ_HANDSHAKE_TIMEOUT_MS");
-  int v = s != NULL ? atoi(s) : 0;
-  return v > 0 ? v : 10000;
+  agoq_params_reset();
+  if (agoq_params_load() != ncclSuccess) return 10000;
+  return (int)agoq_param_int(AGOQ_PARAM_HANDSHAKE_TIMEOUT_MS);
 }
 
 /* A raw TCP connection to the listen address carrying `bytes` (possibly none). */

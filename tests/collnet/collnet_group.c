@@ -10,37 +10,19 @@
 #include <strings.h>
 
 #include "collnet_harness.h"
+#include "core/agoq_params.h"
 
-static const char* const cn_formats[] = {"none", "int8", "int4", "fp8e4m3", "fp8e5m2"};
-
-/* The configuration the checks assume; the plugin itself refuses an invalid value. */
+/* The configuration the checks assume, read by the plugin's own parameter code (one parser
+ * of AGOQ_*): the harness expects exactly what the plugin will do, and an invalid value
+ * fails here with the plugin's own message. */
 static int cn_read_env(cn_worker* w) {
-  w->format = 1;
-  w->min_bytes = 64u << 10;
-  const char* f = getenv("AGOQ_FORMAT");
-  if (f != NULL && *f != '\0') {
-    int found = -1;
-    for (int i = 0; i < 5; i++)
-      if (strcasecmp(f, cn_formats[i]) == 0) found = i;
-    if (found < 0) {
-      CN_FAIL(w, "AGOQ_FORMAT=%s is not a format this harness knows", f);
-      return -1;
-    }
-    w->format = found;
+  agoq_params_reset();
+  if (agoq_params_load() != ncclSuccess) {
+    CN_FAIL(w, "an AGOQ_* value is invalid (the WARN above says which)");
+    return -1;
   }
-  const char* m = getenv("AGOQ_MIN_BYTES");
-  if (m != NULL && *m != '\0') {
-    char* end = NULL;
-    unsigned long long v = strtoull(m, &end, 10);
-    unsigned long long mult = 1;
-    if (end != NULL && (*end == 'K' || *end == 'k')) mult = 1024, end++;
-    else if (end != NULL && (*end == 'M' || *end == 'm')) mult = 1024 * 1024, end++;
-    if (end == m || *end != '\0') {
-      CN_FAIL(w, "AGOQ_MIN_BYTES=%s: the harness reads only N, NK or NM", m);
-      return -1;
-    }
-    w->min_bytes = (size_t)(v * mult);
-  }
+  w->format = (int)agoq_param_int(AGOQ_PARAM_FORMAT); /* index in none|int8|int4|fp8e4m3|fp8e5m2 */
+  w->min_bytes = (size_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
   return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/agoq_params.h"
 #include "fault.h"
 #include "net/agoq_net.h"
 #include "net/agoq_wire.h"
@@ -122,8 +123,10 @@ int fault_sc_flood(int nrogue) {
     rl.rlim_cur = rl.rlim_max < (rlim_t)nrogue + 256 ? rl.rlim_max : (rlim_t)nrogue + 256;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
-  const char* hs = getenv("AGOQ_HANDSHAKE_TIMEOUT_MS");
-  int hs_ms = hs != NULL && atoi(hs) > 0 ? atoi(hs) : 10000;
+  /* The plugin's own parameter code (one parser of AGOQ_*) says what timeout it runs with. */
+  agoq_params_reset();
+  if (agoq_params_load() != ncclSuccess) return 1;
+  int hs_ms = (int)agoq_param_int(AGOQ_PARAM_HANDSHAKE_TIMEOUT_MS);
   fl_arg a;
   fault_child l;
   int fail = 0;
