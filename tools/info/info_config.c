@@ -106,6 +106,32 @@ static void agoq_info_meaning(const agoq_param_desc* d, const char* text, int64_
   }
 }
 
+/* ---- Variables outside the parameter table ---------------------------------------------- */
+
+/* agoq_env_other.def: what agoq reads besides its parameters (NCCL's variables, the tools'). */
+static const struct {
+  const char* name;
+  const char* read_by;
+  const char* doc;
+} agoq_info_env_other[] = {
+#define AGOQ_ENV_OTHER(NAME, READ_BY, DOC) {NAME, READ_BY, DOC},
+#include "core/agoq_env_other.def"
+#undef AGOQ_ENV_OTHER
+};
+#define AGOQ_INFO_ENV_OTHER_COUNT (sizeof agoq_info_env_other / sizeof agoq_info_env_other[0])
+
+static void agoq_info_env_other_text(FILE* out) {
+  fprintf(out, "\nalso read (%d variables outside the parameter table; never validated as AGOQ_* "
+               "parameters, read as described)\n",
+          (int)AGOQ_INFO_ENV_OTHER_COUNT);
+  for (size_t i = 0; i < AGOQ_INFO_ENV_OTHER_COUNT; i++) {
+    const char* v = getenv(agoq_info_env_other[i].name);
+    fprintf(out, "\n%s\n    value:    %s\n    read by:  %s\n", agoq_info_env_other[i].name,
+            v == NULL ? "(unset)" : *v == '\0' ? "(empty)" : v, agoq_info_env_other[i].read_by);
+    agoq_info_wrap(out, agoq_info_env_other[i].doc, 4, AGOQ_INFO_WIDTH);
+  }
+}
+
 /* ---- Text -------------------------------------------------------------------------------- */
 
 int agoq_info_config_text(FILE* out) {
@@ -161,6 +187,7 @@ int agoq_info_config_text(FILE* out) {
               d->name);
     agoq_info_wrap(out, d->doc, 4, AGOQ_INFO_WIDTH);
   }
+  agoq_info_env_other_text(out);
   if (load != ncclSuccess) {
     fprintf(stderr,
             "agoq-info: %s; NCCL would fail to initialise the plugin (ncclInvalidUsage)\n",
@@ -270,5 +297,19 @@ void agoq_info_config_markdown(FILE* out) {
     if (d->nccl_fallback != NULL)
       fprintf(out, "- NCCL fallback: `%s`, read when `%s` is unset or empty\n", d->nccl_fallback,
               d->name);
+  }
+
+  fputs("\n## Other variables agoq reads\n\n"
+        "These are not `AGOQ_*` parameters: they are not validated at init and `agoq-info -c`\n"
+        "lists them after the parameters with their current value. NCCL's own variables are\n"
+        "read exactly as NCCL reads them.\n\n"
+        "| Variable | Read by | How, and what it changes |\n|---|---|---|\n",
+        out);
+  for (size_t i = 0; i < AGOQ_INFO_ENV_OTHER_COUNT; i++) {
+    fprintf(out, "| `%s` | ", agoq_info_env_other[i].name);
+    agoq_info_md_text(out, agoq_info_env_other[i].read_by, true);
+    fputs(" | ", out);
+    agoq_info_md_text(out, agoq_info_env_other[i].doc, true);
+    fputs(" |\n", out);
   }
 }
