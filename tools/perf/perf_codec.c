@@ -57,20 +57,22 @@ typedef struct {
 static void cp_usage(FILE* f) {
   fprintf(f,
           "usage: agoq-perf codec [options]\n"
-          "  -t, --dtype DTYPE     input / output type: fp32, bf16 (default), fp16\n"
-          "  -b, --block N         elements per scale: 32 .. 1024, power of two (default 128)\n"
+          "  -d, --dtype DTYPE     input / output type: fp32, bf16 (default), fp16\n"
+          "      --block N         elements per scale: 32 .. 1024, power of two (default 128)\n"
           "  -s, --size SIZE       input bytes per operation (default 256M; K/M/G suffixes;\n"
           "                        rounded down to a multiple of 4)\n"
-          "  -f, --formats LIST    comma list of int8,int4,fp8e4m3,fp8e5m2,none (default all)\n"
-          "  -o, --ops LIST        comma list of quantize,dequantize,dequantize-accumulate,\n"
+          "      --formats LIST    comma list of int8,int4,fp8e4m3,fp8e5m2,none (default all)\n"
+          "      --ops LIST        comma list of quantize,dequantize,dequantize-accumulate,\n"
           "                        quantize-fp32 (default all; quantize-fp32 is skipped with\n"
-          "                        -t fp32, where it is quantize)\n"
-          "  -r, --repeats N       runs per measurement, the best is reported (default 5)\n"
+          "                        -d fp32, where it is quantize)\n"
+          "      --repeats N       runs per measurement, the best is reported (default 5)\n"
           "  -j, --threads N       threads of the all-threads column (default 0: online CPUs;\n"
           "                        never more than those)\n"
           "      --isa ISA         pin the CPU path: portable, avx2, avx512 (default: the best\n"
           "                        this CPU has)\n"
           "      --json            one JSON object per line and measurement, nothing else\n"
+          "-t -b -e -f -o -r mean something else in nccl-tests (threads, sizes, step factor, op,\n"
+          "root), so this mode has only the long spellings of those options.\n"
           "GB/s counts the uncompressed side of each operation (the -s bytes a quantize reads\n"
           "or a dequantize writes), compared with memcpy of -s bytes measured in the same run.\n");
 }
@@ -121,6 +123,20 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
       o->json = true;
       continue;
     }
+    /* nccl-tests' letters keep nccl-tests' meaning in every agoq-perf mode; the ones this
+     * mode once used for something else are refused with the spelling that replaced them,
+     * never silently read with another meaning. */
+    static const struct {
+      const char* flag;
+      const char* now;
+    } moved[] = {{"-t", "-d/--dtype"},  {"-b", "--block"}, {"-f", "--formats"},
+                 {"-o", "--ops"},       {"-r", "--repeats"}, {"-e", "-s/--size"}};
+    for (size_t k = 0; k < sizeof moved / sizeof moved[0]; k++)
+      if (strcmp(a, moved[k].flag) == 0) {
+        fprintf(stderr, "agoq-perf codec: %s means what it means in nccl-tests, which has no codec "
+                        "benchmark; use %s\n", a, moved[k].now);
+        return -1;
+      }
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (v == NULL) {
       fprintf(stderr, "agoq-perf codec: %s needs a value (or is unknown)\n", a);
@@ -128,9 +144,9 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
     }
     i++;
     int bad = 0;
-    if (strcmp(a, "-t") == 0 || strcmp(a, "--dtype") == 0) {
+    if (strcmp(a, "-d") == 0 || strcmp(a, "--dtype") == 0) {
       bad = agoq_dtype_from_name(v, &o->dtype);
-    } else if (strcmp(a, "-b") == 0 || strcmp(a, "--block") == 0) {
+    } else if (strcmp(a, "--block") == 0) {
       int b = 0;
       bad = cp_parse_int(v, AGOQ_CODEC_BLOCK_MIN, AGOQ_CODEC_BLOCK_MAX, &b);
       if (!bad && (b & (b - 1)) != 0) bad = -1;
@@ -139,11 +155,11 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
       bad = perf_parse_size(v, &o->bytes);
       if (!bad && o->bytes < 4) bad = -1;
       o->bytes &= ~(size_t)3; /* whole elements of every dtype */
-    } else if (strcmp(a, "-f") == 0 || strcmp(a, "--formats") == 0) {
+    } else if (strcmp(a, "--formats") == 0) {
       bad = cp_parse_list(v, AGOQ_FORMAT_COUNT, cp_format_name_i, &o->format_mask);
-    } else if (strcmp(a, "-o") == 0 || strcmp(a, "--ops") == 0) {
+    } else if (strcmp(a, "--ops") == 0) {
       bad = cp_parse_list(v, CP_NOPS, cp_op_name_i, &o->op_mask);
-    } else if (strcmp(a, "-r") == 0 || strcmp(a, "--repeats") == 0) {
+    } else if (strcmp(a, "--repeats") == 0) {
       bad = cp_parse_int(v, 1, 1000, &o->repeats);
     } else if (strcmp(a, "-j") == 0 || strcmp(a, "--threads") == 0) {
       bad = cp_parse_int(v, 0, CP_MAX_THREADS, &o->threads);

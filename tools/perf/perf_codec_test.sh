@@ -15,7 +15,7 @@ fail() {
   exit 1
 }
 
-if ! "$perf" codec --isa "$isa" -s 2M -r 1 --json > "$out" 2> "$out.err"; then
+if ! "$perf" codec --isa "$isa" -s 2M --repeats 1 --json > "$out" 2> "$out.err"; then
   if grep -q 'is not available' "$out.err"; then
     echo "SKIP: isa $isa not available here"
     exit 77
@@ -28,12 +28,15 @@ rows=$(grep -c "^{\"test\":\"codec\",.*\"isa\":\"$isa\"" "$out" || true)
 [ "$(wc -l < "$out" | tr -d ' ')" = 20 ] || fail "--json printed something else"
 grep -q '"mt_GBps":0\.0000' "$out" && fail "a zero throughput"
 
-"$perf" codec --isa "$isa" -t fp32 -f int8,none -s 1M -r 1 > "$out"
+"$perf" codec --isa "$isa" -d fp32 --formats int8,none -s 1M --repeats 1 > "$out"
 grep -q '^# .*best of 1 runs' "$out" || fail "the header does not say it reports the best run"
 rows=$(grep -c '^  \(int8\|none\) ' "$out" || true)
 [ "$rows" = 6 ] || fail "fp32 table: $rows rows, want 6 (3 operations x 2 formats)"
 
-for bad in "-t fp64" "-b 100" "-s 1X" "-f int9" "-o squash" "-r 0" "--isa mmx" "--frobnicate 1"; do
+# Bad values, and nccl-tests' letters this mode once used for something else (-t was the
+# datatype, -b the block, -f the formats, -o the operations, -r the repeats).
+for bad in "-d fp64" "--block 100" "-s 1X" "--formats int9" "--ops squash" "--repeats 0" "--isa mmx" \
+           "--frobnicate 1" "-t fp32" "-b 128" "-f int8" "-o quantize" "-r 1"; do
   # shellcheck disable=SC2086
   if "$perf" codec $bad > /dev/null 2>&1; then fail "agoq-perf codec $bad exited 0"; fi
 done
