@@ -55,6 +55,15 @@ typedef struct {
 
 uint32_t agoq_crc32c(uint32_t crc, const void* data, size_t len); /* crc = 0 to start */
 
+/* Payload CRC32C time, measured for statistics. With a clock set (nanoseconds, monotonic;
+ * NULL: off, the default) every payload CRC that agoq_frame_encode, agoq_frame_seal_payload_crc
+ * and the parser (agoq_frame_parse and every decode) compute is timed, and
+ * agoq_frame_crc_ns() is the calling thread's running total: read it before and after a
+ * frame call to learn that call's CRC share. The clock is process-wide, injectable for tests. */
+typedef uint64_t (*agoq_frame_clock_fn)(void);
+void agoq_frame_crc_clock_set(agoq_frame_clock_fn clock);
+uint64_t agoq_frame_crc_ns(void);
+
 size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n);
 /* Quantizes n elements into a complete frame in out (capacity cap). */
 agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src, size_t n,

@@ -18,6 +18,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 #include "net/agoq_net.h"
@@ -302,8 +303,10 @@ static ncclResult_t agoq_slot_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     return ncclSuccess;
   }
   int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns(); /* the contributions' checks and the result's seal */
   ncclResult_t res = r->quantized ? agoq_coll_quant_reduce(g, s) : agoq_coll_exact_reduce(g, s);
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   return res;
 }
 

@@ -13,6 +13,7 @@
 
 #include "core/agoq_log.h"
 #include "core/agoq_params.h"
+#include "agoq_frame.h"
 
 #define AGOQ_STATS_LINE_MAX 1024
 #define AGOQ_STATS_PATH_MAX 4096
@@ -120,11 +121,12 @@ size_t agoq_stats_format(const agoq_stats_entry* e, int path, const char* event,
   int n = snprintf(out, outlen,
                    "agoq-stats pid=%d host=%s event=%s id=%" PRIu64 " comm=0x%" PRIxPTR " kind=%s%s path=%s "
                    "calls=%" PRIu64 " bytes_in=%" PRIu64 " wire_raw=%" PRIu64 " wire_bytes=%" PRIu64
-                   " ratio=%.3f codec_ms=%.3f wire_ms=%.3f%s%s",
+                   " ratio=%.3f codec_ms=%.3f crc_ms=%.3f wire_ms=%.3f%s%s",
                    pid, host, event, e->id, e->comm, agoq_stats_kind_name(e->kind), who,
                    path == AGOQ_STATS_QUANT ? "quantized" : "exact", agoq_stats_get(&s->calls),
                    agoq_stats_get(&s->bytes_in), raw, wire, raw ? (double)wire / (double)raw : 1.0,
-                   (double)agoq_stats_get(&s->codec_ns) / 1e6, (double)agoq_stats_get(&s->wire_ns) / 1e6,
+                   (double)agoq_stats_get(&s->codec_ns) / 1e6, (double)agoq_stats_get(&s->crc_ns) / 1e6,
+                   (double)agoq_stats_get(&s->wire_ns) / 1e6,
                    e->config[0] ? " " : "", e->config);
   if (n < 0 || (size_t)n >= outlen) return 0;
   size_t len = (size_t)n;
@@ -216,6 +218,8 @@ int64_t agoq_stats_clock_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static uint64_t agoq_stats_clock_u64(void) { return (uint64_t)agoq_stats_clock_ns(); }
+
 /* Sleeps on a condition variable (CLOCK_MONOTONIC) between reports, so it costs nothing
  * between them and the exit hook or dlclose can wake and join it at once. */
 static void* agoq_stats_thread_main(void* arg) {
@@ -290,6 +294,8 @@ agoq_stats_entry* agoq_stats_open(agoq_stats_kind kind, const void* comm, int ra
   if (!on) return e;
   e->registered = true;
   e->id = atomic_fetch_add(&agoq_stats_next_id, 1) + 1;
+  /* The frame code times its payload CRCs only when asked: crc_ms is then measured. */
+  agoq_frame_crc_clock_set(agoq_stats_clock_u64);
   pthread_mutex_lock(&agoq_stats_mu);
   agoq_stats_output_open_locked();
   agoq_stats_thread_start_locked();

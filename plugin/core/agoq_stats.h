@@ -47,6 +47,7 @@ typedef struct {
   atomic_uint_least64_t wire_raw;   /* bytes the messages would have been in the input type */
   atomic_uint_least64_t wire_bytes; /* bytes they were on the wire (frames or raw) */
   atomic_uint_least64_t codec_ns;   /* quantize, decode, accumulate, exact reductions */
+  atomic_uint_least64_t crc_ns;     /* of codec_ns: payload CRC32C computed and checked */
   atomic_uint_least64_t wire_ns;    /* CollNet: engine waiting on the network; p2p: post to completion */
 } agoq_stats_path;
 

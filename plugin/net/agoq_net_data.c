@@ -130,7 +130,7 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
    * (agoq_typed.h); everything else exactly as NCCL handed it over. */
   size_t wire_size = size;
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
-  uint64_t codec0 = comm->typed_stats.codec_ns;
+  uint64_t codec0 = comm->typed_stats.codec_ns, crc0 = agoq_frame_crc_ns();
   if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, data, size,
                                             &req->stage[0], &wire_size, &why)) {
     comm->typed_stats.exact_msgs++;
@@ -144,6 +144,7 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
     agoq_stats_count(comm->st, path, size);
     agoq_stats_wire(comm->st, path, size, wire_size);
     agoq_stats_add(&comm->st->path[path].codec_ns, comm->typed_stats.codec_ns - codec0);
+    agoq_stats_add(&comm->st->path[path].crc_ns, agoq_frame_crc_ns() - crc0);
   }
   agoq_msg_hdr hdr;
   agoq_msg_plan(wire_size, comm->inline_max, comm->min_chunk, comm->nsocks, &hdr);
@@ -364,7 +365,7 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
         continue;
       }
       size_t decoded = 0;
-      uint64_t codec0 = comm->typed_stats.codec_ns;
+      uint64_t codec0 = comm->typed_stats.codec_ns, crc0 = agoq_frame_crc_ns();
       ncclResult_t res = agoq_typed_decode(&comm->typed_stats, agoq_stage_ptr(&comm->stage, req->stage[i]),
                                            req->actual[i], req->data[i], req->posted[i], &decoded, comm->peer);
       if (res == ncclSuccess && comm->st != NULL) {
@@ -372,6 +373,7 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
         agoq_stats_count(comm->st, AGOQ_STATS_QUANT, decoded);
         agoq_stats_wire(comm->st, AGOQ_STATS_QUANT, decoded, req->actual[i]);
         agoq_stats_add(&comm->st->path[AGOQ_STATS_QUANT].codec_ns, comm->typed_stats.codec_ns - codec0);
+        agoq_stats_add(&comm->st->path[AGOQ_STATS_QUANT].crc_ns, agoq_frame_crc_ns() - crc0);
       }
       agoq_stage_put(&comm->stage, req->stage[i]);
       req->stage[i] = -1;

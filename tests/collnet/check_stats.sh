@@ -26,6 +26,14 @@ for f in "$dir"/*.txt; do
     cat "$f"; fail=1
   fi
   case "$ratio" in 0.5[0-3]*) ;; *) echo "check_stats: $f: bf16 int8 wire ratio $ratio, expected ~0.516"; fail=1 ;; esac
+  # Frames carry a payload CRC32C, so the quantized path spent measured time on it (less than
+  # its whole codec time); the exact path computes none.
+  qcrc=$(sed -n 's/.* path=quantized .* codec_ms=\([0-9.]*\) crc_ms=\([0-9.]*\) .*/\1 \2/p' "$f")
+  ecrc=$(sed -n 's/.* path=exact .* crc_ms=\([0-9.]*\) .*/\1/p' "$f")
+  if ! echo "$qcrc" | awk '{ exit !(NF == 2 && $2 > 0 && $2 < $1) }' || [ "$ecrc" != "0.000" ]; then
+    echo "check_stats: $f: expected 0 < crc_ms < codec_ms on the quantized line (got '$qcrc') and crc_ms=0.000 on the exact one (got '$ecrc')"
+    fail=1
+  fi
 done
 [ "$fail" -eq 0 ] && echo "check_stats: $nranks ranks wrote their event=exit lines"
 exit "$fail"

@@ -398,8 +398,41 @@ static void test_bad_fields(void** state) {
 #undef EDIT_EXPECT
 }
 
+/* crc_ms in AGOQ_STATS: every payload CRC the frame code computes or checks is timed on the
+ * injected clock (which advances 1000 ns a reading: each CRC adds exactly 1000), and only
+ * payload CRCs, only while a clock is set. */
+static uint64_t fake_clock_now;
+static uint64_t fake_clock(void) { return fake_clock_now += 1000; }
+
+static void test_crc_time_is_counted(void** state) {
+  (void)state;
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 64};
+  float y[250];
+  size_t len;
+  uint8_t* plain = make_frame(&p, 250, false, &len); /* no clock yet: not counted */
+  uint64_t t0 = agoq_frame_crc_ns();
+  agoq_frame_crc_clock_set(fake_clock);
+  size_t len2;
+  uint8_t* with = make_frame(&p, 250, true, &len2);
+  assert_int_equal(agoq_frame_crc_ns() - t0, 1000); /* encode computed one */
+  free(make_frame(&p, 250, false, &len2));
+  assert_int_equal(agoq_frame_crc_ns() - t0, 1000); /* none without the flag */
+  assert_int_equal(agoq_frame_decode(with, len, AGOQ_DTYPE_FP32, y, 250), AGOQ_CODEC_OK);
+  assert_int_equal(agoq_frame_crc_ns() - t0, 2000); /* the check */
+  assert_int_equal(agoq_frame_decode(plain, len, AGOQ_DTYPE_FP32, y, 250), AGOQ_CODEC_OK);
+  assert_int_equal(agoq_frame_crc_ns() - t0, 2000); /* a frame without one: nothing to check */
+  assert_int_equal(agoq_frame_seal_payload_crc(plain, len), AGOQ_CODEC_OK);
+  assert_int_equal(agoq_frame_crc_ns() - t0, 3000); /* the seal */
+  agoq_frame_crc_clock_set(NULL);
+  assert_int_equal(agoq_frame_decode(with, len, AGOQ_DTYPE_FP32, y, 250), AGOQ_CODEC_OK);
+  assert_int_equal(agoq_frame_crc_ns() - t0, 3000); /* off again */
+  free(plain);
+  free(with);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_crc_time_is_counted),
       cmocka_unit_test(test_crc32c),           cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_truncated),        cmocka_unit_test(test_header_bit_flips),
       cmocka_unit_test(test_payload_bit_flips), cmocka_unit_test(test_bad_fields),

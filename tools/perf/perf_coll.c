@@ -79,8 +79,8 @@ static int perf_coll_size(perf_coll_net* c, perf_group* g, const perf_coll_opts*
   mine.count = (double)e.count;
   int64_t diverged = -1;
   if (perf_coll_diverged(g, &plan, recv, &diverged) != 0) goto fail;
-  double wire_ratio = 1.0; /* the plugin's count for this size (perf_coll_wire.c) */
-  if (perf_coll_wire_cycle(c, g, wire, PERF_COLL_CHECK_MS(o), &wire_ratio) != 0) goto fail;
+  perf_coll_wire_figures fig; /* the plugin's count for this size (perf_coll_wire.c) */
+  if (perf_coll_wire_cycle(c, g, wire, PERF_COLL_CHECK_MS(o), &fig) != 0) goto fail;
   perf_coll_share* all = g->rank == 0 ? calloc((size_t)g->nranks, sizeof(*all)) : NULL;
   if (g->rank == 0 && all == NULL) goto fail;
   if (perf_group_gather(g, &mine, all, sizeof(mine), PERF_COLL_CHECK_MS(o)) != 0) {
@@ -89,7 +89,7 @@ static int perf_coll_size(perf_coll_net* c, perf_group* g, const perf_coll_opts*
   }
   if (g->rank == 0) {
     perf_coll_result res = {.bytes = plan.bytes, .count = plan.count, .diverged = diverged,
-                            .wire_ratio = wire_ratio};
+                            .wire_ratio = fig.ratio, .codec_ms = fig.codec_ms, .crc_ms = fig.crc_ms};
     for (int k = 0; k < g->nranks; k++) {
       if (all[k].time_us > res.time_us) res.time_us = all[k].time_us;
       perf_err ek = {.err2 = all[k].err2, .ref2 = all[k].ref2, .max_abs = all[k].max_abs,

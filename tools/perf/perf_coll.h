@@ -146,10 +146,17 @@ typedef struct {
 /* Before the plugin is loaded: a statistics file of this rank's own, AGOQ_STATS=1. */
 int perf_coll_wire_begin(perf_coll_wire* w, int rank);
 void perf_coll_wire_end(perf_coll_wire* w);
+/* What the plugin counted for one size, summed over every rank's both paths. */
+typedef struct {
+  double ratio;     /* wire bytes over raw bytes */
+  double codec_ms;  /* codec work (quantize, decode, accumulate, exact reductions) */
+  double crc_ms;    /* of codec_ms: payload CRC32C computed and checked */
+} perf_coll_wire_figures;
+
 /* Collective, after a size's calls: closes the group (the plugin writes its figures),
- * reads them, connects and registers a new group. *ratio: wire bytes over raw bytes of
- * every rank's both paths. */
-int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int timeout_ms, double* ratio);
+ * reads them, connects and registers a new group. */
+int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int timeout_ms,
+                         perf_coll_wire_figures* out);
 
 /* ---- output (perf_coll_report.c) ---- */
 
@@ -157,6 +164,7 @@ typedef struct {
   size_t bytes, count;
   double time_us; /* per collective: the slowest rank's average */
   double wire_ratio;
+  double codec_ms, crc_ms; /* the plugin's, all ranks (perf_coll_wire_figures) */
   perf_err err;
   int64_t diverged;
 } perf_coll_result;

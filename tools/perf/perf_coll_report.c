@@ -37,9 +37,11 @@ static void perf_coll_report_header(const perf_coll_opts* o, const perf_coll_net
          o->inflight, o->iters, o->warmup);
   printf("# wire: bytes on the wire / bytes in the input type, both as the plugin counted them "
          "(AGOQ_STATS), all ranks\n");
-  printf("#\n# %12s %11s %7s %6s %11s %11s %11s %6s %9s %10s %9s\n", "size(B)", "count", "type",
+  printf("# crc%%: the plugin's payload CRC32C time as a share of its codec time (crc_ms / codec_ms, "
+         "AGOQ_STATS), all ranks, warm-up and check calls included; - when no codec work ran\n");
+  printf("#\n# %12s %11s %7s %6s %11s %11s %11s %6s %9s %10s %9s %6s\n", "size(B)", "count", "type",
          "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wire", "rel_l2", "max_abs",
-         "diverged");
+         "diverged", "crc%");
 }
 
 void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
@@ -57,9 +59,14 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
       snprintf(div, sizeof(div), "-");
     else
       snprintf(div, sizeof(div), "%lld", (long long)r->diverged);
-    printf("  %12zu %11zu %7s %6s %11.2f %11.3f %11.3f %6.3f %9.3e %10.3e %9s", r->bytes,
+    char crc[16];
+    if (r->codec_ms > 0 && r->crc_ms > 0)
+      snprintf(crc, sizeof crc, "%.1f", 100.0 * r->crc_ms / r->codec_ms);
+    else
+      snprintf(crc, sizeof crc, "-");
+    printf("  %12zu %11zu %7s %6s %11.2f %11.3f %11.3f %6.3f %9.3e %10.3e %9s %6s", r->bytes,
            r->count, perf_dtype_name(o->dtype), op, r->time_us, algbw, busbw, r->wire_ratio, l2,
-           r->err.max_abs, div);
+           r->err.max_abs, div, crc);
     if (r->err.nonfinite > 0) printf("  (%llu non-finite)", (unsigned long long)r->err.nonfinite);
     printf("\n");
     return;
@@ -67,11 +74,11 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
   printf("{\"test\":\"%s\",\"collnet_version\":%d,\"device\":\"%s\",\"nranks\":%d,"
          "\"dtype\":\"%s\",\"op\":\"%s\",\"format\":\"%s\",\"size\":%zu,\"count\":%zu,"
          "\"chunk\":%zu,\"inflight\":%d,\"iters\":%d,\"time_us\":%.3f,\"algbw_GBps\":%.4f,"
-         "\"busbw_GBps\":%.4f,\"wire_ratio\":%.4f,\"rel_l2\":%.6e,\"max_abs\":%.6e,"
+         "\"busbw_GBps\":%.4f,\"wire_ratio\":%.4f,\"codec_ms\":%.3f,\"crc_ms\":%.3f,\"rel_l2\":%.6e,\"max_abs\":%.6e,"
          "\"nonfinite\":%llu,\"diverged\":",
          perf_coll_kind_name(o->kind), c->view.version, c->props.name, o->nranks,
          perf_dtype_name(o->dtype), op, w->format, r->bytes, r->count,
-         o->chunk, o->inflight, o->iters, r->time_us, algbw, busbw, r->wire_ratio,
+         o->chunk, o->inflight, o->iters, r->time_us, algbw, busbw, r->wire_ratio, r->codec_ms, r->crc_ms,
          isfinite(l2) ? l2 : -1.0, r->err.max_abs, (unsigned long long)r->err.nonfinite);
   if (r->diverged < 0)
     printf("null}\n");

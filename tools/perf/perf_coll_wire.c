@@ -59,6 +59,18 @@ static const char* perf_wire_field(const char* line, const char* key, char* out,
   return out;
 }
 
+/* A "%.3f" milliseconds field, as integer nanoseconds (so ranks can sum them exactly). */
+static int perf_wire_ms_ns(const char* line, const char* key, uint64_t* ns) {
+  char text[32];
+  if (perf_wire_field(line, key, text, sizeof text) == NULL) return -1;
+  char* end;
+  errno = 0;
+  double ms = strtod(text, &end);
+  if (errno != 0 || *end != '\0' || !(ms >= 0)) return -1;
+  *ns = (uint64_t)(ms * 1e6 + 0.5);
+  return 0;
+}
+
 static int perf_wire_u64(const char* line, const char* key, uint64_t* v) {
   char text[32];
   if (perf_wire_field(line, key, text, sizeof text) == NULL) return -1;
@@ -72,7 +84,8 @@ static int perf_wire_u64(const char* line, const char* key, uint64_t* v) {
 
 /* The close lines of this rank's group written since the last read: wire and raw bytes of
  * both paths, and the plugin's configuration. */
-static int perf_wire_read(perf_coll_wire* w, int rank, uint64_t* wire, uint64_t* raw) {
+static int perf_wire_read(perf_coll_wire* w, int rank, uint64_t* wire, uint64_t* raw, uint64_t* codec_ns,
+                          uint64_t* crc_ns) {
   FILE* f = fopen(w->path, "r");
   if (f == NULL || fseek(f, w->offset, SEEK_SET) != 0) {
     fprintf(stderr, "agoq-perf: rank %d: cannot read the plugin's statistics %s: %s\n", rank, w->path,
@@ -82,15 +95,19 @@ static int perf_wire_read(perf_coll_wire* w, int rank, uint64_t* wire, uint64_t*
   }
   char line[PERF_WIRE_LINE_MAX];
   int paths = 0;
-  *wire = *raw = 0;
+  *wire = *raw = *codec_ns = *crc_ns = 0;
   while (fgets(line, sizeof line, f) != NULL) {
     if (strncmp(line, "agoq-stats ", 11) != 0 || strstr(line, " kind=collnet ") == NULL ||
         strstr(line, " event=close ") == NULL)
       continue;
-    uint64_t wb, wr;
-    if (perf_wire_u64(line, "wire_bytes", &wb) != 0 || perf_wire_u64(line, "wire_raw", &wr) != 0) continue;
+    uint64_t wb, wr, cn, rn;
+    if (perf_wire_u64(line, "wire_bytes", &wb) != 0 || perf_wire_u64(line, "wire_raw", &wr) != 0 ||
+        perf_wire_ms_ns(line, "codec_ms", &cn) != 0 || perf_wire_ms_ns(line, "crc_ms", &rn) != 0)
+      continue;
     *wire += wb;
     *raw += wr;
+    *codec_ns += cn;
+    *crc_ns += rn;
     paths++;
     perf_wire_field(line, "format", w->format, sizeof w->format);
     uint64_t x;
@@ -109,7 +126,8 @@ static int perf_wire_read(perf_coll_wire* w, int rank, uint64_t* wire, uint64_t*
   return 0;
 }
 
-int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int timeout_ms, double* ratio) {
+int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int timeout_ms,
+                         perf_coll_wire_figures* out) {
   /* Nobody closes under a peer's last bytes. */
   if (perf_group_barrier(g, timeout_ms) != 0) return -1;
   int ok = 1;
@@ -122,18 +140,22 @@ int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int
     fprintf(stderr, "agoq-perf: rank %d: CollNet closeColl failed: %s\n", g->rank, perf_result_str(r));
     ok = 0;
   }
-  uint64_t mine[2] = {0, 0};
-  if (ok && perf_wire_read(w, g->rank, &mine[0], &mine[1]) != 0) ok = 0;
-  uint64_t all[PERF_COLL_MAX_RANKS][3];
-  uint64_t share[3] = {mine[0], mine[1], (uint64_t)ok};
+  uint64_t mine[4] = {0, 0, 0, 0};
+  if (ok && perf_wire_read(w, g->rank, &mine[0], &mine[1], &mine[2], &mine[3]) != 0) ok = 0;
+  uint64_t all[PERF_COLL_MAX_RANKS][5];
+  uint64_t share[5] = {mine[0], mine[1], mine[2], mine[3], (uint64_t)ok};
   if (perf_group_allgather(g, share, all, sizeof(share), timeout_ms) != 0) return -1;
-  uint64_t wire = 0, raw = 0;
+  uint64_t wire = 0, raw = 0, codec_ns = 0, crc_ns = 0;
   for (int k = 0; k < g->nranks; k++) {
-    if (!all[k][2]) return -1; /* that rank said why */
+    if (!all[k][4]) return -1; /* that rank said why */
     wire += all[k][0];
     raw += all[k][1];
+    codec_ns += all[k][2];
+    crc_ns += all[k][3];
   }
-  *ratio = raw > 0 ? (double)wire / (double)raw : 1.0;
+  out->ratio = raw > 0 ? (double)wire / (double)raw : 1.0;
+  out->codec_ms = (double)codec_ns / 1e6;
+  out->crc_ms = (double)crc_ns / 1e6;
   if (perf_coll_connect(c, g) != 0) return -1;
   return perf_coll_register(c, w->send, w->send_bytes, w->recv, w->recv_bytes);
 }
