@@ -1,11 +1,16 @@
 /* libFuzzer target: AGOQ_* values come from the user's environment. Every parameter's
  * parser must accept or reject any text with a message, never crash, and an accepted
- * INT/SIZE value must lie in its declared range. */
+ * INT/SIZE value must lie in its declared range. The same text also goes through the
+ * other readers of the environment: NCCL's variables as NCCL reads them (agoq_nccl_env.h)
+ * and the AGOQ_STATS_FILE pattern expansion (%h, %p, %%), which must stay inside its
+ * buffer and NUL-terminate whatever it accepts. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
+#include "core/agoq_stats.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
@@ -24,6 +29,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       abort();
   } else if (err[0] == '\0' || strstr(err, d->name) == NULL) {
     abort(); /* a rejection must name the variable */
+  }
+  (void)agoq_nccl_param_parse(text, 16384);
+  (void)agoq_nccl_config_int_parse(text, -7);
+  int level = agoq_nccl_debug_level_parse(text);
+  if (level < -1 || level > NCCL_LOG_TRACE) abort();
+  char path[64], why[128] = "";
+  memset(path, 0x5a, sizeof path);
+  if (agoq_stats_expand_path(text, "host-name", 4242, path, sizeof path, why, sizeof why)) {
+    if (memchr(path, '\0', sizeof path) == NULL) abort();
+  } else if (why[0] == '\0') {
+    abort(); /* a refusal says why */
   }
   free(text);
   return 0;
