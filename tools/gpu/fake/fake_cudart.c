@@ -4,6 +4,8 @@
  * "Device" memory is host memory and every operation completes when called.
  * FAKE_CUDA_DEVICES sets the device count (default 1).
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +13,18 @@
 
 EXPORT int cudaGetDeviceCount(int* count) {
   const char* env = getenv("FAKE_CUDA_DEVICES");
-  *count = env != NULL ? atoi(env) : 1;
+  *count = 1;
+  if (env != NULL) {
+    /* Strict: a test that misspells the count must fail loudly, not run with 0 devices. */
+    char* end = NULL;
+    errno = 0;
+    long v = strtol(env, &end, 10);
+    if (errno != 0 || end == env || *end != '\0' || v < 0 || v > 1024) {
+      fprintf(stderr, "fake libcudart: FAKE_CUDA_DEVICES=\"%s\" is not a device count 0..1024\n", env);
+      exit(2);
+    }
+    *count = (int)v;
+  }
   return *count > 0 ? 0 : 100; /* cudaErrorNoDevice */
 }
 EXPORT int cudaSetDevice(int dev) { return 0; }

@@ -9,6 +9,7 @@
  *   FAKE_NCCL_CRASH_RANK=r rank r aborts in its first collective
  *   FAKE_NCCL_HANG_RANK=r  rank r never returns from its first collective
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -66,13 +67,25 @@ static void barrier(fake_comm* c) {
 
 static uint8_t* slot(fake_comm* c, int r) { return c->slots + (size_t)r * FAKE_SLOT_BYTES; }
 
+/* A test's FAKE_NCCL_* number, strictly: unset is `unset`, anything but a whole decimal
+ * number is a loud failure (a misspelt fault would otherwise silently not be injected). */
+static long fake_env_number(const char* name, long unset) {
+  const char* v = getenv(name);
+  if (v == NULL) return unset;
+  char* end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0') {
+    fprintf(stderr, "fake libnccl: %s=\"%s\" is not a number\n", name, v);
+    exit(2);
+  }
+  return x;
+}
+
 static void maybe_fault(fake_comm* c, void* recv, size_t bytes) {
-  const char* crash = getenv("FAKE_NCCL_CRASH_RANK");
-  if (crash != NULL && atoi(crash) == c->rank) abort();
-  const char* hang = getenv("FAKE_NCCL_HANG_RANK");
-  while (hang != NULL && atoi(hang) == c->rank) pause();
-  const char* corrupt = getenv("FAKE_NCCL_CORRUPT");
-  if (corrupt != NULL && atoi(corrupt) != 0 && c->rank == 1 && bytes > 0) {
+  if (fake_env_number("FAKE_NCCL_CRASH_RANK", -1) == c->rank) abort();
+  while (fake_env_number("FAKE_NCCL_HANG_RANK", -1) == c->rank) pause();
+  if (fake_env_number("FAKE_NCCL_CORRUPT", 0) != 0 && c->rank == 1 && bytes > 0) {
     ((uint8_t*)recv)[bytes / 2] ^= 0x40;
   }
 }
