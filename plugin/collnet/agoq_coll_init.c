@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
@@ -21,11 +20,7 @@ static struct {
   agoq_coll_comm* groups; /* open groups */
 } agoq_coll_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-int64_t agoq_coll_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+int64_t agoq_coll_now_ns(void) { return agoq_stats_clock_ns(); }
 
 static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   AGOQ_CHECK(agoq_params_load());
@@ -34,7 +29,6 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
   cfg->chunk_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
   cfg->timeout_s = (int)agoq_param_int(AGOQ_PARAM_COLLNET_TIMEOUT_S);
-  cfg->stats = agoq_param_int(AGOQ_PARAM_STATS) != 0;
   (void)agoq_coll_min_bytes_check(cfg->min_bytes);
   return ncclSuccess;
 }
@@ -126,7 +120,7 @@ ncclResult_t agoq_coll_finalize(void* ctx) {
   for (agoq_coll_comm* g = agoq_coll_state.groups; g != NULL; g = g->reg_next) {
     if (g->ctx != c) continue;
     agoq_coll_engine_stop(g);
-    agoq_coll_stats_print(g, "finalize");
+    agoq_coll_stats_print(g);
   }
   pthread_mutex_unlock(&agoq_coll_state.mu);
   ncclResult_t res = c->owns_net_ctx ? agoq_net_finalize(c->net_ctx) : ncclSuccess;

@@ -35,7 +35,6 @@ typedef struct {
   uint64_t min_bytes;
   uint64_t chunk_bytes;
   int timeout_s;
-  bool stats;
 } agoq_coll_config;
 
 typedef struct agoq_coll_ctx {
@@ -240,7 +239,7 @@ void agoq_coll_narrow_fp32(agoq_dtype out_type, const float* acc, size_t m, void
 /* ---- agoq_coll_stats.c ---- */
 /* The group's stats entry (before its engine starts); its lines at close / finalize. */
 ncclResult_t agoq_coll_stats_open(agoq_coll_comm* comm);
-void agoq_coll_stats_print(agoq_coll_comm* comm, const char* when);
+void agoq_coll_stats_print(agoq_coll_comm* comm);
 /* Once per process: a WARN when AGOQ_MIN_BYTES is above every call NCCL's staged CollNet
  * path makes, so compression would silently never happen. True when it warned now. */
 bool agoq_coll_min_bytes_check(uint64_t min_bytes);

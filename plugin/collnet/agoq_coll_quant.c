@@ -47,8 +47,8 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
   uint64_t crc0 = agoq_frame_crc_ns();
   agoq_codec_status st = agoq_frame_encode(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], j != g->rank,
                                            s->sbuf.p + s->s_off[j], s->sbuf.cap - s->s_off[j], &s->s_len[j]);
-  agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
-  agoq_coll_req_stats(g, r)->crc_ns += agoq_frame_crc_ns() - crc0;
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   if (st != AGOQ_CODEC_OK) {
     AGOQ_WARN("CollNet: quantizing %zu elements failed: %s", s->sl[j], agoq_codec_status_str(st));
     return ncclInternalError;
@@ -112,8 +112,8 @@ ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j,
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns();
   agoq_codec_status st = agoq_frame_decode(f, (size_t)size, r->codec_dtype, agoq_coll_dst_at(r, s->sb[j]), s->sl[j]);
-  agoq_coll_req_stats(g, r)->codec_ns += (uint64_t)(agoq_coll_now_ns() - t0);
-  agoq_coll_req_stats(g, r)->crc_ns += agoq_frame_crc_ns() - crc0;
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   if (st == AGOQ_CODEC_OK) return ncclSuccess;
   /* The decoder writes nothing into NCCL's buffer unless the whole frame checked out. */
   AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call rejected before "

@@ -487,7 +487,7 @@ ncclResult_t agoq_coll_close_coll(void* coll_comm) {
   /* The engine is gone; closing the connections detaches the progress threads, so nothing
    * writes into NCCL's buffers or ours after this. */
   agoq_coll_close_conns(g);
-  agoq_coll_stats_print(g, "close");
+  agoq_coll_stats_print(g);
   agoq_coll_engine_free(g);
   agoq_coll_comm_free(g);
   return ncclSuccess;

@@ -22,8 +22,9 @@ ncclResult_t agoq_coll_stats_open(agoq_coll_comm* g) {
   return g->st != NULL ? ncclSuccess : ncclSystemError;
 }
 
-void agoq_coll_stats_print(agoq_coll_comm* g, const char* when) {
-  (void)when; /* finalize before close prints the same lines: the counters are final either way */
+/* At close, or at finalize before close: the engine has stopped, so the counters are final
+ * either way, and the lines are printed once. */
+void agoq_coll_stats_print(agoq_coll_comm* g) {
   agoq_stats_close(g->st);
 }
 

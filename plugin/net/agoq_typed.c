@@ -4,7 +4,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "agoq_frame.h"
 #include "core/agoq_log.h"
@@ -24,11 +23,7 @@ void agoq_typed_policy_load(void) {
   agoq_typed.stats = agoq_param_int(AGOQ_PARAM_STATS) != 0;
 }
 
-static uint64_t agoq_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+static uint64_t agoq_now_ns(void) { return (uint64_t)agoq_stats_clock_ns(); }
 
 /* ---- staging ---------------------------------------------------------------------------- */
 

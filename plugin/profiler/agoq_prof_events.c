@@ -167,11 +167,15 @@ void* agoq_prof_start_net(void* ctx, const void* parent, int64_t plugin_id, void
   agoq_xfer_desc* d = data;
   if (d->magic != AGOQ_XFER_DESC_MAGIC) return NULL;
   if (parent != NULL) {
-    agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
-    const agoq_prof_obj* p =
-        c != NULL ? agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_STEP], parent) : NULL;
     agoq_prof_info info;
-    if (agoq_prof_p2p_tag_decode(parent, &info) || (p != NULL && agoq_prof_obj_read(p, &info))) {
+    bool known = agoq_prof_p2p_tag_decode(parent, &info); /* address arithmetic: try it first */
+    if (!known) {
+      agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
+      const agoq_prof_obj* p =
+          c != NULL ? agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_STEP], parent) : NULL;
+      known = p != NULL && agoq_prof_obj_read(p, &info);
+    }
+    if (known) {
       d->kind = info.kind;
       d->dtype = info.dtype;
       d->proto = info.proto;

@@ -93,7 +93,7 @@ static void agoq_tuner_warn_inactive(agoq_tuner_ctx* c, int dtype, size_t nbytes
   if (atomic_exchange_explicit(&c->warned_inactive, 1, memory_order_relaxed) != 0) return;
   char why[160];
   const char* env = agoq_nccl_env_str("NCCL_COLLNET_ENABLE");
-  int enable = agoq_nccl_config_int("NCCL_COLLNET_ENABLE", INT_MIN);
+  int enable = agoq_nccl_config_int_parse(env, INT_MIN);
   if (c->nnodes < 2)
     snprintf(why, sizeof why, "the communicator spans %zu node (CollNet needs 2 or more)",
              c->nnodes);
