@@ -98,14 +98,3 @@ unsigned long long agoq_args_ull_or_exit(const char* prog, const char* opt, cons
   }
   return v;
 }
-
-double agoq_args_double_or_exit(const char* prog, const char* opt, const char* s, double min,
-                                double max) {
-  double v = 0;
-  if (agoq_args_parse_double(s, min, max, &v) != 0) {
-    char what[96];
-    snprintf(what, sizeof what, "a number from %g to %g", min, max);
-    agoq_args_fail(prog, opt, s, what);
-  }
-  return v;
-}

@@ -25,7 +25,5 @@ long long agoq_args_ll_or_exit(const char* prog, const char* opt, const char* s,
 int agoq_args_int_or_exit(const char* prog, const char* opt, const char* s, int min, int max);
 unsigned long long agoq_args_ull_or_exit(const char* prog, const char* opt, const char* s,
                                          unsigned long long max);
-double agoq_args_double_or_exit(const char* prog, const char* opt, const char* s, double min,
-                                double max);
 
 #endif

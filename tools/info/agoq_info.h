@@ -25,13 +25,12 @@ int agoq_info_devices(FILE* out, const char* lib_path, bool json);
 #include "net/agoq_net_config.h"
 
 typedef struct {
-  ncclResult_t res;
   agoq_transport_config config; /* interfaces, data sockets per connection */
   int nthreads;                 /* progress threads */
   bool nthreads_auto, nsocks_auto;
 } agoq_info_net;
 
-/* 0, or -1 (n->res set) when init would fail; its WARN is logged. */
+/* 0, or -1 when init would fail; its WARN is logged. */
 int agoq_info_net_resolve(agoq_info_net* n);
 const agoq_netif* agoq_info_net_find(const agoq_info_net* n, const char* name);
 /* An interface's address (no port), link ("up" / "no carrier") and speed source. */

@@ -20,8 +20,7 @@ static void agoq_info_netif_addr(const agoq_netif* nif, char* buf, size_t len) {
 
 int agoq_info_net_resolve(agoq_info_net* n) {
   memset(n, 0, sizeof *n);
-  n->res = agoq_net_config_resolve(&n->config);
-  if (n->res != ncclSuccess) return -1;
+  if (agoq_net_config_resolve(&n->config) != ncclSuccess) return -1;
   n->nthreads = agoq_net_config_nthreads();
   n->nthreads_auto = agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS) == 0;
   n->nsocks_auto = agoq_param_int(AGOQ_PARAM_SOCKET_NSOCKS) == 0;

@@ -77,15 +77,6 @@ static void cp_usage(FILE* f) {
           "or a dequantize writes), compared with memcpy of -s bytes measured in the same run.\n");
 }
 
-static int cp_parse_int(const char* s, long min, long max, int* out) {
-  char* end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return -1;
-  *out = (int)v;
-  return 0;
-}
-
 /* A comma list of names; name(i) for i in [0, count) gives the spellings. */
 static int cp_parse_list(const char* s, int count, const char* (*name)(int), unsigned* mask) {
   *mask = 0;
@@ -148,7 +139,7 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
       bad = agoq_dtype_from_name(v, &o->dtype);
     } else if (strcmp(a, "--block") == 0) {
       int b = 0;
-      bad = cp_parse_int(v, AGOQ_CODEC_BLOCK_MIN, AGOQ_CODEC_BLOCK_MAX, &b);
+      bad = perf_parse_int(v, AGOQ_CODEC_BLOCK_MIN, AGOQ_CODEC_BLOCK_MAX, &b);
       if (!bad && (b & (b - 1)) != 0) bad = -1;
       o->block = (uint32_t)b;
     } else if (strcmp(a, "-s") == 0 || strcmp(a, "--size") == 0) {
@@ -160,9 +151,9 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
     } else if (strcmp(a, "--ops") == 0) {
       bad = cp_parse_list(v, CP_NOPS, cp_op_name_i, &o->op_mask);
     } else if (strcmp(a, "--repeats") == 0) {
-      bad = cp_parse_int(v, 1, 1000, &o->repeats);
+      bad = perf_parse_int(v, 1, 1000, &o->repeats);
     } else if (strcmp(a, "-j") == 0 || strcmp(a, "--threads") == 0) {
-      bad = cp_parse_int(v, 0, CP_MAX_THREADS, &o->threads);
+      bad = perf_parse_int(v, 0, CP_MAX_THREADS, &o->threads);
     } else if (strcmp(a, "--isa") == 0) {
       o->isa = v;
     } else {

@@ -133,7 +133,6 @@ typedef struct {
   char path[512]; /* this rank's AGOQ_STATS_FILE */
   long offset;    /* bytes of it already read */
   /* The plugin's configuration, from its statistics lines (after the first cycle). */
-  bool have_config;
   char format[16];
   unsigned block;
   uint64_t min_bytes, pipeline_chunk;

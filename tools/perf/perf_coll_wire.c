@@ -122,7 +122,6 @@ static int perf_wire_read(perf_coll_wire* w, int rank, uint64_t* wire, uint64_t*
             "(quantized, exact) in %s\n", rank, paths, w->path);
     return -1;
   }
-  w->have_config = true;
   return 0;
 }
 

@@ -391,10 +391,6 @@ int perf_p2p_main(int argc, char** argv) {
       fflush(stdout);
     }
   }
-  if (check_failed) {
-    fprintf(stderr, "agoq-perf: p2p check FAILED (see above)\n");
-    rc = 1;
-  }
   /* Close only when both are finished, so neither end resets a connection under the
    * other's last bytes. */
   if (rank == 0) {
@@ -402,15 +398,15 @@ int perf_p2p_main(int argc, char** argv) {
   } else if (perf_boot_recv(&boot, PERF_MSG_DONE, NULL, 0, 60000) != 0) {
     goto fail_net;
   }
-  if (!check_failed) rc = 0;
+  rc = 0; /* the transport's status; a failed check is reported apart (check_failed) */
 
 fail_net:
-  if (rc != 0 && !check_failed) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
+  if (rc != 0) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
   p2p_bufs_free(&n, rank, &bufs);
   p2p_typed_close(&typed);
   perf_net_close(&n);
-  if (rank == 0 && (rc == 0 || check_failed) && o.dtype >= 0) perf_report_wire(&o);
-  if (rank == 0 && (rc == 0 || check_failed)) {
+  if (rank == 0 && rc == 0 && o.dtype >= 0) perf_report_wire(&o);
+  if (rank == 0 && rc == 0) {
     /* On failure perf_boot_close kills the child instead: it may be stuck in a plugin
      * call that no longer has a peer. */
     close(boot.fd);
@@ -422,6 +418,10 @@ fail_net:
     }
   }
   perf_boot_close(&boot);
+  if (check_failed) {
+    fprintf(stderr, "agoq-perf: p2p check FAILED (see above)\n");
+    return 1;
+  }
   return rc;
 
 fail_boot:
