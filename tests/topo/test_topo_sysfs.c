@@ -149,20 +149,13 @@ static void test_sysfs_not_a_sysfs_root(void** state) {
   snprintf(dir, sizeof dir, "%s/devices", root); /* exists, but is no sysfs root */
   assert_int_equal(agoq_topo_discover_sysfs(dir, t), AGOQ_TOPO_ENOSYSFS);
   assert_non_null(strstr(agoq_topo_strerror(AGOQ_TOPO_ENOSYSFS), "class/net"));
-  char empty[64];
-  snprintf(empty, sizeof empty, "/tmp/agoq-topo-empty-XXXXXX");
-  assert_non_null(mkdtemp(empty));
-  char net[96];
-  snprintf(net, sizeof net, "%s/class", empty);
-  assert_int_equal(mkdir(net, 0700), 0);
-  snprintf(net, sizeof net, "%s/class/net", empty);
-  assert_int_equal(mkdir(net, 0700), 0);
+  /* A root with class/net and nothing else is a (tiny) sysfs tree: an empty machine. Made
+   * under the fixture's root, which teardown removes. */
+  mkdirs("empty/class/net");
+  char empty[sizeof root + 16];
+  snprintf(empty, sizeof empty, "%s/empty", root);
   assert_int_equal(agoq_topo_discover_sysfs(empty, t), AGOQ_TOPO_OK);
   assert_int_equal(t->ngpus + t->nnics + t->nnuma, 0);
-  rmdir(net);
-  snprintf(net, sizeof net, "%s/class", empty);
-  rmdir(net);
-  rmdir(empty);
   assert_int_equal(agoq_topo_discover_sysfs(NULL, t), AGOQ_TOPO_EINVAL);
   free(t);
 }

@@ -8,7 +8,6 @@
  * memcpy right before the operation, so a ratio never compares two different moments of a
  * machine whose load changes.
  */
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
