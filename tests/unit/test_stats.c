@@ -211,25 +211,6 @@ static void test_collnet_stats_off(void** state) {
 
 /* ---- typed p2p: why each message went exact -------------------------------------------- */
 
-typedef struct {
-  bool answer;
-  agoq_xfer_desc desc;
-} fake_step;
-
-static ncclResult_t fake_prof(void** eHandle, int type, void* pHandle, int64_t pluginId, void* extData) {
-  static int marker;
-  (void)pluginId;
-  fake_step* s = pHandle;
-  if (type == AGOQ_PROF_NET_EVENT_START && s->answer) {
-    agoq_xfer_desc* d = extData;
-    *d = s->desc;
-    d->magic = AGOQ_XFER_DESC_MAGIC;
-    d->filled = 1;
-    *eHandle = &marker;
-  }
-  return ncclSuccess;
-}
-
 static void one_message(pair* p, const void* src, size_t n, fake_step* step, void* dst) {
   void *sreq = NULL, *rreq = NULL;
   int tag = 3;
@@ -245,18 +226,9 @@ static void one_message(pair* p, const void* src, size_t n, fake_step* step, voi
   assert_true(sdone && rdone);
 }
 
-static fake_step step_of(agoq_xfer_kind kind, int dtype, agoq_xfer_proto proto, int is_send) {
-  return (fake_step){.answer = true,
-                     .desc = {.kind = kind, .dtype = dtype, .proto = proto, .is_send = is_send, .peer = 1,
-                              .task_bytes = 1u << 30}};
-}
-
 static void test_p2p_exact_reasons(void** state) {
   (void)state;
-  setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
-  setenv("AGOQ_P2P_FORMAT", "int8", 1);
-  setenv("AGOQ_MIN_BYTES", "64K", 1);
-  setenv("AGOQ_STATS", "1", 1);
+  p2p_env();
   agoq_params_reset();
   agoq_typed_policy_load(); /* the transport reads it once per process */
   pair p;

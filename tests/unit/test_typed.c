@@ -22,49 +22,12 @@
 
 #define COMM_ID 0x7e7e7e7e00000001ull
 
-/* What the fake profiler chain says about a transfer: the pHandle points at one. */
-typedef struct {
-  bool answer; /* false: behave as NCCL with no NetPlugin profiler (nothing started) */
-  agoq_xfer_desc desc;
-} fake_step;
-
-static int starts, stops;
-
-static ncclResult_t fake_prof(void** eHandle, int type, void* pHandle, int64_t pluginId, void* extData) {
-  static int marker;
-  fake_step* s = pHandle;
-  if (type == AGOQ_PROF_NET_EVENT_START) {
-    if (!s->answer) return ncclSuccess;
-    agoq_xfer_desc* d = extData;
-    assert_int_equal(pluginId, AGOQ_PROF_NET_PLUGIN_ID);
-    assert_int_equal(d->magic, AGOQ_XFER_DESC_MAGIC);
-    *d = s->desc;
-    d->magic = AGOQ_XFER_DESC_MAGIC;
-    d->filled = 1;
-    *eHandle = &marker;
-    starts++;
-  } else if (type == AGOQ_PROF_NET_EVENT_STOP) {
-    assert_ptr_equal(*eHandle, &marker);
-    stops++;
-  }
-  return ncclSuccess;
-}
-
-static fake_step p2p_step(int nccl_dtype, agoq_xfer_proto proto) {
-  return (fake_step){.answer = true,
-                     .desc = {.kind = AGOQ_XFER_P2P, .dtype = nccl_dtype, .proto = proto, .is_send = 1, .peer = 1,
-                              .task_bytes = 1u << 30}};
-}
-
 #include "net_pair.h"
 
 static int setup_env(void** state) {
   (void)state;
-  setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
+  p2p_env();
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
-  setenv("AGOQ_P2P_FORMAT", "int8", 1);
-  setenv("AGOQ_MIN_BYTES", "64K", 1);
-  setenv("AGOQ_STATS", "1", 1);
   return 0;
 }
 
@@ -129,7 +92,7 @@ static void test_bf16_p2p_is_quantized(void** state) {
   uint16_t* dst = malloc(n * 2 + 64);
   for (size_t i = 0; i < n; i++) src[i] = to_bf16(normal());
   memset(dst, 0xee, n * 2 + 64);
-  fake_step step = p2p_step(9 /* ncclBfloat16 */, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step step = step_of(AGOQ_XFER_P2P, 9 /* ncclBfloat16 */, AGOQ_XFER_PROTO_SIMPLE, 1);
   int starts0 = starts, stops0 = stops, rsize;
   assert_int_equal(one_message(&p, src, n * 2, &step, dst, n * 2 + 64, &rsize), ncclSuccess);
   assert_int_equal(rsize, (int)(n * 2));
@@ -162,7 +125,7 @@ static void test_fp32_fp16_p2p(void** state) {
   float* f = malloc(n * 4);
   float* g = malloc(n * 4);
   for (size_t i = 0; i < n; i++) f[i] = normal();
-  fake_step step = p2p_step(7 /* ncclFloat32 */, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step step = step_of(AGOQ_XFER_P2P, 7 /* ncclFloat32 */, AGOQ_XFER_PROTO_SIMPLE, 1);
   int rsize;
   assert_int_equal(one_message(&p, f, n * 4, &step, g, n * 4, &rsize), ncclSuccess);
   assert_int_equal(rsize, (int)(n * 4));
@@ -173,7 +136,7 @@ static void test_fp32_fp16_p2p(void** state) {
   uint16_t* h = malloc(n * 2);
   uint16_t* k = malloc(n * 2);
   for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(0x3c00u + (i % 1000)); /* fp16 1.0 .. 1.97 */
-  step = p2p_step(6 /* ncclFloat16 */, AGOQ_XFER_PROTO_SIMPLE);
+  step = step_of(AGOQ_XFER_P2P, 6 /* ncclFloat16 */, AGOQ_XFER_PROTO_SIMPLE, 1);
   assert_int_equal(one_message(&p, h, n * 2, &step, k, n * 2, &rsize), ncclSuccess);
   assert_int_equal(rsize, (int)(n * 2));
   assert_int_equal(send_stats(&p)->frames, 2);
@@ -196,18 +159,18 @@ static void test_exact_cases(void** state) {
   uint8_t* dst = malloc(bytes);
   for (size_t i = 0; i < bytes / 2; i++) ((uint16_t*)src)[i] = to_bf16(normal());
   fake_step cases[] = {
-      p2p_step(2 /* ncclInt32 */, AGOQ_XFER_PROTO_SIMPLE),
-      p2p_step(4 /* ncclInt64 */, AGOQ_XFER_PROTO_SIMPLE),
-      p2p_step(8 /* ncclFloat64 */, AGOQ_XFER_PROTO_SIMPLE),
-      p2p_step(10 /* ncclFloat8e4m3 */, AGOQ_XFER_PROTO_SIMPLE),
-      p2p_step(9, AGOQ_XFER_PROTO_LL),      /* LL lines carry flags */
-      p2p_step(9, AGOQ_XFER_PROTO_UNKNOWN), /* protocol not established */
+      step_of(AGOQ_XFER_P2P, 2 /* ncclInt32 */, AGOQ_XFER_PROTO_SIMPLE, 1),
+      step_of(AGOQ_XFER_P2P, 4 /* ncclInt64 */, AGOQ_XFER_PROTO_SIMPLE, 1),
+      step_of(AGOQ_XFER_P2P, 8 /* ncclFloat64 */, AGOQ_XFER_PROTO_SIMPLE, 1),
+      step_of(AGOQ_XFER_P2P, 10 /* ncclFloat8e4m3 */, AGOQ_XFER_PROTO_SIMPLE, 1),
+      step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_LL, 1),      /* LL lines carry flags */
+      step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_UNKNOWN, 1), /* protocol not established */
       {.answer = false},                    /* no profiler: nothing filled */
   };
   cases[5].desc.proto = AGOQ_XFER_PROTO_UNKNOWN;
-  fake_step coll = p2p_step(9, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step coll = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
   coll.desc.kind = AGOQ_XFER_COLL; /* ring/tree traffic: every rank must keep the same bits */
-  fake_step recvside = p2p_step(9, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step recvside = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
   recvside.desc.is_send = 0;
   for (size_t c = 0; c < sizeof cases / sizeof cases[0] + 2; c++) {
     fake_step* step = c < sizeof cases / sizeof cases[0] ? &cases[c] : c == sizeof cases / sizeof cases[0] ? &coll
@@ -219,7 +182,7 @@ static void test_exact_cases(void** state) {
     assert_memory_equal(src, dst, bytes);
   }
   /* A NULL profiler handle, an odd size for bf16, and a payload below AGOQ_MIN_BYTES. */
-  fake_step bf = p2p_step(9, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step bf = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
   size_t sizes[] = {bytes, bytes - 1, 65534};
   for (int k = 0; k < 3; k++) {
     void *sreq = NULL, *rreq = NULL;
@@ -258,7 +221,7 @@ static void test_format_none(void** state) {
   uint8_t* src = malloc(bytes);
   uint8_t* dst = malloc(bytes);
   for (size_t i = 0; i < bytes / 2; i++) ((uint16_t*)src)[i] = to_bf16(normal());
-  fake_step step = p2p_step(9, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step step = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
   int s0 = starts, rsize;
   assert_int_equal(one_message(&p, src, bytes, &step, dst, bytes, &rsize), ncclSuccess);
   assert_memory_equal(src, dst, bytes);
@@ -283,7 +246,7 @@ static void test_frame_larger_than_posted(void** state) {
   uint8_t* dst = malloc(n * 2);
   for (size_t i = 0; i < n; i++) src[i] = to_bf16(normal());
   memset(dst, 0x5a, n * 2);
-  fake_step step = p2p_step(9, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step step = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
   void *sreq = NULL, *rreq = NULL;
   void* d = dst;
   size_t posted = 200u << 10; /* the frame fits, its decode (256 KiB) does not */
@@ -349,7 +312,8 @@ static void test_grouped_mixed(void** state) {
   int tags[2] = {10, 11};
   void *rreq = NULL, *s1 = NULL, *s2 = NULL;
   while (rreq == NULL) assert_int_equal(agoq_net_irecv(p.recv, 2, data, sizes, tags, NULL, NULL, &rreq), ncclSuccess);
-  fake_step fbf = p2p_step(9, AGOQ_XFER_PROTO_SIMPLE), fint = p2p_step(3, AGOQ_XFER_PROTO_SIMPLE);
+  fake_step fbf = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
+  fake_step fint = step_of(AGOQ_XFER_P2P, 3, AGOQ_XFER_PROTO_SIMPLE, 1);
   while (s1 == NULL) assert_int_equal(agoq_net_isend(p.send, b, bytes, 11, NULL, &fint, &s1), ncclSuccess);
   while (s2 == NULL) assert_int_equal(agoq_net_isend(p.send, a, bytes, 10, NULL, &fbf, &s2), ncclSuccess);
   int d1 = 0, d2 = 0, dr = 0, rs[2] = {-1, -1};
