@@ -84,6 +84,11 @@ int fault_net_init(void** ctx, ncclProfilerCallback_t prof);
 /* Polls connect/accept until a comm, an error (returns the ncclResult_t, > 0) or the deadline (-1). */
 int fault_connect(void* ctx, void* handle, void** comm, int timeout_ms);
 int fault_accept(void* listen, void** comm, int timeout_ms, int stop_fd);
+/* CollNet rank start-up: coll init, listen, send this rank's handle (FAULT_MSG_HANDLE),
+ * receive all nranks handles (FAULT_MSG_HANDLES) into all (nranks * FAULT_HANDLE_SIZE
+ * bytes) and point hp[i] at handle i. 0, or fault_report_fail's result (*ctx and *lc
+ * set as far as they were made). */
+int fault_coll_join(int fd, int nranks, void** ctx, void** lc, uint8_t* all, void** hp);
 
 /* Scenarios: return 0 on pass, 1 on failure, 77 on skip. Print a summary line. */
 int fault_sc_kill_p2p(int seeds, uint64_t seed0);

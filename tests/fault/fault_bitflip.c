@@ -273,6 +273,22 @@ static int bf_proxy(int fd, void* varg) {
   return 0;
 }
 
+/* Starts a proxy (pa: its target and flip settings, filled in) listening on h's address,
+ * another port, and rewrites h's address to it. 0, or -1 if the socket or the fork failed. */
+static int bf_proxy_start(agoq_handle* h, bf_proxy_arg* pa, fault_child* px) {
+  pa->lfd = socket(h->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_storage la = h->addr;
+  ((struct sockaddr_in*)&la)->sin_port = 0;
+  socklen_t ll = h->addr_len;
+  if (pa->lfd < 0 || bind(pa->lfd, (struct sockaddr*)&la, ll) != 0 || listen(pa->lfd, 128) != 0 ||
+      getsockname(pa->lfd, (struct sockaddr*)&la, &ll) != 0)
+    return -1;
+  if (fault_spawn(px, bf_proxy, pa) != 0) return -1;
+  close(pa->lfd);
+  h->addr = la;
+  return 0;
+}
+
 int fault_sc_bitflip(int seeds, uint64_t seed0) {
   int cases = 0, detected = 0, harmless = 0, noflip = 0, wrong = 0, hangs = 0;
   setenv("AGOQ_P2P_FORMAT", "int8", 1);
@@ -288,16 +304,7 @@ int fault_sc_bitflip(int seeds, uint64_t seed0) {
     if (agoq_handle_decode(real, sizeof real, &h) != AGOQ_WIRE_OK) return 1;
     /* The proxy listens on the same address, another port; the handle is rewritten to it. */
     bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = a.seed};
-    pa.lfd = socket(h.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage la = h.addr;
-    ((struct sockaddr_in*)&la)->sin_port = 0;
-    socklen_t ll = h.addr_len;
-    if (pa.lfd < 0 || bind(pa.lfd, (struct sockaddr*)&la, ll) != 0 || listen(pa.lfd, 128) != 0 ||
-        getsockname(pa.lfd, (struct sockaddr*)&la, &ll) != 0)
-      return 1;
-    if (fault_spawn(&px, bf_proxy, &pa) != 0) return 1;
-    close(pa.lfd);
-    h.addr = la;
+    if (bf_proxy_start(&h, &pa, &px) != 0) return 1;
     memset(a.handle, 0, sizeof a.handle);
     agoq_handle_encode(&h, a.handle);
     if (fault_spawn(&s, bf_sender, &a) != 0) return 1;
@@ -367,15 +374,10 @@ typedef struct {
 static int bc_rank(int fd, void* varg) {
   bc_arg* a = varg;
   void *ctx = NULL, *lc = NULL, *cc = NULL;
-  uint8_t handle[FAULT_HANDLE_SIZE] = {0};
   static uint8_t all[BC_NRANKS][FAULT_HANDLE_SIZE];
-  if (agoq_coll_init(&ctx, FAULT_COMM_ID, agoq_log_stderr) != ncclSuccess) return fault_report_fail(fd, "coll init");
-  if (agoq_coll_listen(ctx, 0, handle, &lc) != ncclSuccess) return fault_report_fail(fd, "coll listen");
-  fault_send(fd, FAULT_MSG_HANDLE, handle, sizeof handle);
-  if (fault_recv_kind(fd, FAULT_MSG_HANDLES, all, sizeof all, 20000) != (int)sizeof all)
-    return fault_report_fail(fd, "no handles");
   void* hp[BC_NRANKS];
-  for (int i = 0; i < BC_NRANKS; i++) hp[i] = all[i];
+  int rc = fault_coll_join(fd, BC_NRANKS, &ctx, &lc, &all[0][0], hp);
+  if (rc != 0) return rc;
   ncclResult_t err = agoq_coll_connect(hp, BC_NRANKS, a->rank, lc, &cc);
   size_t bytes = (size_t)BC_COUNT * 2 * BC_CALLS;
   uint16_t* send = malloc(bytes);
@@ -453,16 +455,7 @@ static int bc_case(uint64_t seed, int flipper, bc_outcome* o) {
     if (agoq_handle_decode(real[k], AGOQ_HANDLE_WIRE_SIZE, &h) != AGOQ_WIRE_OK) return -1;
     bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = seed + (uint64_t)k,
                        .data_span = (uint64_t)BC_CALLS * (BC_COUNT / BC_NRANKS + 4096) / 2, .no_flip = k != flipper};
-    pa.lfd = socket(h.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage la = h.addr;
-    ((struct sockaddr_in*)&la)->sin_port = 0;
-    socklen_t ll = h.addr_len;
-    if (pa.lfd < 0 || bind(pa.lfd, (struct sockaddr*)&la, ll) != 0 || listen(pa.lfd, 128) != 0 ||
-        getsockname(pa.lfd, (struct sockaddr*)&la, &ll) != 0)
-      return -1;
-    if (fault_spawn(&px[k], bf_proxy, &pa) != 0) return -1;
-    close(pa.lfd);
-    h.addr = la;
+    if (bf_proxy_start(&h, &pa, &px[k]) != 0) return -1;
     memcpy(proxied[k], real[k], FAULT_HANDLE_SIZE); /* CollNet's settings at [64, 96) stay */
     agoq_handle_encode(&h, proxied[k]);
   }

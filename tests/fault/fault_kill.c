@@ -242,15 +242,10 @@ int fault_sc_kill_p2p(int seeds, uint64_t seed0) {
 static int kc_rank(int fd, void* varg) {
   kp_arg* a = varg;
   void *ctx = NULL, *lc = NULL, *cc = NULL;
-  uint8_t handle[FAULT_HANDLE_SIZE] = {0};
   static uint8_t all[KC_NRANKS][FAULT_HANDLE_SIZE];
-  if (agoq_coll_init(&ctx, FAULT_COMM_ID, agoq_log_stderr) != ncclSuccess) return fault_report_fail(fd, "coll init");
-  if (agoq_coll_listen(ctx, 0, handle, &lc) != ncclSuccess) return fault_report_fail(fd, "coll listen");
-  fault_send(fd, FAULT_MSG_HANDLE, handle, sizeof handle);
-  if (fault_recv_kind(fd, FAULT_MSG_HANDLES, all, sizeof all, 20000) != (int)sizeof all)
-    return fault_report_fail(fd, "no handles");
   void* hp[KC_NRANKS];
-  for (int i = 0; i < KC_NRANKS; i++) hp[i] = all[i];
+  int rc = fault_coll_join(fd, KC_NRANKS, &ctx, &lc, &all[0][0], hp);
+  if (rc != 0) return rc;
   fault_event_send(fd, FAULT_MSG_PHASE, FAULT_PHASE_CONNECT, 0);
   ncclResult_t r = agoq_coll_connect(hp, KC_NRANKS, a->rank, lc, &cc);
   if (r != ncclSuccess) {

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "collnet/agoq_collnet.h"
 #include "core/agoq_log.h"
 #include "fault.h"
 #include "net/agoq_net.h"
@@ -238,4 +239,15 @@ int fault_accept(void* listen, void** comm, int timeout_ms, int stop_fd) {
     if (stop_fd >= 0 && fault_stop_requested(stop_fd)) return -2;
     usleep(200);
   }
+}
+
+int fault_coll_join(int fd, int nranks, void** ctx, void** lc, uint8_t* all, void** hp) {
+  uint8_t handle[FAULT_HANDLE_SIZE] = {0};
+  uint32_t size = (uint32_t)nranks * FAULT_HANDLE_SIZE;
+  if (agoq_coll_init(ctx, FAULT_COMM_ID, agoq_log_stderr) != ncclSuccess) return fault_report_fail(fd, "coll init");
+  if (agoq_coll_listen(*ctx, 0, handle, lc) != ncclSuccess) return fault_report_fail(fd, "coll listen");
+  fault_send(fd, FAULT_MSG_HANDLE, handle, sizeof handle);
+  if (fault_recv_kind(fd, FAULT_MSG_HANDLES, all, size, 20000) != (int)size) return fault_report_fail(fd, "no handles");
+  for (int i = 0; i < nranks; i++) hp[i] = all + (size_t)i * FAULT_HANDLE_SIZE;
+  return 0;
 }
