@@ -85,6 +85,9 @@ int perf_coll_open(perf_coll_net* c, const char* lib_path, int abi, int dev, uin
 int perf_coll_connect(perf_coll_net* c, perf_group* g);
 int perf_coll_register(perf_coll_net* c, void* send, size_t send_bytes, void* recv,
                        size_t recv_bytes);
+/* Deregisters the buffers and closes the group (the listen comm and context stay);
+ * closeColl's result. */
+ncclResult_t perf_coll_close_group(perf_coll_net* c);
 void perf_coll_close(perf_coll_net* c);
 
 /* ---- one size: the calls, as NCCL's proxy would make them (perf_coll_run.c) ---- */

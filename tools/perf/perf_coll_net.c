@@ -124,15 +124,20 @@ int perf_coll_register(perf_coll_net* c, void* send, size_t send_bytes, void* re
   return 0;
 }
 
+ncclResult_t perf_coll_close_group(perf_coll_net* c) {
+  if (c->coll_comm == NULL) return ncclSuccess;
+  if (c->send_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->send_mh);
+  if (c->recv_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->recv_mh);
+  c->send_mh = c->recv_mh = NULL;
+  ncclResult_t r = agoq_collnet_view_close_coll(&c->view, c->coll_comm);
+  c->coll_comm = NULL;
+  return r;
+}
+
 void perf_coll_close(perf_coll_net* c) {
   if (c->lib == NULL) return;
-  if (c->coll_comm != NULL) {
-    if (c->send_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->send_mh);
-    if (c->recv_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->recv_mh);
-    ncclResult_t r = agoq_collnet_view_close_coll(&c->view, c->coll_comm);
-    if (r != ncclSuccess)
-      fprintf(stderr, "agoq-perf: CollNet closeColl failed: %s\n", perf_result_str(r));
-  }
+  ncclResult_t r = perf_coll_close_group(c);
+  if (r != ncclSuccess) fprintf(stderr, "agoq-perf: CollNet closeColl failed: %s\n", perf_result_str(r));
   if (c->listen_comm != NULL) agoq_collnet_view_close_listen(&c->view, c->listen_comm);
   /* Before v11 there is no finalize; the view makes it a no-op. */
   if (c->view.table != NULL) agoq_collnet_view_finalize(&c->view, c->ctx);

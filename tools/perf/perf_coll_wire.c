@@ -130,11 +130,7 @@ int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int
   /* Nobody closes under a peer's last bytes. */
   if (perf_group_barrier(g, timeout_ms) != 0) return -1;
   int ok = 1;
-  if (c->send_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->send_mh);
-  if (c->recv_mh != NULL) agoq_collnet_view_dereg_mr(&c->view, c->coll_comm, c->recv_mh);
-  c->send_mh = c->recv_mh = NULL;
-  ncclResult_t r = agoq_collnet_view_close_coll(&c->view, c->coll_comm);
-  c->coll_comm = NULL;
+  ncclResult_t r = perf_coll_close_group(c);
   if (r != ncclSuccess) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet closeColl failed: %s\n", g->rank, perf_result_str(r));
     ok = 0;
