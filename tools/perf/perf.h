@@ -23,6 +23,7 @@ typedef struct {
   double factor;               /* -f: multiply the size by this each step */
   size_t step_bytes;           /* -i: or add this (0 = use factor) */
   int iters, warmup;           /* -n, -w (nccl-tests' letters) */
+  size_t target_bytes;         /* --target-bytes: timed bytes per size at least (0 = -n only) */
   int inflight;                /* --inflight: requests kept posted per rank */
   int dev;                     /* --dev: plugin device */
   bool json;                   /* --json: one JSON object per line and size */
@@ -65,6 +66,10 @@ int perf_argv_check(perf_argv* p, const char* cmd, int* out);
 /* -t/--nthreads and -g/--ngpus: nccl-tests' threads per process and GPUs per thread;
  * only 1 here. 0 ok, -1 printed. */
 int perf_argv_threads(perf_argv* p, const char* cmd, const char* v);
+/* Timed messages of one size: -n, or more with --target-bytes so that small sizes move
+ * enough bytes to be timed above the noise: max(-n, min(ceil(target / size), 1e6)). */
+#define PERF_TARGET_ITERS_MAX 1000000
+int perf_timed_iters(const perf_opts* o, size_t size);
 /* Next size in the sweep, 0 when past max. */
 size_t perf_next_size(const perf_opts* o, size_t size);
 void perf_format_size(size_t bytes, char* buf, size_t cap);

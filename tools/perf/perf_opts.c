@@ -38,6 +38,14 @@ int perf_parse_size(const char* s, size_t* out) {
   return 0;
 }
 
+int perf_timed_iters(const perf_opts* o, size_t size) {
+  if (o->target_bytes == 0) return o->iters;
+  /* A 0-byte message moves nothing: only the cap bounds it. */
+  size_t want = size == 0 ? PERF_TARGET_ITERS_MAX : o->target_bytes / size + (o->target_bytes % size != 0);
+  if (want > PERF_TARGET_ITERS_MAX) want = PERF_TARGET_ITERS_MAX;
+  return (size_t)o->iters > want ? o->iters : (int)want;
+}
+
 size_t perf_next_size(const perf_opts* o, size_t size) {
   size_t next;
   if (o->step_bytes > 0) {
@@ -69,6 +77,11 @@ static void perf_usage(FILE* f, const char* cmd) {
           "  -f, --stepfactor F      multiply the size by F each step (default 2)\n"
           "  -i, --stepbytes SIZE    or add SIZE each step\n"
           "  -n, --iters N           timed messages per size (default 20)\n"
+          "      --target-bytes SIZE timed messages per size: at least -n, and enough that\n"
+          "                          they carry SIZE bytes, ceil(SIZE / size), at most 1000000\n"
+          "                          (K/M/G suffixes; 0 = off, the default): small sizes run\n"
+          "                          long enough to time, large ones keep -n. The count column\n"
+          "                          (JSON: iters) says how many ran; warm-up stays -w\n"
           "  -w, --warmup_iters N    untimed messages per size first (default 5)\n"
           "      --inflight N        requests kept posted per rank (default 8, max 32)\n"
           "  -c, --check 0|N         N > 0: fill every buffer and verify every message, warm-up\n"
@@ -216,6 +229,8 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
       bad = agoq_args_parse_double(v, 1.0, 1e9, &o->factor) != 0 || !(o->factor > 1.0);
     } else if (strcmp(a, "-n") == 0 || strcmp(a, "--iters") == 0) {
       bad = perf_parse_int(v, 1, INT_MAX / 2, &o->iters);
+    } else if (strcmp(a, "--target-bytes") == 0) {
+      bad = perf_parse_size(v, &o->target_bytes);
     } else if (strcmp(a, "-w") == 0 || strcmp(a, "--warmup_iters") == 0) {
       bad = perf_parse_int(v, 0, INT_MAX / 2, &o->warmup);
     } else if (strcmp(a, "--inflight") == 0) {

@@ -26,14 +26,15 @@ typedef struct {
 
 /* ---- the configuration rank 0 hands rank 1 ---- */
 
-enum { P2P_CONFIG_WORDS = 12 };
+enum { P2P_CONFIG_WORDS = 13 };
 
 static void p2p_config_encode(const perf_opts* o, uint64_t comm_id, uint8_t* out) {
   uint64_t w[P2P_CONFIG_WORDS] = {o->min_bytes, o->max_bytes, o->step_bytes,
                                   (uint64_t)(o->factor * 1e6), (uint64_t)o->iters,
                                   (uint64_t)o->warmup, (uint64_t)o->inflight,
                                   (uint64_t)o->check, comm_id, (uint64_t)(o->dtype + 1),
-                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1, (uint64_t)o->chunk};
+                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1, (uint64_t)o->chunk,
+                                  (uint64_t)o->target_bytes};
   for (int i = 0; i < P2P_CONFIG_WORDS; i++)
     for (int k = 0; k < 8; k++) out[i * 8 + k] = (uint8_t)(w[i] >> (8 * k));
 }
@@ -55,6 +56,7 @@ static void p2p_config_decode(const uint8_t* in, perf_opts* o, uint64_t* comm_id
   o->no_oracle = (w[10] & 1) != 0;
   o->coll_traffic = (w[10] & 2) != 0;
   o->chunk = w[11];
+  o->target_bytes = w[12]; /* the receiver counts the same messages per size */
 }
 
 /* ---- payload pattern (--check) ---- */
@@ -358,6 +360,7 @@ int perf_p2p_main(int argc, char** argv) {
   int msg_base = 0;
   for (size_t size = o.min_bytes; size != 0 || msg_base == 0; size = perf_next_size(&o, size)) {
     double us = 0;
+    int iters = perf_timed_iters(&o, size);
     p2p_verdict verdict = {0, 1, 0}, timed = {0, 1, 0};
     /* Typed: every transfer carries the same data, sent again and again; with -c the sender
      * cycles through one buffer per request in flight, so every one of them holds it. */
@@ -368,21 +371,21 @@ int perf_p2p_main(int argc, char** argv) {
       goto fail_net;
     msg_base += o.warmup;
     /* -c checks the timed messages too (typed: against the sender's data, as the warm-up). */
-    if (p2p_run(&n, &boot, &o, &bufs, size, o.iters, msg_base, &us, &typed, o.dtype >= 0 && o.check,
+    if (p2p_run(&n, &boot, &o, &bufs, size, iters, msg_base, &us, &typed, o.dtype >= 0 && o.check,
                 &timed) != 0)
       goto fail_net;
-    msg_base += o.iters;
+    msg_base += iters;
     if (o.dtype >= 0 && o.check) p2p_verdict_merge(&verdict, &timed);
     if (rank == 0 && o.dtype >= 0) {
-      uint64_t want = (uint64_t)(o.warmup + (o.check ? o.iters : 0)) * p2p_nchunks(&o, size);
+      uint64_t want = (uint64_t)(o.warmup + (o.check ? iters : 0)) * p2p_nchunks(&o, size);
       if (p2p_verdict_fails(&o, &verdict, want, size)) check_failed = true;
     }
     if (rank == 0) {
       perf_result res = {.test = "p2p",
                          .bytes = size,
-                         .iters = o.iters,
+                         .iters = iters,
                          .inflight = o.inflight,
-                         .time_us = us / o.iters,
+                         .time_us = us / iters,
                          .checked = o.check,
                          .typed = o.dtype >= 0,
                          .rel_l2 = verdict.rel_l2_max,
