@@ -24,6 +24,10 @@
 #define AGOQ_RECV_MAGIC 0x56435241u   /* "ARCV" */
 #define AGOQ_MR_MAGIC 0x52524d41u     /* "AMRR" */
 
+/* Read-ahead buffer of a receiving control socket: room for a burst of headers and small
+ * inline payloads; a larger payload is read straight into its destination. */
+#define AGOQ_RX_BUF_SIZE (64u << 10)
+
 typedef struct {
   uint32_t magic;
   uint64_t comm_id;
@@ -107,8 +111,10 @@ typedef struct agoq_comm {
   unsigned next_sock;     /* data socket of the next message's first piece */
   uint64_t inline_max, min_chunk; /* sender's plan; the receiver follows each header */
   /* Receiver control state. */
-  uint8_t rx_hdr[AGOQ_MSG_HDR_SIZE];
-  size_t rx_hdr_got;
+  /* Control-socket bytes read ahead: one recv takes in several headers and the small
+   * payloads behind them. rx_buf[rx_off, rx_len) is not consumed yet. */
+  uint8_t* rx_buf;
+  size_t rx_off, rx_len;
   agoq_request* rx_inline_req; /* inline payload being read, if any */
   int rx_inline_slot;
   size_t rx_inline_got;

@@ -82,32 +82,48 @@ static uint8_t* agoq_req_bytes(agoq_comm* comm, const agoq_request* req, int slo
 
 /* ---- send side ------------------------------------------------------------------------ */
 
-/* Writes pending headers (and inline payloads) in posting order until the socket is full. */
+/* Most requests whose header and inline bytes one sendmsg carries: a burst of small
+ * messages costs one syscall, not one each. */
+#define AGOQ_SEND_BATCH 16
+
+/* Writes pending headers (and inline payloads) in posting order until the socket is full,
+ * gathering the control bytes of up to AGOQ_SEND_BATCH queued requests per sendmsg. */
 static ncclResult_t agoq_send_progress(agoq_comm* comm) {
-  agoq_request* req;
-  while ((req = agoq_fifo_front(&comm->ctrl_fifo)) != NULL) {
-    while (req->ctrl_sent < req->ctrl_total) {
-      struct iovec iov[2];
-      int niov = 0;
+  while (comm->ctrl_fifo.count > 0) {
+    struct iovec iov[2 * AGOQ_SEND_BATCH];
+    int niov = 0;
+    uint32_t nreq = comm->ctrl_fifo.count < AGOQ_SEND_BATCH ? comm->ctrl_fifo.count : AGOQ_SEND_BATCH;
+    for (uint32_t i = 0; i < nreq; i++) {
+      agoq_request* req = comm->ctrl_fifo.items[(comm->ctrl_fifo.head + i) % AGOQ_REQUESTS_PER_COMM];
       if (req->ctrl_sent < AGOQ_MSG_HDR_SIZE)
         iov[niov++] = (struct iovec){req->wire_hdr + req->ctrl_sent, AGOQ_MSG_HDR_SIZE - req->ctrl_sent};
       size_t body_done = req->ctrl_sent > AGOQ_MSG_HDR_SIZE ? req->ctrl_sent - AGOQ_MSG_HDR_SIZE : 0;
       size_t body_total = req->ctrl_total - AGOQ_MSG_HDR_SIZE;
-      if (body_done < body_total) iov[niov++] = (struct iovec){agoq_req_bytes(comm, req, 0) + body_done, body_total - body_done};
-      struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-      ssize_t n = sendmsg(comm->ctrl_fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n > 0) {
-        req->ctrl_sent += (size_t)n;
-        continue;
-      }
-      if (n < 0 && agoq_would_block()) return ncclSuccess;
+      if (body_done < body_total)
+        iov[niov++] = (struct iovec){agoq_req_bytes(comm, req, 0) + body_done, body_total - body_done};
+    }
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+    ssize_t n = sendmsg(comm->ctrl_fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && agoq_would_block()) return ncclSuccess;
+    if (n <= 0) {
       ncclResult_t res = (n < 0 && errno != EPIPE && errno != ECONNRESET) ? ncclSystemError : ncclRemoteError;
       if (agoq_comm_error_set(&comm->error, res))
         AGOQ_WARN("send to %s failed: %s", comm->peer, n < 0 ? strerror(errno) : "connection closed");
       return res;
     }
-    req->control_done = true;
-    agoq_fifo_pop(&comm->ctrl_fifo);
+    /* Hand the written bytes to the requests in order; the ones fully written are done
+     * with the control socket. */
+    size_t left = (size_t)n;
+    agoq_request* req;
+    while (left > 0 && (req = agoq_fifo_front(&comm->ctrl_fifo)) != NULL) {
+      size_t take = req->ctrl_total - req->ctrl_sent < left ? req->ctrl_total - req->ctrl_sent : left;
+      req->ctrl_sent += take;
+      left -= take;
+      if (req->ctrl_sent < req->ctrl_total) break;
+      req->control_done = true;
+      agoq_fifo_pop(&comm->ctrl_fifo);
+    }
   }
   return ncclSuccess;
 }
@@ -182,10 +198,14 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
 
 /* ---- receive side --------------------------------------------------------------------- */
 
-/* Reads into buf up to len bytes; returns bytes read, 0 on would-block, -1 on failure
- * (comm error set and logged). */
-static ssize_t agoq_ctrl_read(agoq_comm* comm, uint8_t* buf, size_t len) {
-  ssize_t n = recv(comm->ctrl_fd, buf, len, MSG_DONTWAIT);
+/* Reads from the control socket into up to two ranges (a payload's destination, then the
+ * read-ahead buffer); returns bytes read, 0 on would-block, -1 on failure (comm error set
+ * and logged). */
+static ssize_t agoq_ctrl_readv(agoq_comm* comm, struct iovec* iov, int niov) {
+  struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+  ssize_t n;
+  do n = recvmsg(comm->ctrl_fd, &msg, MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
   if (n > 0) return n;
   if (n < 0 && agoq_would_block()) return 0;
   ncclResult_t res = n == 0 ? ncclRemoteError : ncclSystemError;
@@ -258,29 +278,77 @@ static ncclResult_t agoq_recv_dispatch(agoq_comm* comm, agoq_request* req, const
   return ncclSuccess;
 }
 
-/* Reads headers and inline payloads for posted receives until the socket runs dry. */
+/* An inline payload smaller than this is read into the read-ahead buffer and copied out
+ * (one recv for many small messages); a larger one goes straight to its destination. */
+#define AGOQ_RX_DIRECT_MIN (16u << 10)
+
+/* Moves the current inline payload's bytes: first what the read-ahead buffer holds, then
+ * from the socket, straight into the destination when large, with the read-ahead buffer
+ * behind it in the same recvmsg so the next headers come along. Returns 1 when the
+ * payload is complete, 0 when the socket ran dry, -1 on failure. */
+static int agoq_recv_inline(agoq_comm* comm) {
+  agoq_request* inl = comm->rx_inline_req;
+  int slot = comm->rx_inline_slot;
+  uint8_t* dst = agoq_req_bytes(comm, inl, slot);
+  size_t total = inl->actual[slot];
+  while (comm->rx_inline_got < total) {
+    size_t want = total - comm->rx_inline_got;
+    size_t avail = comm->rx_len - comm->rx_off;
+    if (avail > 0) {
+      size_t take = avail < want ? avail : want;
+      memcpy(dst + comm->rx_inline_got, comm->rx_buf + comm->rx_off, take);
+      comm->rx_off += take;
+      comm->rx_inline_got += take;
+      continue;
+    }
+    comm->rx_off = comm->rx_len = 0;
+    struct iovec iov[2];
+    int niov = 0;
+    if (want >= AGOQ_RX_DIRECT_MIN) iov[niov++] = (struct iovec){dst + comm->rx_inline_got, want};
+    iov[niov++] = (struct iovec){comm->rx_buf, AGOQ_RX_BUF_SIZE};
+    ssize_t n = agoq_ctrl_readv(comm, iov, niov);
+    if (n <= 0) return (int)n;
+    if (niov == 2) {
+      size_t direct = (size_t)n < want ? (size_t)n : want;
+      comm->rx_inline_got += direct;
+      comm->rx_len = (size_t)n - direct;
+    } else {
+      comm->rx_len = (size_t)n;
+    }
+  }
+  comm->rx_inline_req = NULL;
+  return 1;
+}
+
+/* Reads headers and inline payloads for posted receives until the socket runs dry. Bytes
+ * are taken from the socket only while a receive is posted (a peer cannot make us buffer
+ * more than the read-ahead buffer), and only as far as the buffer reaches. */
 static ncclResult_t agoq_recv_progress(agoq_comm* comm) {
   for (;;) {
-    agoq_request* inl = comm->rx_inline_req;
-    if (inl != NULL) {
-      size_t want = inl->actual[comm->rx_inline_slot] - comm->rx_inline_got;
-      ssize_t n = agoq_ctrl_read(comm, agoq_req_bytes(comm, inl, comm->rx_inline_slot) + comm->rx_inline_got, want);
-      if (n < 0) return (ncclResult_t)atomic_load(&comm->error);
-      if (n == 0) return ncclSuccess;
-      comm->rx_inline_got += (size_t)n;
-      if (comm->rx_inline_got == inl->actual[comm->rx_inline_slot]) comm->rx_inline_req = NULL;
+    if (comm->rx_inline_req != NULL) {
+      int rc = agoq_recv_inline(comm);
+      if (rc < 0) return (ncclResult_t)atomic_load(&comm->error);
+      if (rc == 0) return ncclSuccess;
       continue;
     }
     agoq_request* req = agoq_fifo_front(&comm->ctrl_fifo);
     if (req == NULL) return ncclSuccess; /* nothing posted: leave the bytes in the socket */
-    ssize_t n = agoq_ctrl_read(comm, comm->rx_hdr + comm->rx_hdr_got, AGOQ_MSG_HDR_SIZE - comm->rx_hdr_got);
-    if (n < 0) return (ncclResult_t)atomic_load(&comm->error);
-    if (n == 0) return ncclSuccess;
-    comm->rx_hdr_got += (size_t)n;
-    if (comm->rx_hdr_got < AGOQ_MSG_HDR_SIZE) continue;
-    comm->rx_hdr_got = 0;
+    if (comm->rx_len - comm->rx_off < AGOQ_MSG_HDR_SIZE) {
+      /* Keep the partial header, make room behind it, read what the socket has. */
+      size_t keep = comm->rx_len - comm->rx_off;
+      memmove(comm->rx_buf, comm->rx_buf + comm->rx_off, keep);
+      comm->rx_off = 0;
+      comm->rx_len = keep;
+      struct iovec iov = {comm->rx_buf + keep, AGOQ_RX_BUF_SIZE - keep};
+      ssize_t n = agoq_ctrl_readv(comm, &iov, 1);
+      if (n < 0) return (ncclResult_t)atomic_load(&comm->error);
+      if (n == 0) return ncclSuccess;
+      comm->rx_len += (size_t)n;
+      continue;
+    }
     agoq_msg_hdr hdr;
-    agoq_wire_status ws = agoq_msg_hdr_decode(comm->rx_hdr, AGOQ_MSG_HDR_SIZE, comm->nsocks, &hdr);
+    agoq_wire_status ws = agoq_msg_hdr_decode(comm->rx_buf + comm->rx_off, AGOQ_MSG_HDR_SIZE, comm->nsocks, &hdr);
+    comm->rx_off += AGOQ_MSG_HDR_SIZE;
     if (ws != AGOQ_WIRE_OK) return agoq_recv_protocol_error(comm, ncclSystemError, "corrupt message header");
     if (hdr.seq != comm->seq) return agoq_recv_protocol_error(comm, ncclSystemError, "message out of sequence");
     comm->seq++;

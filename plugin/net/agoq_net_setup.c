@@ -80,6 +80,7 @@ ncclResult_t agoq_comm_create(bool is_send, int dev, int ctrl_fd, const int* dat
   /* NCCL keeps up to NCCL_NET_MAX_REQUESTS receives (each of up to maxRecvs buffers) and
    * NCCL_NET_MAX_REQUESTS x maxRecvs sends in flight; both sides get the larger bound. */
   AGOQ_CHECK_GOTO(agoq_request_pool_init(&comm->pool, AGOQ_REQUESTS_PER_COMM), res, fail);
+  if (!is_send) AGOQ_CALLOC_GOTO(comm->rx_buf, AGOQ_RX_BUF_SIZE, res, fail);
   AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
   for (unsigned i = 0; i < nsocks; i++) comm->streams[i].fd = -1;
   AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, peer), res, fail);
@@ -121,6 +122,7 @@ void agoq_comm_destroy(agoq_comm* comm) {
     agoq_typed_stats_log(&comm->typed_stats, comm->is_send, comm->peer);
   agoq_stage_fini(&comm->stage); /* after the streams: no worker reads a frame any more */
   agoq_request_pool_fini(&comm->pool);
+  free(comm->rx_buf);
   comm->magic = 0;
   free(comm);
 }
