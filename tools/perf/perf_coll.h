@@ -167,6 +167,7 @@ typedef struct {
   double time_us; /* per collective: the slowest rank's average */
   double wire_ratio;
   double codec_ms, crc_ms; /* the plugin's, all ranks (perf_coll_wire_figures) */
+  double cpu_s; /* CPU seconds of all ranks' processes over the timed collectives; < 0 unknown */
   perf_err err;
   int64_t diverged;
 } perf_coll_result;

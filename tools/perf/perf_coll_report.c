@@ -1,8 +1,8 @@
 /*
  * Result lines of the collective subcommands: nccl-tests' columns plus the compression
  * and correctness columns for people, one JSON object per line for scripts (netlab.sh).
- * Every figure is measured: times by the tool, the wire ratio and the configuration by the
- * plugin (perf_coll_wire.c).
+ * Every figure is measured: times and CPU time by the tool, the wire ratio and the
+ * configuration by the plugin (perf_coll_wire.c).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -10,6 +10,15 @@
 #include <stdlib.h>
 
 #include "perf_coll.h"
+
+/* CPU seconds per GB (1e9 B) of the size column over the timed collectives; < 0 when there
+ * is no figure (no bytes moved, or a rank could not read its CPU time). */
+static double perf_coll_cpu_per_gb(const perf_coll_opts* o, const perf_coll_result* r) {
+  double gb = (double)r->bytes * (double)o->iters / 1e9;
+  if (!(gb > 0) || !(r->cpu_s >= 0)) return -1.0;
+  double v = r->cpu_s / gb;
+  return isfinite(v) ? v : -1.0;
+}
 
 double perf_coll_busbw_factor(perf_coll_kind kind, int nranks) {
   double n = nranks;
@@ -39,9 +48,12 @@ static void perf_coll_report_header(const perf_coll_opts* o, const perf_coll_net
          "(AGOQ_STATS), all ranks\n");
   printf("# crc%%: the plugin's payload CRC32C time as a share of its codec time (crc_ms / codec_ms, "
          "AGOQ_STATS), all ranks, warm-up and check calls included; - when no codec work ran\n");
-  printf("#\n# %12s %11s %7s %6s %11s %11s %11s %6s %9s %10s %9s %6s\n", "size(B)", "count", "type",
-         "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wire", "rel_l2", "max_abs",
-         "diverged", "crc%");
+  printf("# cpu_s/GB: CPU seconds (user + system, getrusage) of every rank's process, all its "
+         "threads (the plugin's engine and progress threads included), over the timed "
+         "collectives, per GB (1e9 B) of size x iters\n");
+  printf("#\n# %12s %11s %7s %6s %11s %11s %11s %6s %9s %10s %9s %6s %9s\n", "size(B)", "count",
+         "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wire", "rel_l2", "max_abs",
+         "diverged", "crc%", "cpu_s/GB");
 }
 
 void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
@@ -53,6 +65,7 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
   double busbw = algbw * perf_coll_busbw_factor(o->kind, o->nranks);
   double l2 = perf_err_rel_l2(&r->err);
   const char* op = o->kind == PERF_COLL_ALLGATHER ? "none" : perf_op_name(o->op);
+  double cpu_gb = perf_coll_cpu_per_gb(o, r);
   if (!o->json) {
     char div[32];
     if (r->diverged < 0)
@@ -64,9 +77,14 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
       snprintf(crc, sizeof crc, "%.1f", 100.0 * r->crc_ms / r->codec_ms);
     else
       snprintf(crc, sizeof crc, "-");
-    printf("  %12zu %11zu %7s %6s %11.2f %11.3f %11.3f %6.3f %9.3e %10.3e %9s %6s", r->bytes,
+    char cpu[24];
+    if (cpu_gb >= 0)
+      snprintf(cpu, sizeof cpu, "%.3g", cpu_gb);
+    else
+      snprintf(cpu, sizeof cpu, "-");
+    printf("  %12zu %11zu %7s %6s %11.2f %11.3f %11.3f %6.3f %9.3e %10.3e %9s %6s %9s", r->bytes,
            r->count, perf_dtype_name(o->dtype), op, r->time_us, algbw, busbw, r->wire_ratio, l2,
-           r->err.max_abs, div, crc);
+           r->err.max_abs, div, crc, cpu);
     if (r->err.nonfinite > 0) printf("  (%llu non-finite)", (unsigned long long)r->err.nonfinite);
     printf("\n");
     return;
@@ -75,11 +93,21 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
          "\"dtype\":\"%s\",\"op\":\"%s\",\"format\":\"%s\",\"size\":%zu,\"count\":%zu,"
          "\"chunk\":%zu,\"inflight\":%d,\"iters\":%d,\"time_us\":%.3f,\"algbw_GBps\":%.4f,"
          "\"busbw_GBps\":%.4f,\"wire_ratio\":%.4f,\"codec_ms\":%.3f,\"crc_ms\":%.3f,\"rel_l2\":%.6e,\"max_abs\":%.6e,"
-         "\"nonfinite\":%llu,\"diverged\":",
+         "\"nonfinite\":%llu,",
          perf_coll_kind_name(o->kind), c->view.version, c->props.name, o->nranks,
          perf_dtype_name(o->dtype), op, w->format, r->bytes, r->count,
          o->chunk, o->inflight, o->iters, r->time_us, algbw, busbw, r->wire_ratio, r->codec_ms, r->crc_ms,
          isfinite(l2) ? l2 : -1.0, r->err.max_abs, (unsigned long long)r->err.nonfinite);
+  /* null rather than a number when there is no figure: JSON has no inf or nan. */
+  if (r->cpu_s >= 0 && isfinite(r->cpu_s))
+    printf("\"cpu_s\":%.6e,", r->cpu_s);
+  else
+    printf("\"cpu_s\":null,");
+  if (cpu_gb >= 0)
+    printf("\"cpu_s_per_GB\":%.6e,", cpu_gb);
+  else
+    printf("\"cpu_s_per_GB\":null,");
+  printf("\"diverged\":");
   if (r->diverged < 0)
     printf("null}\n");
   else
