@@ -10,12 +10,12 @@
 #include "collnet/agoq_coll_internal.h"
 #include "collnet/agoq_coll_wire.h"
 #include "core/agoq_check.h"
-#include "net/agoq_wire.h"
+#include "transport/agoq_transport.h"
 
 /* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
 /* The settings block and the setup messages are encoded and decoded in agoq_coll_wire.c. */
-_Static_assert(AGOQ_HANDLE_WIRE_SIZE <= AGOQ_COLL_HANDLE_OFFSET, "net handle fits before ours");
-_Static_assert(AGOQ_COLL_HANDLE_OFFSET + AGOQ_COLL_SETTINGS_SIZE <= AGOQ_HANDLE_STATE_OFFSET,
+_Static_assert(AGOQ_TP_HANDLE_WIRE_MAX <= AGOQ_COLL_HANDLE_OFFSET, "net handle fits before ours");
+_Static_assert(AGOQ_COLL_HANDLE_OFFSET + AGOQ_COLL_SETTINGS_SIZE <= AGOQ_TP_HANDLE_STATE_OFFSET,
                "ours ends before the state slot");
 
 /* ---- listen ------------------------------------------------------------------------- */
@@ -154,7 +154,7 @@ static void agoq_coll_abandon(agoq_coll_setup* s, int nranks) {
   bool pending = false;
   for (int i = 0; i < 2 * nranks && !pending; i++) {
     void* state;
-    memcpy(&state, s->handles[i] + AGOQ_HANDLE_STATE_OFFSET, sizeof state);
+    memcpy(&state, s->handles[i] + AGOQ_TP_HANDLE_STATE_OFFSET, sizeof state);
     pending = state != NULL;
   }
   if (pending) {

@@ -13,33 +13,15 @@
 
 #include "abi/agoq_nccl_common.h"
 
-#define AGOQ_PLUGIN_NAME "AGOQ"
-#define AGOQ_NET_MAX_RECVS 8           /* grouped receives per irecv */
-#define AGOQ_NET_MAX_VDEVS 8           /* fused-NIC children we can describe */
+#include "transport/agoq_transport.h"
 
-/* Device properties in a version-neutral form; adapters copy into ncclNetProperties_vN_t. */
-typedef struct {
-  const char* name;
-  const char* pci_path;  /* NULL for a virtual interface */
-  uint64_t guid;
-  int ptr_support;
-  int reg_is_global;
-  int force_flush;
-  int speed_mbps;
-  int port;
-  float latency_us;
-  int max_comms;
-  int max_recvs;
-  int net_device_type;
-  int net_device_version;
-  int vdev_count;
-  int vdevs[AGOQ_NET_MAX_VDEVS];
-  size_t max_p2p_bytes;
-  size_t max_coll_bytes;
-  int max_multi_request_size;
-  int16_t rail_id;
-  int16_t plane_id;
-} agoq_net_props;
+#define AGOQ_PLUGIN_NAME "AGOQ"
+#define AGOQ_NET_MAX_RECVS AGOQ_XFER_MAX_BUFS /* grouped receives per irecv */
+#define AGOQ_NET_MAX_VDEVS AGOQ_TP_MAX_VDEVS  /* fused-NIC children we can describe */
+
+/* Device properties in a version-neutral form (the transport's); adapters copy them into
+ * ncclNetProperties_vN_t. */
+typedef agoq_tp_props agoq_net_props;
 
 /* Per-communicator hints from NCCL (v11+ setNetAttr); stored in the ctx. */
 typedef struct {

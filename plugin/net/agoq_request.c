@@ -35,8 +35,8 @@ agoq_request* agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind
   req->magic = AGOQ_REQUEST_MAGIC;
   req->kind = kind;
   req->comm = comm;
+  req->xfer.index = index;
   for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->stage[i] = -1;
-  atomic_init(&req->pending_pieces, 0);
   return req;
 }
 

@@ -16,7 +16,7 @@
 #include "core/agoq_params.h"
 #include "abi_scenarios.h"
 #include "core/agoq_log.h"
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 
 #define ABI_CANARY 0x5C
 

@@ -23,7 +23,7 @@
 #include "core/agoq_log.h"
 #include "fault.h"
 #include "net/agoq_net.h"
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 #include "profiler/agoq_oracle.h"
 
 #define BF_MSGS 8

@@ -22,7 +22,7 @@
 #include "core/agoq_params.h"
 #include "fault.h"
 #include "net/agoq_net.h"
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 
 #define FL_MSG ((1u << 20) + 3u)
 #define FAULT_FLOOD_SERVE_LIMIT_MS 5000

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

@@ -13,8 +13,8 @@
 #include <cmocka.h>
 
 #include "core/agoq_params.h"
-#include "net/agoq_comm.h"
-#include "net/agoq_progress.h"
+#include "transport/tcp/agoq_tcp.h"
+#include "transport/tcp/agoq_tcp_progress.h"
 
 static int fds[3] = {-1, -1, -1}; /* listener, client, server side */
 

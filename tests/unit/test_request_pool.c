@@ -1,4 +1,5 @@
-/* The per-comm request pool: bounded, O(1), detects foreign and stale pointers. */
+/* The per-comm request pool: bounded, O(1), detects foreign and stale pointers; the TCP
+ * transport's fifo of posted transfers keeps order and capacity. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,6 +8,7 @@
 #include <cmocka.h>
 
 #include "net/agoq_request.h"
+#include "transport/tcp/agoq_tcp.h"
 
 static void test_pool_exhaustion_and_reuse(void** state) {
   (void)state;
@@ -26,7 +28,9 @@ static void test_pool_exhaustion_and_reuse(void** state) {
   agoq_request* again = agoq_request_alloc(&pool, AGOQ_REQ_RECV, NULL);
   assert_ptr_equal(again, reqs[17]);
   assert_int_equal(again->kind, AGOQ_REQ_RECV);
-  assert_int_equal(atomic_load(&again->pending_pieces), 0);
+  /* The transport keeps its per-transfer state under the pool index. */
+  assert_int_equal(again->xfer.index, again->pool_index);
+  assert_true(again->xfer.index < 32);
   for (int i = 0; i < 32; i++) agoq_request_release(&pool, reqs[i]);
   assert_int_equal(agoq_request_in_use(&pool), 0);
   agoq_request_pool_fini(&pool);
@@ -47,16 +51,16 @@ static void test_pool_rejects_foreign_pointers(void** state) {
 
 static void test_fifo_order_and_capacity(void** state) {
   (void)state;
-  static agoq_request_fifo f;
-  static agoq_request items[AGOQ_REQUESTS_PER_COMM];
+  static agoq_xfer_fifo f;
+  static agoq_xfer items[AGOQ_XFER_MAX_POSTED];
   for (int round = 0; round < 3; round++) {
     for (int i = 0; i < AGOQ_REQUESTS_PER_COMM; i++) assert_true(agoq_fifo_push(&f, &items[i]));
     assert_false(agoq_fifo_push(&f, &items[0]));
     for (int i = 0; i < AGOQ_REQUESTS_PER_COMM; i++) {
-      assert_ptr_equal(agoq_fifo_front(&f), &items[i]);
+      assert_ptr_equal(agoq_fifo_at(&f, 0), &items[i]);
       agoq_fifo_pop(&f);
     }
-    assert_null(agoq_fifo_front(&f));
+    assert_null(agoq_fifo_at(&f, 0));
     /* Leave the head mid-ring so the next round wraps around. */
     assert_true(agoq_fifo_push(&f, &items[0]));
     agoq_fifo_pop(&f);

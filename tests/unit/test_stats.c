@@ -18,7 +18,7 @@
 #include "core/agoq_log.h"
 #include "core/agoq_params.h"
 #include "core/agoq_stats.h"
-#include "net/agoq_comm.h"
+#include "net/agoq_net_comm.h"
 #include "net/agoq_net.h"
 #include "profiler/agoq_oracle.h"
 

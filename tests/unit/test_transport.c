@@ -17,8 +17,8 @@
 
 #include "core/agoq_params.h"
 #include "net/agoq_net.h"
-#include "net/agoq_progress.h"
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_progress.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 
 #define COMM_ID 0x5eed5eed12345678ull
 

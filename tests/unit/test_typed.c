@@ -16,7 +16,8 @@
 
 #include "agoq_frame.h"
 #include "core/agoq_params.h"
-#include "net/agoq_comm.h"
+#include "net/agoq_net_comm.h"
+#include "transport/tcp/agoq_tcp.h"
 #include "net/agoq_net.h"
 #include "profiler/agoq_oracle.h"
 
@@ -351,7 +352,7 @@ static void test_huge_lengths_rejected_before_allocation(void** state) {
     uint8_t wire[AGOQ_MSG_HDR_SIZE];
     agoq_msg_hdr_encode(&h, wire);
     /* Written straight into the sender's control socket, as a rogue peer would. */
-    assert_int_equal(write(((agoq_comm*)p.send)->ctrl_fd, wire, sizeof wire), (ssize_t)sizeof wire);
+    assert_int_equal(write(((agoq_comm*)p.send)->tp->ctrl_fd, wire, sizeof wire), (ssize_t)sizeof wire);
     uint8_t dst[4096];
     memset(dst, 0x33, sizeof dst);
     void *rreq = NULL, *d = dst;

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 
 static agoq_handle make_v4_handle(void) {
   agoq_handle h;

@@ -22,7 +22,7 @@ int agoq_info_devices(FILE* out, const char* lib_path, bool json);
 
 /* ---- what the plugin's init resolves (info_net.c, through the plugin's own code) ---- */
 
-#include "net/agoq_net_config.h"
+#include "transport/tcp/agoq_tcp.h"
 
 typedef struct {
   agoq_transport_config config; /* interfaces, data sockets per connection */

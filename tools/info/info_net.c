@@ -1,12 +1,12 @@
 /* agoq-info: what the plugin's init resolves from the environment (interfaces, their
  * address, carrier and speed source, sockets and threads), through the plugin's own code
- * (plugin/net/agoq_net_config.h), never recomputed here. */
+ * (plugin/transport/tcp/agoq_tcp.h), never recomputed here. */
 #include <stdio.h>
 #include <string.h>
 
 #include "agoq_info.h"
 #include "core/agoq_params.h"
-#include "net/agoq_net_config.h"
+#include "transport/tcp/agoq_tcp.h"
 
 /* "10.0.0.2" (no port) of an interface. */
 static void agoq_info_netif_addr(const agoq_netif* nif, char* buf, size_t len) {
@@ -20,8 +20,8 @@ static void agoq_info_netif_addr(const agoq_netif* nif, char* buf, size_t len) {
 
 int agoq_info_net_resolve(agoq_info_net* n) {
   memset(n, 0, sizeof *n);
-  if (agoq_net_config_resolve(&n->config) != ncclSuccess) return -1;
-  n->nthreads = agoq_net_config_nthreads();
+  if (agoq_tcp_config_resolve(&n->config) != ncclSuccess) return -1;
+  n->nthreads = agoq_progress_nthreads();
   n->nthreads_auto = agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS) == 0;
   n->nsocks_auto = agoq_param_int(AGOQ_PARAM_SOCKET_NSOCKS) == 0;
   return 0;

@@ -11,8 +11,8 @@
  * Msg hdr  (sender -> receiver, control socket, one per message): size, tag, how the
  *          payload is spread over the data sockets.
  */
-#ifndef AGOQ_WIRE_H
-#define AGOQ_WIRE_H
+#ifndef AGOQ_TCP_WIRE_H
+#define AGOQ_TCP_WIRE_H
 
 #include <stdbool.h>
 #include <stddef.h>

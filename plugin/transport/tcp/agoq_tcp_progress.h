@@ -5,8 +5,8 @@
  * hands it pieces through a single-producer/single-consumer ring (no lock on the data
  * path), and the worker sleeps in poll() when none of its streams can move.
  */
-#ifndef AGOQ_PROGRESS_H
-#define AGOQ_PROGRESS_H
+#ifndef AGOQ_TCP_PROGRESS_H
+#define AGOQ_TCP_PROGRESS_H
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -15,7 +15,6 @@
 #include <stdint.h>
 
 #include "abi/agoq_nccl_common.h"
-#include "net/agoq_request.h"
 
 /* A power of two above the most pieces one comm can have in flight on one socket
  * (every message puts at most one piece on each data socket). */
@@ -25,7 +24,7 @@ typedef struct {
   uint8_t* ptr;
   size_t len;
   size_t done; /* touched only by the worker */
-  agoq_request* req;
+  atomic_int* pending; /* its transfer's count of unfinished pieces */
 } agoq_piece;
 
 struct agoq_worker;
@@ -53,12 +52,16 @@ ncclResult_t agoq_progress_attach(agoq_stream* s);
 void agoq_progress_detach(agoq_stream* s);
 /* Producer side (the comm's proxy thread). False when the ring is full (cannot happen
  * within the per-comm request limits; callers treat it as an internal error). */
-bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* req);
+bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, atomic_int* pending);
 /* Lets the comm's own thread (NCCL's proxy, polling test()) move up to `budget` bytes of
  * the stream when its worker is not on it. On a host with few cores a polling proxy
  * otherwise only takes CPU time away from the workers; this way it does their work.
  * Returns whether any byte moved. */
 bool agoq_stream_assist(agoq_stream* s, size_t budget);
+/* AGOQ_PLACEMENT=auto: the CPUs of device `dev`'s NUMA node that this process may use, for
+ * threads that work for that NIC (CollNet's engine). False (out cleared) when placement is
+ * off, the node is unknown, or none of its CPUs is allowed: then do not pin. */
+bool agoq_tcp_placement_cpus(int dev, cpu_set_t* out);
 /* Stops and joins the workers. Streams still attached are abandoned (library unload). */
 void agoq_progress_shutdown(void);
 /* Stops the workers now if no stream is attached, else when the last one detaches. */

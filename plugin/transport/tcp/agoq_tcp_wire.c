@@ -1,4 +1,4 @@
-#include "net/agoq_wire.h"
+#include "transport/tcp/agoq_tcp_wire.h"
 
 #include <netinet/in.h>
 #include <string.h>

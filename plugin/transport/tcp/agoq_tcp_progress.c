@@ -1,4 +1,4 @@
-#include "net/agoq_progress.h"
+#include "transport/tcp/agoq_tcp_progress.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -13,7 +13,7 @@
 
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
-#include "net/agoq_comm.h"
+#include "transport/tcp/agoq_tcp.h"
 #include "agoq_topo.h"
 
 /* Bytes one stream may move per pass before the worker turns to its other streams. */
@@ -80,7 +80,7 @@ static bool agoq_stream_run(agoq_stream* s, size_t budget, bool* blocked) {
       p->done += (size_t)n;
       progressed = true;
       if (p->done == p->len) {
-        atomic_fetch_sub_explicit(&p->req->pending_pieces, 1, memory_order_release);
+        atomic_fetch_sub_explicit(p->pending, 1, memory_order_release);
         atomic_store_explicit(&s->head, ++head, memory_order_release);
       }
       if ((size_t)n >= budget) break;
@@ -243,7 +243,7 @@ static int agoq_placement_homes(int* homes, cpu_set_t* cpus, int max) {
   return n;
 }
 
-bool agoq_net_placement_cpus(int dev, cpu_set_t* out) {
+bool agoq_tcp_placement_cpus(int dev, cpu_set_t* out) {
   CPU_ZERO(out);
   if (agoq_param_int(AGOQ_PARAM_PLACEMENT) != 0 || dev < 0 || dev >= agoq_config.nifs) return false;
   const agoq_netif* nif = &agoq_config.ifs[dev];
@@ -384,10 +384,10 @@ void agoq_progress_detach(agoq_stream* s) {
   pthread_mutex_unlock(&agoq_pool.mu);
 }
 
-bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, agoq_request* req) {
+bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, atomic_int* pending) {
   uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
   if (tail - atomic_load_explicit(&s->head, memory_order_acquire) >= AGOQ_STREAM_RING_SIZE) return false;
-  s->ring[tail % AGOQ_STREAM_RING_SIZE] = (agoq_piece){.ptr = ptr, .len = len, .done = 0, .req = req};
+  s->ring[tail % AGOQ_STREAM_RING_SIZE] = (agoq_piece){.ptr = ptr, .len = len, .done = 0, .pending = pending};
   atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
   agoq_worker* w = s->worker;
   if (w == NULL) return true; /* pool stopped at unload: only test()'s assist moves bytes */

@@ -1,0 +1,73 @@
+/*
+ * Internal state of the net core: per-communicator context, listen endpoints and the send
+ * and receive comms NCCL holds. Each comm wraps one transport connection
+ * (transport/agoq_transport.h) and adds what NCCL's contract defines: requests, typed
+ * frames, statistics.
+ */
+#ifndef AGOQ_NET_COMM_H
+#define AGOQ_NET_COMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/agoq_stats.h"
+#include "net/agoq_net.h"
+#include "net/agoq_request.h"
+#include "net/agoq_typed.h"
+#include "transport/agoq_transport.h"
+
+#define AGOQ_CTX_MAGIC 0x58544341u    /* "ACTX" */
+#define AGOQ_NLISTEN_MAGIC 0x4e4c4e41u /* "ANLN" */
+#define AGOQ_SEND_MAGIC 0x444e5341u   /* "ASND" */
+#define AGOQ_RECV_MAGIC 0x56435241u   /* "ARCV" */
+#define AGOQ_MR_MAGIC 0x52524d41u     /* "AMRR" */
+
+typedef struct {
+  uint32_t magic;
+  uint64_t comm_id;
+  int traffic_class;
+  agoq_net_attr attr;
+  ncclProfilerCallback_t prof_fn; /* NCCL's profiler callback (v10+), NULL before */
+  agoq_stats_entry* st_send;      /* AGOQ_STATS: this context's p2p lines, else NULL */
+  agoq_stats_entry* st_recv;
+} agoq_ctx;
+
+/* The transport every device of this process uses (fixed at the first init). */
+extern const agoq_transport* agoq_net_tp;
+
+typedef struct {
+  uint32_t magic;
+  int type;
+  void* addr;
+  size_t size;
+} agoq_mr;
+
+typedef struct {
+  uint32_t magic;
+  int dev;
+  agoq_tp_listen* tp;
+  agoq_stats_entry* st_recv; /* its context's, for the comms it accepts */
+} agoq_listen_comm;
+
+typedef struct agoq_comm {
+  uint32_t magic;
+  bool is_send;
+  int dev;
+  agoq_tp_conn* tp;
+  bool error_reported;
+  agoq_request_pool pool;
+  /* Typed payloads (agoq_typed.h). */
+  ncclProfilerCallback_t prof_fn; /* sender: the oracle's way into NCCL's profiler */
+  agoq_stage_cache stage;
+  agoq_typed_stats typed_stats;
+  agoq_stats_entry* st; /* AGOQ_STATS: the context's p2p send or receive entry, else NULL */
+} agoq_comm;
+
+/* Wraps a new transport connection (takes it over; closes it on failure). */
+ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, agoq_comm** out);
+void agoq_comm_destroy(agoq_comm* comm);
+const char* agoq_comm_peer(const agoq_comm* comm);
+/* The receive side's agoq_tp_match_fn (arg: the comm): NCCL's matching rules. */
+ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot, uint8_t** dst);
+
+#endif

@@ -1,0 +1,134 @@
+/*
+ * The transport interface: what the net core (plugin/net/, NCCL's net contract) and CollNet
+ * need from a way of moving bytes between hosts. One implementation per folder below
+ * (tcp/ now, ib/ next); the net core never sees a socket or a queue pair.
+ *
+ * A transport provides devices and their properties, connection setup with its own
+ * handshake through NCCL's 128-byte handle (listen/connect/accept never block: a NULL
+ * result means "call again"), and ordered messages on a one-directional connection:
+ * post_send of one byte range (or codec frame), post_recv of a grouped receive, progress
+ * on the caller's thread, completion, the connection's first error, close.
+ *
+ * Matching rules (which buffer of a grouped receive takes a message, truncation, where a
+ * frame is staged) belong to NCCL's contract, not to the transport: the transport asks the
+ * net core through agoq_tp_match_fn when a message's description arrives.
+ *
+ * A transport includes no net or CollNet header (ARCHITECTURE.md section 5).
+ */
+#ifndef AGOQ_TRANSPORT_H
+#define AGOQ_TRANSPORT_H
+
+#include <sched.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "abi/agoq_nccl_common.h"
+
+#define AGOQ_XFER_MAX_BUFS 8 /* buffers of one grouped receive */
+/* Transfers one connection can have posted at once: NCCL keeps NCCL_NET_MAX_REQUESTS
+ * receives (each up to AGOQ_XFER_MAX_BUFS buffers) and as many times maxRecvs sends. */
+#define AGOQ_XFER_MAX_POSTED (NCCL_NET_MAX_REQUESTS * AGOQ_XFER_MAX_BUFS)
+#define AGOQ_TP_MAX_VDEVS 8
+
+/* NCCL's handle: a transport encodes its address in [0, AGOQ_TP_HANDLE_WIRE_MAX) and may
+ * keep a connect-in-progress pointer at AGOQ_TP_HANDLE_STATE_OFFSET; the bytes between are
+ * free for the caller (CollNet keeps its group settings there). */
+#define AGOQ_TP_HANDLE_WIRE_MAX 64
+#define AGOQ_TP_HANDLE_STATE_OFFSET 96
+
+/* Device properties in a version-neutral form; the tables copy them into
+ * ncclNetProperties_vN_t. */
+typedef struct {
+  const char* name;
+  const char* pci_path; /* NULL for a virtual interface */
+  uint64_t guid;
+  int ptr_support;
+  int reg_is_global;
+  int force_flush;
+  int speed_mbps;
+  int port;
+  float latency_us;
+  int max_comms;
+  int max_recvs;
+  int net_device_type;
+  int net_device_version;
+  int vdev_count;
+  int vdevs[AGOQ_TP_MAX_VDEVS];
+  size_t max_p2p_bytes;
+  size_t max_coll_bytes;
+  int max_multi_request_size;
+  int16_t rail_id;
+  int16_t plane_id;
+} agoq_tp_props;
+
+/* The message is a codec frame (the receiver decodes it and reports the decoded size). */
+#define AGOQ_XFER_FRAME 0x1u
+
+/* One posted transfer, owned by the caller until the transport reports it done. The
+ * caller fills the buffers; the transport fills what arrived. `index` is unique among the
+ * connection's posted transfers and below AGOQ_XFER_MAX_POSTED: the transport keeps its
+ * per-transfer progress in its own table under that index. */
+typedef struct {
+  uint32_t index;
+  int n;                               /* 1 for a send, 1..8 for a grouped receive */
+  uint8_t* data[AGOQ_XFER_MAX_BUFS];   /* send: the bytes to send; receive: set by match */
+  size_t size[AGOQ_XFER_MAX_BUFS];     /* send: bytes; receive: bytes that arrived */
+  int tag;                             /* send only */
+  uint32_t flags;                      /* send: AGOQ_XFER_FRAME or 0 */
+  uint32_t matched_mask;               /* receive: buffers a message has been matched to */
+} agoq_xfer;
+
+/* Receive side: a message of `size` bytes, `tag` and `flags` arrived for the oldest posted
+ * receive `x`. The net core picks the buffer (*slot), checks the size against it and says
+ * where the bytes go (*dst: NCCL's buffer or a staging buffer for a frame). An error
+ * result is already logged; the transport fails the connection with it. */
+typedef ncclResult_t (*agoq_tp_match_fn)(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot,
+                                         uint8_t** dst);
+
+typedef struct agoq_tp_listen agoq_tp_listen;
+typedef struct agoq_tp_conn agoq_tp_conn;
+
+typedef struct {
+  const char* name;
+  /* Resolves devices and settings once per process (parameters already loaded); an invalid
+   * setting or no usable device fails, logged. */
+  ncclResult_t (*init)(void);
+  /* The last communicator is gone: stop helper threads once no connection uses them. */
+  void (*idle)(void);
+  int (*ndevs)(void);
+  ncclResult_t (*get_properties)(int dev, agoq_tp_props* props);
+  /* CPUs of device `dev`'s NUMA node this process may use, for threads working for that
+   * device; false when placement is off or unknown. */
+  bool (*placement_cpus)(int dev, cpu_set_t* out);
+
+  ncclResult_t (*listen)(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out);
+  ncclResult_t (*accept)(agoq_tp_listen* l, agoq_tp_conn** out);
+  ncclResult_t (*close_listen)(agoq_tp_listen* l);
+  ncclResult_t (*connect)(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);
+  /* Abandons a connect in progress on this handle buffer (no-op when none). */
+  void (*connect_abort)(void* handle);
+  /* Receive side: how the transport asks where a message goes; set before the first post. */
+  void (*set_match)(agoq_tp_conn* c, agoq_tp_match_fn fn, void* arg);
+
+  /* Never block. A send or receive is posted in order; messages arrive in posting order. */
+  ncclResult_t (*post_send)(agoq_tp_conn* c, agoq_xfer* x);
+  ncclResult_t (*post_recv)(agoq_tp_conn* c, agoq_xfer* x);
+  /* Moves what can move now on the caller's thread; `x` (may be NULL) is the transfer the
+   * caller waits for. Returns the connection's error, if any. */
+  ncclResult_t (*progress)(agoq_tp_conn* c, agoq_xfer* x);
+  /* All of x's bytes are in place (receive) or handed to the network (send). */
+  bool (*done)(agoq_tp_conn* c, const agoq_xfer* x);
+  /* The first failure of the connection (ncclSuccess while healthy). */
+  ncclResult_t (*error)(agoq_tp_conn* c);
+  /* Fails the connection with res (the caller logged why). */
+  void (*fail)(agoq_tp_conn* c, ncclResult_t res);
+  /* Who is on the other end, for log lines. */
+  const char* (*peer)(agoq_tp_conn* c);
+  /* Releases everything; after it returns no helper thread touches posted buffers. */
+  void (*close)(agoq_tp_conn* c);
+} agoq_transport;
+
+extern const agoq_transport agoq_transport_tcp;
+
+#endif

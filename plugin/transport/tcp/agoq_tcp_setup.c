@@ -1,0 +1,512 @@
+/* Connection setup: listen, the staged non-blocking connect, and accept with the handshake
+ * that binds every socket to the communicator and the listen instance. Nothing here ever
+ * blocks: every step is retried by NCCL's next call. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/agoq_check.h"
+#include "transport/tcp/agoq_tcp.h"
+
+#define AGOQ_CONNECT_MAGIC 0x4e4e4341u /* "ACNN" */
+#define AGOQ_ACCEPT_BURST 128          /* new sockets taken per accept call */
+
+int64_t agoq_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t agoq_random_u64(void) {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+    /* getrandom only fails before the entropy pool is ready; mix what we have. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    v = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 16) ^ (uintptr_t)&v;
+  }
+  return v;
+}
+
+static void agoq_setsockopt_int(int fd, int level, int opt, int value, const char* name) {
+  /* Socket options tune, they do not decide correctness: a refused one is logged only. */
+  if (setsockopt(fd, level, opt, &value, sizeof value) != 0)
+    AGOQ_INFO(NCCL_NET, "setsockopt(%s=%d) failed: %s", name, value, strerror(errno));
+}
+
+static void agoq_socket_tune_buffers(int fd) {
+  if (agoq_config.sndbuf > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_SNDBUF, agoq_config.sndbuf, "SO_SNDBUF");
+  if (agoq_config.rcvbuf > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, agoq_config.rcvbuf, "SO_RCVBUF");
+}
+
+ncclResult_t agoq_socket_configure(int fd, const char* peer) {
+  (void)peer;
+  agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
+  if (agoq_config.keepalive_s > 0) {
+    agoq_setsockopt_int(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
+    agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_KEEPIDLE, agoq_config.keepalive_s, "TCP_KEEPIDLE");
+    agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_KEEPINTVL, 2, "TCP_KEEPINTVL");
+    agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_KEEPCNT, 5, "TCP_KEEPCNT");
+  }
+  if (agoq_config.timeout_s > 0)
+    agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, agoq_config.timeout_s * 1000, "TCP_USER_TIMEOUT");
+  return ncclSuccess;
+}
+
+/* ---- comms ------------------------------------------------------------------------ */
+
+ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int* data_fds, unsigned nsocks,
+                                  const char* peer, agoq_tp_conn** out) {
+  ncclResult_t res = ncclSuccess;
+  agoq_tp_conn* comm = NULL;
+  AGOQ_CALLOC_GOTO(comm, 1, res, fail);
+  comm->magic = is_send ? AGOQ_TCP_SEND_MAGIC : AGOQ_TCP_RECV_MAGIC;
+  comm->is_send = is_send;
+  comm->dev = dev;
+  comm->ctrl_fd = ctrl_fd;
+  comm->nsocks = nsocks;
+  comm->inline_max = agoq_config.inline_max;
+  comm->min_chunk = agoq_config.min_chunk;
+  atomic_init(&comm->error, ncclSuccess);
+  snprintf(comm->peer, sizeof comm->peer, "%s", peer);
+  if (!is_send) AGOQ_CALLOC_GOTO(comm->rx_buf, AGOQ_RX_BUF_SIZE, res, fail);
+  AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
+  for (unsigned i = 0; i < nsocks; i++) comm->streams[i].fd = -1;
+  AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, peer), res, fail);
+  for (unsigned i = 0; i < nsocks; i++) {
+    agoq_stream* s = &comm->streams[i];
+    s->fd = data_fds[i];
+    s->is_send = is_send;
+    s->comm_error = &comm->error;
+    s->peer = comm->peer;
+    atomic_init(&s->head, 0);
+    atomic_init(&s->tail, 0);
+    AGOQ_CHECK_GOTO(agoq_socket_configure(s->fd, peer), res, fail);
+    AGOQ_CHECK_GOTO(agoq_progress_attach(s), res, fail);
+  }
+  *out = comm;
+  return ncclSuccess;
+fail:
+  if (comm != NULL) {
+    agoq_tcp_conn_destroy(comm);
+  } else {
+    /* The fds were handed to us: close them even when the comm never existed. */
+    close(ctrl_fd);
+    for (unsigned i = 0; i < nsocks; i++) close(data_fds[i]);
+  }
+  return res;
+}
+
+void agoq_tcp_conn_destroy(agoq_tp_conn* comm) {
+  if (comm->streams != NULL) {
+    for (unsigned i = 0; i < comm->nsocks; i++) {
+      agoq_stream* s = &comm->streams[i];
+      agoq_progress_detach(s); /* after this no worker touches the stream or its pieces */
+      if (s->fd >= 0) close(s->fd);
+    }
+    free(comm->streams);
+  }
+  if (comm->ctrl_fd >= 0) close(comm->ctrl_fd);
+  free(comm->rx_buf);
+  comm->magic = 0;
+  free(comm);
+}
+
+/* ---- listen ------------------------------------------------------------------------ */
+
+ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** listen_comm) {
+  ncclResult_t res = ncclSuccess;
+  agoq_tp_listen* lc = NULL;
+  AGOQ_ARG_CHECK(handle != NULL && listen_comm != NULL, res, fail);
+  AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_config.nifs, res, fail);
+  *listen_comm = NULL;
+  AGOQ_CALLOC_GOTO(lc, 1, res, fail);
+  lc->magic = AGOQ_LISTEN_MAGIC;
+  lc->dev = dev;
+  lc->fd = -1;
+  lc->comm_id = comm_id;
+  lc->nonce = agoq_random_u64();
+  AGOQ_CALLOC_GOTO(lc->pending, agoq_config.max_pending, res, fail);
+
+  const agoq_netif* nif = &agoq_config.ifs[dev];
+  struct sockaddr_storage addr = nif->addr;
+  socklen_t addr_len = nif->addr_len;
+  lc->fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  AGOQ_SYSCHECK_GOTO(lc->fd, "socket", res, fail);
+  agoq_socket_tune_buffers(lc->fd); /* accepted sockets inherit the buffer sizes */
+  /* Listen on the chosen interface's address only, never on all interfaces. */
+  AGOQ_SYSCHECK_GOTO(bind(lc->fd, (struct sockaddr*)&addr, addr_len), "bind", res, fail);
+  AGOQ_SYSCHECK_GOTO(listen(lc->fd, agoq_config.max_pending), "listen", res, fail);
+  AGOQ_SYSCHECK_GOTO(getsockname(lc->fd, (struct sockaddr*)&addr, &addr_len), "getsockname", res, fail);
+  agoq_sockaddr_str((struct sockaddr*)&addr, lc->addr, sizeof lc->addr);
+
+  agoq_handle h = {.addr = addr, .addr_len = addr_len, .comm_id = comm_id, .nonce = lc->nonce,
+                   .nsocks = (uint16_t)agoq_config.nsocks};
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  agoq_handle_encode(&h, handle);
+  AGOQ_INFO(NCCL_NET, "listening on %s (dev %d)", lc->addr, dev);
+  *listen_comm = lc;
+  return ncclSuccess;
+fail:
+  if (lc != NULL) {
+    if (lc->fd >= 0) close(lc->fd);
+    free(lc->pending);
+    free(lc);
+  }
+  return res;
+}
+
+static void agoq_group_free(agoq_conn_group* g) {
+  for (unsigned i = 0; i <= g->nsocks; i++)
+    if (g->fds[i] >= 0) close(g->fds[i]);
+  free(g);
+}
+
+ncclResult_t agoq_tcp_close_listen(agoq_tp_listen* listen_comm) {
+  agoq_tp_listen* lc = listen_comm;
+  if (lc == NULL) return ncclSuccess;
+  if (lc->magic != AGOQ_LISTEN_MAGIC) {
+    AGOQ_WARN("closeListen: not an agoq listen comm (%p)", listen_comm);
+    return ncclInternalError;
+  }
+  for (int i = 0; i < lc->npending; i++) close(lc->pending[i].fd);
+  while (lc->groups != NULL) {
+    agoq_conn_group* g = lc->groups;
+    lc->groups = g->next;
+    agoq_group_free(g);
+  }
+  close(lc->fd);
+  free(lc->pending);
+  lc->magic = 0;
+  free(lc);
+  return ncclSuccess;
+}
+
+/* ---- connect ----------------------------------------------------------------------- */
+
+typedef struct {
+  uint32_t magic;
+  int dev;
+  agoq_handle target;
+  unsigned nsocks;
+  int fds[AGOQ_WIRE_MAX_DATA_SOCKS + 1];
+  bool connected[AGOQ_WIRE_MAX_DATA_SOCKS + 1];
+  uint8_t hello[AGOQ_WIRE_MAX_DATA_SOCKS + 1][AGOQ_HELLO_SIZE];
+  size_t sent[AGOQ_WIRE_MAX_DATA_SOCKS + 1];
+  uint8_t ack[AGOQ_ACK_SIZE];
+  size_t ack_got;
+  char peer[64];
+} agoq_connect_state;
+
+static agoq_connect_state** agoq_handle_state_slot(void* handle) {
+  return (agoq_connect_state**)((uint8_t*)handle + AGOQ_HANDLE_STATE_OFFSET);
+}
+
+static void agoq_connect_state_free(agoq_connect_state* st) {
+  for (unsigned i = 0; i <= st->nsocks; i++)
+    if (st->fds[i] >= 0) close(st->fds[i]);
+  st->magic = 0;
+  free(st);
+}
+
+static ncclResult_t agoq_connect_start(uint64_t comm_id, int dev, const void* handle, agoq_connect_state** out) {
+  ncclResult_t res = ncclSuccess;
+  agoq_connect_state* st = NULL;
+  agoq_handle h;
+  agoq_wire_status ws = agoq_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, &h);
+  if (ws != AGOQ_WIRE_OK) {
+    AGOQ_WARN("connect: invalid handle (%s); was it produced by agoq's listen?", agoq_wire_status_str(ws));
+    return ncclInvalidUsage;
+  }
+  if (h.comm_id != comm_id) {
+    AGOQ_WARN("connect: handle belongs to communicator %016llx, this is %016llx",
+              (unsigned long long)h.comm_id, (unsigned long long)comm_id);
+    return ncclInvalidUsage;
+  }
+  AGOQ_CALLOC_GOTO(st, 1, res, fail);
+  st->magic = AGOQ_CONNECT_MAGIC;
+  st->dev = dev;
+  st->target = h;
+  st->nsocks = h.nsocks;
+  for (unsigned i = 0; i <= AGOQ_WIRE_MAX_DATA_SOCKS; i++) st->fds[i] = -1;
+  agoq_sockaddr_str((struct sockaddr*)&h.addr, st->peer, sizeof st->peer);
+  uint64_t conn_id = agoq_random_u64();
+  for (unsigned i = 0; i <= st->nsocks; i++) {
+    int fd = socket(h.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    AGOQ_SYSCHECK_GOTO(fd, "socket", res, fail);
+    st->fds[i] = fd;
+    agoq_socket_tune_buffers(fd); /* before connect, so the window scale is negotiated for it */
+    if (connect(fd, (struct sockaddr*)&h.addr, h.addr_len) != 0 && errno != EINPROGRESS) {
+      AGOQ_WARN("connect to %s failed: %s", st->peer, strerror(errno));
+      res = ncclSystemError;
+      goto fail;
+    }
+    agoq_hello hello = {.comm_id = comm_id, .nonce = h.nonce, .conn_id = conn_id,
+                        .sock_index = (uint8_t)i, .nsocks = (uint8_t)st->nsocks};
+    agoq_hello_encode(&hello, st->hello[i]);
+  }
+  *out = st;
+  return ncclSuccess;
+fail:
+  if (st != NULL) agoq_connect_state_free(st);
+  return res;
+}
+
+/* One non-blocking step of every socket; *ready when the peer acknowledged. */
+static ncclResult_t agoq_connect_step(agoq_connect_state* st, bool* ready) {
+  *ready = false;
+  bool all_sent = true;
+  for (unsigned i = 0; i <= st->nsocks; i++) {
+    if (!st->connected[i]) {
+      struct pollfd pfd = {.fd = st->fds[i], .events = POLLOUT};
+      if (poll(&pfd, 1, 0) <= 0) {
+        all_sent = false;
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (getsockopt(st->fds[i], SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      if (err != 0) {
+        AGOQ_WARN("connect to %s failed: %s", st->peer, strerror(err));
+        return ncclSystemError;
+      }
+      st->connected[i] = true;
+    }
+    while (st->sent[i] < AGOQ_HELLO_SIZE) {
+      ssize_t n = send(st->fds[i], st->hello[i] + st->sent[i], AGOQ_HELLO_SIZE - st->sent[i],
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        st->sent[i] += (size_t)n;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        break;
+      } else {
+        AGOQ_WARN("handshake with %s failed: %s", st->peer, n < 0 ? strerror(errno) : "connection closed");
+        return ncclRemoteError;
+      }
+    }
+    all_sent &= st->sent[i] == AGOQ_HELLO_SIZE;
+  }
+  if (!all_sent) return ncclSuccess;
+  while (st->ack_got < AGOQ_ACK_SIZE) {
+    ssize_t n = recv(st->fds[0], st->ack + st->ack_got, AGOQ_ACK_SIZE - st->ack_got, MSG_DONTWAIT);
+    if (n > 0) {
+      st->ack_got += (size_t)n;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      return ncclSuccess;
+    } else {
+      AGOQ_WARN("peer %s closed the connection during the handshake (it rejected us: wrong communicator, "
+                "stale handle, or it is not an agoq listener)", st->peer);
+      return ncclRemoteError;
+    }
+  }
+  agoq_ack_status status;
+  agoq_wire_status ws = agoq_ack_decode(st->ack, AGOQ_ACK_SIZE, &status);
+  if (ws != AGOQ_WIRE_OK || status != AGOQ_ACK_ACCEPTED) {
+    AGOQ_WARN("peer %s rejected the connection (%s)", st->peer,
+              ws != AGOQ_WIRE_OK ? agoq_wire_status_str(ws) : "handshake refused");
+    return ncclRemoteError;
+  }
+  *ready = true;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** send_comm) {
+  ncclResult_t res = ncclSuccess;
+  AGOQ_ARG_CHECK(handle != NULL && send_comm != NULL, res, out);
+  AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_config.nifs, res, out);
+  *send_comm = NULL;
+  /* NCCL calls again with the same handle buffer until we return a comm: our progress
+   * lives behind a pointer in the part of the handle the listener left zero. */
+  agoq_connect_state** slot = agoq_handle_state_slot(handle);
+  agoq_connect_state* st = *slot;
+  if (st != NULL && st->magic != AGOQ_CONNECT_MAGIC) {
+    AGOQ_WARN("connect: corrupted handle state");
+    return ncclInternalError;
+  }
+  if (st == NULL) {
+    AGOQ_CHECK_GOTO(agoq_connect_start(comm_id, dev, handle, &st), res, out);
+    *slot = st;
+  }
+  bool ready;
+  AGOQ_CHECK_GOTO(agoq_connect_step(st, &ready), res, fail);
+  if (!ready) return ncclSuccess;
+  agoq_tp_conn* comm;
+  *slot = NULL;
+  res = agoq_tcp_conn_create(true, dev, st->fds[0], st->fds + 1, st->nsocks, st->peer, &comm);
+  /* The fds now belong to the comm (or were closed by a failed create). */
+  for (unsigned i = 0; i <= st->nsocks; i++) st->fds[i] = -1;
+  agoq_connect_state_free(st);
+  if (res != ncclSuccess) return res;
+  AGOQ_INFO(NCCL_NET, "connected to %s with %u data sockets (dev %d)", comm->peer, comm->nsocks, dev);
+  *send_comm = comm;
+  return ncclSuccess;
+fail:
+  *slot = NULL;
+  agoq_connect_state_free(st);
+out:
+  return res;
+}
+
+void agoq_tcp_connect_abort(void* handle) {
+  if (handle == NULL) return;
+  agoq_connect_state** slot = agoq_handle_state_slot(handle);
+  agoq_connect_state* st = *slot;
+  *slot = NULL;
+  if (st != NULL && st->magic == AGOQ_CONNECT_MAGIC) agoq_connect_state_free(st);
+}
+
+/* ---- accept ------------------------------------------------------------------------ */
+
+static void agoq_pending_drop(agoq_tp_listen* lc, int index, bool close_fd) {
+  if (close_fd) close(lc->pending[index].fd);
+  lc->pending[index] = lc->pending[--lc->npending];
+}
+
+static void agoq_listen_take_new(agoq_tp_listen* lc) {
+  for (int burst = 0; burst < AGOQ_ACCEPT_BURST; burst++) {
+    struct sockaddr_storage peer;
+    socklen_t peer_len = sizeof peer;
+    int fd = accept4(lc->fd, (struct sockaddr*)&peer, &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+        AGOQ_INFO(NCCL_NET, "accept on %s: %s", lc->addr, strerror(errno));
+      return;
+    }
+    if (lc->npending == agoq_config.max_pending) {
+      /* A flood must not lock real peers out: the oldest unidentified connection goes. */
+      int oldest = 0;
+      for (int i = 1; i < lc->npending; i++)
+        if (lc->pending[i].deadline_ms < lc->pending[oldest].deadline_ms) oldest = i;
+      AGOQ_INFO(NCCL_NET, "listen %s: %d connections without handshake, dropping the oldest (%s)", lc->addr,
+                lc->npending, lc->pending[oldest].peer);
+      agoq_pending_drop(lc, oldest, true);
+    }
+    agoq_pending_sock* p = &lc->pending[lc->npending++];
+    memset(p, 0, sizeof *p);
+    p->fd = fd;
+    p->deadline_ms = agoq_now_ms() + agoq_config.handshake_timeout_ms;
+    agoq_sockaddr_str((struct sockaddr*)&peer, p->peer, sizeof p->peer);
+  }
+}
+
+static void agoq_send_reject(int fd) {
+  uint8_t ack[AGOQ_ACK_SIZE];
+  agoq_ack_encode(AGOQ_ACK_REJECTED, ack);
+  ssize_t ignored = send(fd, ack, sizeof ack, MSG_DONTWAIT | MSG_NOSIGNAL);
+  (void)ignored;
+}
+
+/* Places a validated socket into its connection group; false if it contradicts the group. */
+static bool agoq_group_add(agoq_tp_listen* lc, const agoq_hello* h, int fd, const char* peer) {
+  agoq_conn_group* g = lc->groups;
+  while (g != NULL && g->conn_id != h->conn_id) g = g->next;
+  if (g == NULL) {
+    if (lc->ngroups >= agoq_config.max_pending) return false;
+    g = calloc(1, sizeof *g);
+    if (g == NULL) return false;
+    g->conn_id = h->conn_id;
+    g->nsocks = h->nsocks;
+    for (unsigned i = 0; i <= AGOQ_WIRE_MAX_DATA_SOCKS; i++) g->fds[i] = -1;
+    g->deadline_ms = agoq_now_ms() + agoq_config.handshake_timeout_ms;
+    snprintf(g->peer, sizeof g->peer, "%s", peer);
+    g->next = lc->groups;
+    lc->groups = g;
+    lc->ngroups++;
+  }
+  if (g->nsocks != h->nsocks || g->fds[h->sock_index] >= 0) return false;
+  g->fds[h->sock_index] = fd;
+  g->have++;
+  return true;
+}
+
+/* Reads handshakes of pending sockets; moves valid ones into groups, drops the rest. */
+static void agoq_listen_read_hellos(agoq_tp_listen* lc) {
+  int64_t now = agoq_now_ms();
+  for (int i = 0; i < lc->npending;) {
+    agoq_pending_sock* p = &lc->pending[i];
+    ssize_t n = recv(p->fd, p->hello + p->got, AGOQ_HELLO_SIZE - p->got, MSG_DONTWAIT);
+    if (n > 0) p->got += (size_t)n;
+    const char* reject = NULL;
+    if (n == 0) {
+      reject = "closed before completing the handshake";
+    } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      reject = strerror(errno);
+    } else if (p->got > 0 && agoq_hello_check_prefix(p->hello, p->got) != AGOQ_WIRE_OK) {
+      reject = agoq_wire_status_str(agoq_hello_check_prefix(p->hello, p->got));
+    } else if (p->got < AGOQ_HELLO_SIZE) {
+      if (now < p->deadline_ms) {
+        i++;
+        continue;
+      }
+      reject = "handshake timed out";
+    }
+    agoq_hello h;
+    if (reject == NULL) {
+      agoq_wire_status ws = agoq_hello_decode(p->hello, AGOQ_HELLO_SIZE, &h);
+      if (ws != AGOQ_WIRE_OK) reject = agoq_wire_status_str(ws);
+      else if (h.comm_id != lc->comm_id) reject = "wrong communicator id";
+      else if (h.nonce != lc->nonce) reject = "stale or foreign listen handle (nonce mismatch)";
+      else if (!agoq_group_add(lc, &h, p->fd, p->peer)) reject = "inconsistent connection sockets";
+      if (reject != NULL && ws == AGOQ_WIRE_OK && h.sock_index == 0) agoq_send_reject(p->fd);
+    }
+    if (reject != NULL) AGOQ_WARN("listen %s: rejected connection from %s: %s", lc->addr, p->peer, reject);
+    agoq_pending_drop(lc, i, reject != NULL); /* the fd moved into a group, or is closed */
+  }
+}
+
+/* Returns a complete group (unlinked) or NULL; expires stale incomplete ones. */
+static agoq_conn_group* agoq_listen_take_group(agoq_tp_listen* lc) {
+  int64_t now = agoq_now_ms();
+  for (agoq_conn_group** pp = &lc->groups; *pp != NULL;) {
+    agoq_conn_group* g = *pp;
+    bool complete = g->have == g->nsocks + 1;
+    if (complete || now >= g->deadline_ms) {
+      *pp = g->next;
+      lc->ngroups--;
+      if (complete) return g;
+      AGOQ_WARN("listen %s: connection from %s sent %u of %u sockets before timing out", lc->addr, g->peer,
+                g->have, g->nsocks + 1);
+      agoq_group_free(g);
+      continue;
+    }
+    pp = &g->next;
+  }
+  return NULL;
+}
+
+ncclResult_t agoq_tcp_accept(agoq_tp_listen* listen_comm, agoq_tp_conn** recv_comm) {
+  ncclResult_t res = ncclSuccess;
+  agoq_tp_listen* lc = listen_comm;
+  AGOQ_ARG_CHECK(lc != NULL && lc->magic == AGOQ_LISTEN_MAGIC && recv_comm != NULL, res, out);
+  *recv_comm = NULL;
+  agoq_listen_take_new(lc);
+  agoq_listen_read_hellos(lc);
+  agoq_conn_group* g = agoq_listen_take_group(lc);
+  if (g == NULL) return ncclSuccess;
+
+  uint8_t ack[AGOQ_ACK_SIZE];
+  agoq_ack_encode(AGOQ_ACK_ACCEPTED, ack);
+  /* 8 bytes into a fresh socket's empty send buffer cannot be short. */
+  if (send(g->fds[0], ack, sizeof ack, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof ack) {
+    AGOQ_WARN("listen %s: peer %s vanished during the handshake", lc->addr, g->peer);
+    agoq_group_free(g);
+    return ncclSuccess; /* the listener keeps serving; the peer's connect reports the failure */
+  }
+  agoq_tp_conn* comm;
+  res = agoq_tcp_conn_create(false, lc->dev, g->fds[0], g->fds + 1, g->nsocks, g->peer, &comm);
+  free(g); /* the fds belong to the comm now (or were closed by the failed create) */
+  if (res != ncclSuccess) goto out;
+  lc->accepted++;
+  AGOQ_INFO(NCCL_NET, "accepted connection from %s with %u data sockets on %s", comm->peer, comm->nsocks, lc->addr);
+  *recv_comm = comm;
+out:
+  return res;
+}
