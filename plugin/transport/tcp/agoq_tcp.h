@@ -129,6 +129,7 @@ struct agoq_tp_conn {
    * takes in several headers and the small payloads behind them). */
   uint8_t* rx_buf;
   size_t rx_off, rx_len;
+  bool rx_last_large;     /* the last message's payload went straight to its destination */
   agoq_xfer* rx_inline;   /* inline payload being read, if any */
   int rx_inline_slot;
   uint8_t* rx_inline_dst;

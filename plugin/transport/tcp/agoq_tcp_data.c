@@ -21,6 +21,13 @@
 /* An inline payload smaller than this is read into the read-ahead buffer and copied out
  * (one recv for many small messages); a larger one goes straight to its destination. */
 #define AGOQ_RX_DIRECT_MIN (16u << 10)
+/* Read-ahead behind a payload read straight into its destination, and for the header after
+ * such a payload: enough for the next header and a few small messages in the same recv,
+ * little enough that a large next payload mostly goes straight to its place too. Measured
+ * on loopback (2 vCPUs, 8 in flight): 4 KiB gives 2 MiB messages 7.2-7.6 GB/s; 32 B (the
+ * header alone) 5.0-5.3; 64 KiB the same rate as 4 KiB but 128 KiB messages copy half their
+ * bytes through the buffer. */
+#define AGOQ_RX_AHEAD_LARGE (4u << 10)
 
 static bool agoq_would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 
@@ -171,9 +178,9 @@ static ncclResult_t agoq_recv_dispatch(agoq_tp_conn* c, agoq_xfer* x, const agoq
 }
 
 /* Moves the current inline payload's bytes: first what the read-ahead buffer holds, then
- * from the socket, straight into the destination when large, with the read-ahead buffer
- * behind it in the same recvmsg so the next headers come along. Returns 1 when the
- * payload is complete, 0 when the socket ran dry, -1 on failure. */
+ * from the socket, straight into the destination when large, with AGOQ_RX_AHEAD_LARGE of
+ * read-ahead behind it in the same recvmsg (the next header comes along). Returns 1 when
+ * the payload is complete, 0 when the socket ran dry, -1 on failure. */
 static int agoq_recv_inline(agoq_tp_conn* c) {
   size_t total = c->rx_inline->size[c->rx_inline_slot];
   uint8_t* dst = c->rx_inline_dst;
@@ -191,7 +198,7 @@ static int agoq_recv_inline(agoq_tp_conn* c) {
     struct iovec iov[2];
     int niov = 0;
     if (want >= AGOQ_RX_DIRECT_MIN) iov[niov++] = (struct iovec){dst + c->rx_inline_got, want};
-    iov[niov++] = (struct iovec){c->rx_buf, AGOQ_RX_BUF_SIZE};
+    iov[niov++] = (struct iovec){c->rx_buf, niov ? AGOQ_RX_AHEAD_LARGE : AGOQ_RX_BUF_SIZE};
     ssize_t n = agoq_ctrl_readv(c, iov, niov);
     if (n <= 0) return (int)n;
     if (niov == 2) {
@@ -221,12 +228,15 @@ static ncclResult_t agoq_recv_progress(agoq_tp_conn* c) {
     agoq_xfer* x = agoq_fifo_at(&c->ctrl_fifo, 0);
     if (x == NULL) return ncclSuccess; /* nothing posted: leave the bytes in the socket */
     if (c->rx_len - c->rx_off < AGOQ_MSG_HDR_SIZE) {
-      /* Keep the partial header, make room behind it, read what the socket has. */
+      /* Keep the partial header, make room behind it, read what the socket has: after a
+       * large message little beyond the header (the next payload is likely large too and
+       * should go straight to its destination, not through this buffer), else as much as
+       * fits (a burst of small messages in one recv). */
       size_t keep = c->rx_len - c->rx_off;
       memmove(c->rx_buf, c->rx_buf + c->rx_off, keep);
       c->rx_off = 0;
       c->rx_len = keep;
-      struct iovec iov = {c->rx_buf + keep, AGOQ_RX_BUF_SIZE - keep};
+      struct iovec iov = {c->rx_buf + keep, (c->rx_last_large ? AGOQ_RX_AHEAD_LARGE : AGOQ_RX_BUF_SIZE) - keep};
       ssize_t n = agoq_ctrl_readv(c, &iov, 1);
       if (n < 0) return (ncclResult_t)atomic_load(&c->error);
       if (n == 0) return ncclSuccess;
@@ -239,6 +249,7 @@ static ncclResult_t agoq_recv_progress(agoq_tp_conn* c) {
     if (ws != AGOQ_WIRE_OK) return agoq_recv_protocol_error(c, ncclSystemError, "corrupt message header");
     if (hdr.seq != c->seq) return agoq_recv_protocol_error(c, ncclSystemError, "message out of sequence");
     c->seq++;
+    c->rx_last_large = hdr.size >= AGOQ_RX_DIRECT_MIN;
     AGOQ_CHECK(agoq_recv_dispatch(c, x, &hdr));
   }
 }

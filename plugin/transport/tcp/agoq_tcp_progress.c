@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -20,6 +21,9 @@
 #define AGOQ_STREAM_PASS_BUDGET (4u << 20)
 /* A sleeping worker wakes this often even without events, as a safety net. */
 #define AGOQ_WORKER_POLL_MS 200
+/* While the comm's own thread moves one of its streams (assist), the worker does not spin
+ * on it: it looks again after this long, or earlier when another stream can move. */
+#define AGOQ_WORKER_ASSIST_POLL_MS 1
 
 typedef struct agoq_worker {
   pthread_t thread;
@@ -119,7 +123,7 @@ bool agoq_stream_assist(agoq_stream* s, size_t budget) {
   return progressed;
 }
 
-static void agoq_worker_sleep(agoq_worker* w, int npoll, uint64_t seen_posts) {
+static void agoq_worker_sleep(agoq_worker* w, int npoll, uint64_t seen_posts, int timeout_ms) {
   atomic_store(&w->sleeping, true);
   /* A post between our pass and here must not be slept through: the producer bumps
    * `posts` before reading `sleeping`, we set `sleeping` before re-reading `posts`. */
@@ -127,7 +131,7 @@ static void agoq_worker_sleep(agoq_worker* w, int npoll, uint64_t seen_posts) {
     w->pfds[npoll].fd = w->wake_fd;
     w->pfds[npoll].events = POLLIN;
     w->pfds[npoll].revents = 0;
-    int rc = poll(w->pfds, (nfds_t)npoll + 1, AGOQ_WORKER_POLL_MS);
+    int rc = poll(w->pfds, (nfds_t)npoll + 1, timeout_ms);
     if (rc > 0 && (w->pfds[npoll].revents & POLLIN)) {
       uint64_t drain;
       ssize_t ignored = read(w->wake_fd, &drain, sizeof drain);
@@ -141,7 +145,7 @@ static void* agoq_worker_main(void* arg) {
   agoq_worker* w = arg;
   while (!atomic_load(&w->stop)) {
     uint64_t seen_posts = atomic_load(&w->posts);
-    bool progressed = false;
+    bool progressed = false, assisted = false;
     int npoll = 0;
     pthread_mutex_lock(&w->mu);
     if (w->pfds_cap < w->nstreams + 1) {
@@ -154,7 +158,7 @@ static void* agoq_worker_main(void* arg) {
     }
     for (agoq_stream* s = w->streams; s != NULL; s = s->next) {
       if (!agoq_stream_try_own(s)) {
-        progressed = true; /* the comm's thread is on it right now: look again soon */
+        assisted = true; /* the comm's thread is on it right now: look again soon */
         continue;
       }
       bool blocked;
@@ -168,7 +172,8 @@ static void* agoq_worker_main(void* arg) {
       }
     }
     pthread_mutex_unlock(&w->mu);
-    if (!progressed && w->pfds_cap > 0) agoq_worker_sleep(w, npoll, seen_posts);
+    if (!progressed && w->pfds_cap > 0)
+      agoq_worker_sleep(w, npoll, seen_posts, assisted ? AGOQ_WORKER_ASSIST_POLL_MS : AGOQ_WORKER_POLL_MS);
   }
   return NULL;
 }
@@ -269,6 +274,12 @@ static int agoq_worker_start(agoq_worker* w, int index) {
     rc = pthread_create(&w->thread, NULL, agoq_worker_main, w);
   }
   if (use != NULL) pthread_attr_destroy(use);
+  if (rc == 0) {
+    /* Named, so top and perf tell the transport's threads from NCCL's and CollNet's. */
+    char name[16];
+    snprintf(name, sizeof name, "agoq-tcp-%d", index % 1000);
+    (void)pthread_setname_np(w->thread, name);
+  }
   if (rc == 0 && w->numa >= 0) {
     char list[AGOQ_TOPO_CPUS_LEN];
     AGOQ_INFO(NCCL_INIT | NCCL_NET, "progress thread %d pinned to NUMA node %d, cpus %s", index, w->numa,
