@@ -74,6 +74,12 @@ size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n) {
 
 agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src, size_t n,
                                     bool payload_crc, void* out, size_t cap, size_t* frame_len) {
+  return agoq_frame_encode_mt(p, src, n, payload_crc, out, cap, frame_len, 1);
+}
+
+agoq_codec_status agoq_frame_encode_mt(const agoq_codec_params* p, const void* src, size_t n,
+                                       bool payload_crc, void* out, size_t cap, size_t* frame_len,
+                                       int nthreads) {
   if (agoq_codec_params_check(p) != AGOQ_CODEC_OK || frame_len == NULL || n > AGOQ_FRAME_MAX_COUNT ||
       (src == NULL && n != 0))
     return AGOQ_CODEC_EARG;
@@ -82,7 +88,8 @@ agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src,
   uint8_t* body = h + AGOQ_FRAME_HEADER_SIZE;
   size_t body_len = 0, escaped = 0;
   agoq_codec_status st =
-      agoq_quantize(p, src, n, body, cap - AGOQ_FRAME_HEADER_SIZE, &body_len, &escaped);
+      nthreads > 1 ? agoq_quantize_mt(p, src, n, body, cap - AGOQ_FRAME_HEADER_SIZE, &body_len, &escaped, nthreads)
+                   : agoq_quantize(p, src, n, body, cap - AGOQ_FRAME_HEADER_SIZE, &body_len, &escaped);
   if (st != AGOQ_CODEC_OK) return st;
   if (escaped > UINT32_MAX) return AGOQ_CODEC_EARG; /* the header field is 32 bits */
   bool none = p->format == AGOQ_FORMAT_NONE;
@@ -196,6 +203,11 @@ agoq_codec_status agoq_frame_parse(const void* buf, size_t len, agoq_frame_info*
 
 agoq_codec_status agoq_frame_decode(const void* buf, size_t len, agoq_dtype out, void* dst,
                                     size_t dst_count) {
+  return agoq_frame_decode_mt(buf, len, out, dst, dst_count, 1);
+}
+
+agoq_codec_status agoq_frame_decode_mt(const void* buf, size_t len, agoq_dtype out, void* dst,
+                                       size_t dst_count, int nthreads) {
   agoq_frame_info info;
   const void* body;
   if ((unsigned)out >= AGOQ_DTYPE_COUNT || (dst == NULL && dst_count != 0)) return AGOQ_CODEC_EARG;
@@ -203,16 +215,25 @@ agoq_codec_status agoq_frame_decode(const void* buf, size_t len, agoq_dtype out,
   if (st != AGOQ_CODEC_OK) return st;
   /* The receiver knows how many elements it expects; a frame that says otherwise is bad. */
   if (info.count != (uint64_t)dst_count) return AGOQ_CODEC_ECORRUPT;
+  if (nthreads > 1)
+    return agoq_dequantize_mt(&info.params, body, (size_t)info.payload_len, dst_count, out, dst, nthreads);
   return agoq_dequantize(&info.params, body, (size_t)info.payload_len, dst_count, out, dst);
 }
 
 agoq_codec_status agoq_frame_decode_accumulate(const void* buf, size_t len, float* acc,
                                                size_t acc_count) {
+  return agoq_frame_decode_accumulate_mt(buf, len, acc, acc_count, 1);
+}
+
+agoq_codec_status agoq_frame_decode_accumulate_mt(const void* buf, size_t len, float* acc,
+                                                  size_t acc_count, int nthreads) {
   agoq_frame_info info;
   const void* body;
   if (acc == NULL && acc_count != 0) return AGOQ_CODEC_EARG;
   agoq_codec_status st = agoq_frame_parse(buf, len, &info, &body);
   if (st != AGOQ_CODEC_OK) return st;
   if (info.count != (uint64_t)acc_count) return AGOQ_CODEC_ECORRUPT;
+  if (nthreads > 1)
+    return agoq_dequantize_accumulate_mt(&info.params, body, (size_t)info.payload_len, acc_count, acc, nthreads);
   return agoq_dequantize_accumulate(&info.params, body, (size_t)info.payload_len, acc_count, acc);
 }

@@ -86,6 +86,16 @@ agoq_codec_status agoq_frame_decode(const void* buf, size_t len, agoq_dtype out,
 agoq_codec_status agoq_frame_decode_accumulate(const void* buf, size_t len, float* acc,
                                                size_t acc_count);
 
+/* The same on up to nthreads threads (agoq_codec.h's *_mt: the same bits by construction;
+ * 1 or less = the calling thread only). The CRCs run on the calling thread. */
+agoq_codec_status agoq_frame_encode_mt(const agoq_codec_params* p, const void* src, size_t n,
+                                       bool payload_crc, void* out, size_t cap, size_t* frame_len,
+                                       int nthreads);
+agoq_codec_status agoq_frame_decode_mt(const void* buf, size_t len, agoq_dtype out, void* dst,
+                                       size_t dst_count, int nthreads);
+agoq_codec_status agoq_frame_decode_accumulate_mt(const void* buf, size_t len, float* acc,
+                                                  size_t acc_count, int nthreads);
+
 #ifdef __cplusplus
 }
 #endif

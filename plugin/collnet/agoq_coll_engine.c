@@ -11,12 +11,15 @@
  * Each connection's operations are posted in chunk order on every rank, which is what the
  * net core's in-order matching needs; the pipeline depth is AGOQ_COLL_SLOTS chunks.
  */
+#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
@@ -380,6 +383,56 @@ static void agoq_engine_abort(agoq_coll_comm* g, ncclResult_t res) {
   }
 }
 
+/* Yields before the engine sleeps on its connections. */
+#define AGOQ_ENGINE_SPINS 16
+/* Sleep while progress is made where no descriptor announces it (pieces moved by the
+ * transport's progress threads): as short as the old nap. */
+#define AGOQ_ENGINE_NAP_NS 20000
+/* Longest sleep when descriptors cover everything awaited: a safety net only; a peer's
+ * bytes, a new request and stop all wake the engine at once. */
+#define AGOQ_ENGINE_SLEEP_NS 10000000
+
+void agoq_coll_engine_wake(agoq_coll_comm* g) {
+  if (!atomic_load(&g->sleeping)) return;
+  uint64_t one = 1;
+  ssize_t ignored = write(g->wake_fd, &one, sizeof one);
+  (void)ignored;
+}
+
+/* Sleeps until a connection the engine waits on can move bytes, a request arrives, stop,
+ * or the timeout. */
+static void agoq_engine_sleep(agoq_coll_comm* g) {
+  int np = 0;
+  bool hidden = false;
+  g->pfds[np++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
+  for (int j = 0; j < g->nranks; j++) {
+    if (j == g->rank) continue;
+    for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
+      if (agoq_cq(g, j, kind)->count == 0) continue;
+      void* comm = kind == AGOQ_CQ_P1S ? g->send[0][j]
+                   : kind == AGOQ_CQ_P2S ? g->send[1][j]
+                   : kind == AGOQ_CQ_P1R ? g->recv[0][j]
+                                         : g->recv[1][j];
+      np += agoq_net_wait_fds(comm, g->pfds + np, g->pfds_cap - np, &hidden);
+    }
+  }
+  atomic_store(&g->sleeping, true);
+  /* A request queued before `sleeping` was set is seen here; one queued after it writes
+   * the eventfd. */
+  pthread_mutex_lock(&g->mu);
+  bool wake = g->q_head != NULL || g->stop;
+  pthread_mutex_unlock(&g->mu);
+  if (!wake) {
+    struct timespec ts = {0, hidden ? AGOQ_ENGINE_NAP_NS : AGOQ_ENGINE_SLEEP_NS};
+    if (ppoll(g->pfds, (nfds_t)np, &ts, NULL) > 0 && (g->pfds[0].revents & POLLIN)) {
+      uint64_t drain;
+      ssize_t ignored = read(g->wake_fd, &drain, sizeof drain);
+      (void)ignored;
+    }
+  }
+  atomic_store(&g->sleeping, false);
+}
+
 static void* agoq_coll_engine_main(void* arg) {
   agoq_coll_comm* g = arg;
   /* Short naps while waiting on the network should be short: 1 us of timer slack. */
@@ -420,17 +473,16 @@ static void* agoq_coll_engine_main(void* arg) {
       continue;
     }
     /* Waiting on the network: yield first (a peer's bytes are often microseconds away),
-     * then nap so few-core hosts keep their CPUs for the progress threads. */
+     * then sleep in poll() on the connections until bytes can move, so the CPUs stay with
+     * the ranks and threads that have work (few-core hosts). */
     if (idle++ == 0) {
       idle_since = agoq_coll_now_ns();
       idle_path = g->act_head != NULL && g->act_head->quantized ? 1 : 0;
     }
-    if (idle < 64) {
+    if (idle < AGOQ_ENGINE_SPINS)
       sched_yield();
-    } else {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-    }
+    else
+      agoq_engine_sleep(g);
   }
   return NULL;
 }
@@ -472,23 +524,52 @@ static void agoq_slot_release(agoq_coll_slot* s) {
   memset(s, 0, sizeof *s);
 }
 
+/* AGOQ_COLLNET_CODEC_THREADS, 0 resolved: the idle cores, i.e. the CPUs the engine may run
+ * on less the transport's progress threads and NCCL's proxy thread; the engine itself is
+ * one of the threads. */
+static int agoq_engine_codec_threads(const agoq_coll_comm* g, const cpu_set_t* pinned) {
+  if (g->cfg.codec_threads > 0) return g->cfg.codec_threads;
+  int ncpu = 1;
+  cpu_set_t all;
+  if (pinned != NULL) ncpu = CPU_COUNT(pinned);
+  else if (sched_getaffinity(0, sizeof all, &all) == 0) ncpu = CPU_COUNT(&all);
+  int n = ncpu - agoq_net_helper_threads() - 1;
+  return n < 1 ? 1 : n;
+}
+
 ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   ncclResult_t res = ncclSuccess;
+  g->wake_fd = -1; /* closed by agoq_coll_engine_free only once created */
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
   AGOQ_CHECK_GOTO(agoq_coll_pool_init(g), res, fail);
   AGOQ_CALLOC_GOTO(g->cq, (size_t)g->nranks * AGOQ_CQ_COUNT, res, fail);
   AGOQ_CALLOC_GOTO(g->reduce_in, (size_t)g->nranks, res, fail);
+  /* Two descriptors at most per connection and kind of operation, and the wake-up. */
+  g->pfds_cap = g->nranks * AGOQ_CQ_COUNT * 2 + 1;
+  AGOQ_CALLOC_GOTO(g->pfds, (size_t)g->pfds_cap, res, fail);
+  g->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (g->wake_fd < 0) {
+    AGOQ_WARN("CollNet: eventfd for the engine failed: %s", strerror(errno));
+    res = ncclSystemError;
+    goto fail;
+  }
+  atomic_init(&g->sleeping, false);
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) AGOQ_CHECK_GOTO(agoq_slot_alloc(&g->slots[i], g->nranks), res, fail);
   /* AGOQ_PLACEMENT=auto: the engine runs on its NIC's NUMA node, and so do the staging
    * buffers it allocates and first touches (frames, fp32 accumulators, gathered results). */
   cpu_set_t cpus;
   pthread_attr_t attr;
   pthread_attr_t* use = NULL;
-  if (agoq_net_placement_cpus(g->dev, &cpus) && pthread_attr_init(&attr) == 0) {
+  bool pinned = agoq_net_placement_cpus(g->dev, &cpus);
+  if (pinned && pthread_attr_init(&attr) == 0) {
     if (pthread_attr_setaffinity_np(&attr, sizeof cpus, &cpus) == 0) use = &attr;
     else pthread_attr_destroy(&attr);
   }
+  g->codec_threads = agoq_engine_codec_threads(g, pinned ? &cpus : NULL);
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: codec on %d thread%s per slice (AGOQ_COLLNET_CODEC_THREADS=%d%s)",
+            g->rank, g->codec_threads, g->codec_threads == 1 ? "" : "s", g->cfg.codec_threads,
+            g->cfg.codec_threads == 0 ? ": idle cores" : "");
   int rc = pthread_create(&g->thread, use, agoq_coll_engine_main, g);
   if (use != NULL) pthread_attr_destroy(use);
   if (rc != 0 && use != NULL) { /* pinning refused: run unpinned rather than not at all */
@@ -521,6 +602,7 @@ void agoq_coll_engine_stop(agoq_coll_comm* g) {
   g->has_thread = false;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
+  agoq_coll_engine_wake(g);
   if (join) pthread_join(g->thread, NULL);
 }
 
@@ -530,6 +612,10 @@ void agoq_coll_engine_free(agoq_coll_comm* g) {
   g->cq = NULL;
   free(g->reduce_in);
   g->reduce_in = NULL;
+  free(g->pfds);
+  g->pfds = NULL;
+  if (g->wake_fd >= 0) close(g->wake_fd);
+  g->wake_fd = -1;
   agoq_coll_pool_fini(g);
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);

@@ -29,6 +29,7 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
   cfg->chunk_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
   cfg->timeout_s = (int)agoq_param_int(AGOQ_PARAM_COLLNET_TIMEOUT_S);
+  cfg->codec_threads = (int)agoq_param_int(AGOQ_PARAM_COLLNET_CODEC_THREADS);
   (void)agoq_coll_min_bytes_check(cfg->min_bytes);
   return ncclSuccess;
 }

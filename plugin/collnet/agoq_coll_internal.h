@@ -5,6 +5,7 @@
 #ifndef AGOQ_COLL_INTERNAL_H
 #define AGOQ_COLL_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -35,6 +36,7 @@ typedef struct {
   uint64_t min_bytes;
   uint64_t chunk_bytes;
   int timeout_s;
+  int codec_threads; /* AGOQ_COLLNET_CODEC_THREADS; 0 = the engine resolves it */
 } agoq_coll_config;
 
 typedef struct agoq_coll_ctx {
@@ -155,15 +157,22 @@ typedef struct agoq_coll_comm {
   bool stop;
   bool has_thread;
   pthread_t thread;
+  /* The engine sleeps in poll() on its connections while it waits on the network; a new
+   * request or stop wakes it through this eventfd (written only while it sleeps). */
+  int wake_fd;
+  atomic_bool sleeping;
   atomic_int error; /* first failure of the group (ncclResult_t) */
   /* Engine-private. */
   agoq_coll_req* act_head; /* taken from the queue, not complete */
   agoq_coll_req* act_tail;
   agoq_coll_req* admit;    /* request whose next chunk is admitted next */
+  int codec_threads;       /* threads of one slice's codec call, the engine included */
   agoq_coll_slot slots[AGOQ_COLL_SLOTS];
   uint64_t next_seq, reduce_seq;
   agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind] */
   const void** reduce_in; /* nranks input pointers of the slice being reduced */
+  struct pollfd* pfds;    /* the engine's sleep: its connections' descriptors and wake_fd */
+  int pfds_cap;
   agoq_stats_entry* st; /* never NULL once the engine runs (private when AGOQ_STATS=0) */
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
@@ -195,6 +204,8 @@ void agoq_coll_registry_remove(agoq_coll_comm* comm);
 void agoq_coll_close_conns(agoq_coll_comm* comm);
 
 /* ---- agoq_coll_engine.c ---- */
+/* Wakes the engine if it sleeps (after a request was queued or stop was set). */
+void agoq_coll_engine_wake(agoq_coll_comm* comm);
 ncclResult_t agoq_coll_engine_start(agoq_coll_comm* comm);
 /* Stops and joins the engine (idempotent); requests it had not completed fail. */
 void agoq_coll_engine_stop(agoq_coll_comm* comm);

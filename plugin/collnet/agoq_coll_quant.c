@@ -45,8 +45,9 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
   agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns();
-  agoq_codec_status st = agoq_frame_encode(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], j != g->rank,
-                                           s->sbuf.p + s->s_off[j], s->sbuf.cap - s->s_off[j], &s->s_len[j]);
+  agoq_codec_status st = agoq_frame_encode_mt(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], j != g->rank,
+                                              s->sbuf.p + s->s_off[j], s->sbuf.cap - s->s_off[j], &s->s_len[j],
+                                              g->codec_threads);
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   if (st != AGOQ_CODEC_OK) {
@@ -70,8 +71,8 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
                 "(%zu bytes; another agoq version?): refused, nothing decoded", me, k, s->sb[me], s->sb[me] + m, len);
       return ncclSystemError;
     }
-    agoq_codec_status st = k == 0 ? agoq_frame_decode(f, len, AGOQ_DTYPE_FP32, acc, m)
-                                  : agoq_frame_decode_accumulate(f, len, acc, m);
+    agoq_codec_status st = k == 0 ? agoq_frame_decode_mt(f, len, AGOQ_DTYPE_FP32, acc, m, g->codec_threads)
+                                  : agoq_frame_decode_accumulate_mt(f, len, acc, m, g->codec_threads);
     if (st != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call rejected before decoding: %s "
                 "(%zu bytes; header and payload CRC32C, lengths and scales are checked first); nothing decoded, "
@@ -89,8 +90,8 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_codec_overflow_to_inf(r->codec_dtype, acc, m);
   /* The owner takes the same decoded bytes as everyone else, not its fp32 sum. */
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-  agoq_codec_status st = agoq_frame_encode(&p32, acc, m, false, s->res.p, s->res.cap, &s->res_len);
-  if (st == AGOQ_CODEC_OK) st = agoq_frame_decode(s->res.p, s->res_len, r->codec_dtype, dst, m);
+  agoq_codec_status st = agoq_frame_encode_mt(&p32, acc, m, false, s->res.p, s->res.cap, &s->res_len, g->codec_threads);
+  if (st == AGOQ_CODEC_OK) st = agoq_frame_decode_mt(s->res.p, s->res_len, r->codec_dtype, dst, m, g->codec_threads);
   /* Decoded here from our own memory without a check; the copies for the peers get the CRC. */
   if (st == AGOQ_CODEC_OK && n > 1) st = agoq_frame_seal_payload_crc(s->res.p, s->res_len);
   if (st != AGOQ_CODEC_OK) {
@@ -111,7 +112,8 @@ ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j,
   }
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns();
-  agoq_codec_status st = agoq_frame_decode(f, (size_t)size, r->codec_dtype, agoq_coll_dst_at(r, s->sb[j]), s->sl[j]);
+  agoq_codec_status st =
+      agoq_frame_decode_mt(f, (size_t)size, r->codec_dtype, agoq_coll_dst_at(r, s->sb[j]), s->sl[j], g->codec_threads);
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   if (st == AGOQ_CODEC_OK) return ncclSuccess;

@@ -70,6 +70,7 @@ static void agoq_coll_enqueue(agoq_coll_comm* g, agoq_coll_req* r) {
   g->q_tail = r;
   pthread_cond_signal(&g->cv);
   pthread_mutex_unlock(&g->mu);
+  agoq_coll_engine_wake(g);
 }
 
 /* Common checks; *g_out is the group, or the call fails. */

@@ -52,6 +52,8 @@ ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback
  * off, the node is unknown, or none of its CPUs is allowed: then do not pin. */
 #include <sched.h>
 bool agoq_net_placement_cpus(int dev, cpu_set_t* out);
+/* Threads the transport keeps for itself (its progress threads); 0 before init. */
+int agoq_net_helper_threads(void);
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
 /* The comm's traffic is not p2p (CollNet's own connections): keep it off the net
@@ -75,6 +77,11 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
 ncclResult_t agoq_net_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
                              void** request);
 ncclResult_t agoq_net_test(void* request, int* done, int* sizes);
+/* For our own threads (CollNet's engine) that would sleep rather than poll test(): the
+ * descriptors whose readiness lets this comm's posted requests progress (at most max, the
+ * count returned); *hidden is set when helper threads make progress no descriptor
+ * announces (then sleep only briefly). Not part of NCCL's contract. */
+int agoq_net_wait_fds(void* comm, struct pollfd* out, int max, bool* hidden);
 ncclResult_t agoq_net_close_send(void* send_comm);
 ncclResult_t agoq_net_close_recv(void* recv_comm);
 ncclResult_t agoq_net_close_listen(void* listen_comm);

@@ -286,6 +286,12 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   return err;
 }
 
+int agoq_net_wait_fds(void* p, struct pollfd* out, int max, bool* hidden) {
+  agoq_comm* comm = p;
+  if (comm == NULL || (comm->magic != AGOQ_SEND_MAGIC && comm->magic != AGOQ_RECV_MAGIC)) return 0;
+  return agoq_net_tp->wait_fds(comm->tp, out, max, hidden);
+}
+
 /* ---- close ----------------------------------------------------------------------------- */
 
 static ncclResult_t agoq_comm_close(void* p, uint32_t magic, const char* what) {

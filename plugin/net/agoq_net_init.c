@@ -150,6 +150,8 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
   return agoq_net_tp->get_properties(dev, p);
 }
 
+int agoq_net_helper_threads(void) { return agoq_configured() ? agoq_net_tp->helper_threads() : 0; }
+
 bool agoq_net_placement_cpus(int dev, cpu_set_t* out) {
   if (!agoq_configured()) {
     CPU_ZERO(out);

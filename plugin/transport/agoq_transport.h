@@ -18,6 +18,7 @@
 #ifndef AGOQ_TRANSPORT_H
 #define AGOQ_TRANSPORT_H
 
+#include <poll.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -97,6 +98,8 @@ typedef struct {
   /* The last communicator is gone: stop helper threads once no connection uses them. */
   void (*idle)(void);
   int (*ndevs)(void);
+  /* Threads the transport keeps for itself (progress threads), for callers sizing their own. */
+  int (*helper_threads)(void);
   ncclResult_t (*get_properties)(int dev, agoq_tp_props* props);
   /* CPUs of device `dev`'s NUMA node this process may use, for threads working for that
    * device; false when placement is off or unknown. */
@@ -119,6 +122,11 @@ typedef struct {
   ncclResult_t (*progress)(agoq_tp_conn* c, agoq_xfer* x);
   /* All of x's bytes are in place (receive) or handed to the network (send). */
   bool (*done)(agoq_tp_conn* c, const agoq_xfer* x);
+  /* For a caller with nothing to do that would rather sleep than poll: the descriptors
+   * whose readiness lets the connection's posted transfers progress on the caller's thread
+   * (at most max, the count returned). *hidden is set when some progress is made by
+   * helper threads instead, which no descriptor announces: then sleep briefly only. */
+  int (*wait_fds)(agoq_tp_conn* c, struct pollfd* out, int max, bool* hidden);
   /* The first failure of the connection (ncclSuccess while healthy). */
   ncclResult_t (*error)(agoq_tp_conn* c);
   /* Fails the connection with res (the caller logged why). */

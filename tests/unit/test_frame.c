@@ -430,8 +430,61 @@ static void test_crc_time_is_counted(void** state) {
   free(with);
 }
 
+/* The threaded frame calls CollNet uses for large slices give the bits of the single-threaded
+ * ones, whatever the thread count: frames byte for byte (escaped blocks included), decodes
+ * and accumulations bit for bit. 3 x 64K elements: enough for the pool to split the work. */
+static void test_threaded_same_bits(void** state) {
+  (void)state;
+  enum { N = 3 * 65536 + 77 };
+  float* x = malloc(N * sizeof *x);
+  assert_non_null(x);
+  fill(x, N, 7);
+  x[1000] = NAN;
+  x[N - 5] = INFINITY;
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 128};
+  size_t cap = agoq_frame_size_max(&p, N);
+  uint8_t* one = malloc(cap);
+  uint8_t* many = malloc(cap);
+  float* d1 = malloc(N * sizeof *d1);
+  float* dn = malloc(N * sizeof *dn);
+  assert_true(one && many && d1 && dn);
+  size_t len1 = 0;
+  assert_int_equal(agoq_frame_encode(&p, x, N, true, one, cap, &len1), AGOQ_CODEC_OK);
+  assert_int_equal(agoq_frame_decode(one, len1, AGOQ_DTYPE_FP32, d1, N), AGOQ_CODEC_OK);
+  for (int threads = 2; threads <= 5; threads += 3) {
+    size_t lenn = 0;
+    memset(many, 0x5a, cap);
+    assert_int_equal(agoq_frame_encode_mt(&p, x, N, true, many, cap, &lenn, threads), AGOQ_CODEC_OK);
+    assert_int_equal(lenn, len1);
+    assert_memory_equal(many, one, len1);
+    memset(dn, 0x5a, N * sizeof *dn);
+    assert_int_equal(agoq_frame_decode_mt(many, lenn, AGOQ_DTYPE_FP32, dn, N, threads), AGOQ_CODEC_OK);
+    assert_memory_equal(dn, d1, N * sizeof *dn);
+    /* acc = d1 + frame, both ways. */
+    memcpy(dn, d1, N * sizeof *dn);
+    float* acc1 = malloc(N * sizeof *acc1);
+    assert_non_null(acc1);
+    memcpy(acc1, d1, N * sizeof *acc1);
+    assert_int_equal(agoq_frame_decode_accumulate(one, len1, acc1, N), AGOQ_CODEC_OK);
+    assert_int_equal(agoq_frame_decode_accumulate_mt(one, len1, dn, N, threads), AGOQ_CODEC_OK);
+    assert_memory_equal(dn, acc1, N * sizeof *dn);
+    free(acc1);
+    /* A damaged frame is refused the same way, and nothing is decoded. */
+    many[len1 - 3] ^= 0x10;
+    memset(dn, 0x5a, N * sizeof *dn);
+    assert_int_equal(agoq_frame_decode_mt(many, lenn, AGOQ_DTYPE_FP32, dn, N, threads), AGOQ_CODEC_ECORRUPT);
+    for (size_t i = 0; i < N; i += 4099) assert_int_equal(((uint8_t*)dn)[i * 4], 0x5a);
+  }
+  free(x);
+  free(one);
+  free(many);
+  free(d1);
+  free(dn);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_threaded_same_bits),
       cmocka_unit_test(test_crc_time_is_counted),
       cmocka_unit_test(test_crc32c),           cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_truncated),        cmocka_unit_test(test_header_bit_flips),

@@ -150,6 +150,7 @@ ncclResult_t agoq_tcp_post_send(agoq_tp_conn* c, agoq_xfer* x);
 ncclResult_t agoq_tcp_post_recv(agoq_tp_conn* c, agoq_xfer* x);
 ncclResult_t agoq_tcp_progress(agoq_tp_conn* c, agoq_xfer* x);
 bool agoq_tcp_done(agoq_tp_conn* c, const agoq_xfer* x);
+int agoq_tcp_wait_fds(agoq_tp_conn* c, struct pollfd* out, int max, bool* hidden);
 
 /* Setup (agoq_tcp_setup.c). */
 ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out);

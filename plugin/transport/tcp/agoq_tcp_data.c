@@ -287,3 +287,15 @@ bool agoq_tcp_done(agoq_tp_conn* c, const agoq_xfer* x) {
   if (atomic_load_explicit(&t->pending_pieces, memory_order_acquire) != 0) return false;
   return c->is_send ? t->control_done : agoq_recv_all_matched(x) && c->rx_inline != x;
 }
+
+int agoq_tcp_wait_fds(agoq_tp_conn* c, struct pollfd* out, int max, bool* hidden) {
+  int n = 0;
+  /* Pieces on the data sockets are the progress threads' to move; the caller only learns
+   * of them by testing again. */
+  for (unsigned i = 0; i < c->nsocks && !*hidden; i++)
+    *hidden = atomic_load_explicit(&c->streams[i].head, memory_order_relaxed) !=
+              atomic_load_explicit(&c->streams[i].tail, memory_order_acquire);
+  bool waiting = c->is_send ? c->ctrl_fifo.count > 0 : c->ctrl_fifo.count > 0 || c->rx_inline != NULL;
+  if (waiting && n < max) out[n++] = (struct pollfd){.fd = c->ctrl_fd, .events = c->is_send ? POLLOUT : POLLIN};
+  return n;
+}
