@@ -90,12 +90,26 @@ int fault_accept(void* listen, void** comm, int timeout_ms, int stop_fd);
  * set as far as they were made). */
 int fault_coll_join(int fd, int nranks, void** ctx, void** lc, uint8_t* all, void** hp);
 
-/* Scenarios: return 0 on pass, 1 on failure, 77 on skip. Print a summary line. */
-int fault_sc_kill_p2p(int seeds, uint64_t seed0);
-int fault_sc_kill_coll(int seeds, uint64_t seed0);
-int fault_sc_stall(void);
+/* The TCP data path a scenario's payloads take (--path). The transport sends a message of
+ * at most AGOQ_SOCKET_INLINE bytes inline on the control socket, anything larger in pieces
+ * on the data sockets; a scenario pins one path so that what it injects hits the code it
+ * means to test whatever the default of AGOQ_SOCKET_INLINE is. */
+typedef enum {
+  FAULT_PATH_PIECES = 0, /* AGOQ_SOCKET_INLINE=0: every payload on the data sockets */
+  FAULT_PATH_INLINE,     /* AGOQ_SOCKET_INLINE=1G: every payload inline on the control socket */
+} fault_path;
+/* Sets AGOQ_SOCKET_INLINE in this process; every worker forked afterwards inherits it. */
+void fault_path_set(fault_path path);
+const char* fault_path_name(fault_path path);
+
+/* Scenarios: return 0 on pass, 1 on failure, 77 on skip. Print a summary line that names
+ * the path. */
+int fault_sc_kill_p2p(int seeds, uint64_t seed0, fault_path path);
+int fault_sc_kill_coll(int seeds, uint64_t seed0, fault_path path);
+int fault_sc_stall(fault_path path);
 int fault_sc_flood(int nrogue);
-int fault_sc_bitflip(int seeds, uint64_t seed0);
-int fault_sc_bitflip_coll(int seeds, uint64_t seed0); /* the same proxy between CollNet peers */
+int fault_sc_bitflip(int seeds, uint64_t seed0, fault_path path);
+/* The same proxy between CollNet peers. */
+int fault_sc_bitflip_coll(int seeds, uint64_t seed0, fault_path path);
 
 #endif

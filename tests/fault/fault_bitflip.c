@@ -1,12 +1,17 @@
 /*
  * bitflip: a TCP proxy between a sender and a receiver flips one bit of the byte stream at
- * a random offset of a random socket (a data socket, or 1 case in 4 the control socket),
- * after the connection's hello. The sender's payloads are typed p2p bf16 transfers (a fake
- * profiler callback answers as agoq's profiler would, as in tests/unit/test_typed.c), so
- * every data byte belongs to a codec frame with header and payload CRCs. The receiver
- * checks each message against the frame it computes itself from the same input: every
- * message must be either bit-identical to that reference or fail with an error; wrong data
- * is the one outcome that fails the test.
+ * a random offset of a random socket, after the connection's hello. --path pieces (the
+ * default, AGOQ_SOCKET_INLINE=0) puts every payload on the data sockets: the flip hits a
+ * data socket, or 1 case in 4 the control socket's message headers. --path inline
+ * (AGOQ_SOCKET_INLINE=1G) puts every payload behind its header on the control socket: the
+ * flip hits the control socket, anywhere in its headers and frames, and every case must
+ * flip. The sender's payloads are typed p2p bf16 transfers (a fake profiler callback
+ * answers as agoq's profiler would, as in tests/unit/test_typed.c), so every data byte
+ * belongs to a codec frame with header and payload CRCs. The receiver checks each message
+ * against the frame it computes itself from the same input: every message must be either
+ * bit-identical to that reference or fail with an error. Wrong data fails the test, and so
+ * does a payload on the other path than the one asked for (the proxy counts what it
+ * forwarded on each socket): a flip meant for one path must not silently land elsewhere.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -19,6 +24,7 @@
 #include <unistd.h>
 
 #include "agoq_frame.h"
+#include "collnet/agoq_coll_wire.h"
 #include "collnet/agoq_collnet.h"
 #include "core/agoq_log.h"
 #include "fault.h"
@@ -172,9 +178,23 @@ typedef struct {
   struct sockaddr_storage to;
   socklen_t to_len;
   uint64_t seed;
-  uint64_t data_span; /* bytes per data socket the flip offset is drawn from; 0: p2p's */
-  bool no_flip;       /* forward only */
+  fault_path path;    /* inline: the flip always targets the control socket */
+  uint64_t ctrl_span; /* bytes of a control stream (after its hello) the flip offset is drawn from */
+  /* pieces: bytes per data socket the flip offset is drawn from, given the connection's
+   * data sockets (from its hello): a lower bound of what each one carries. */
+  uint64_t (*data_span)(unsigned nsocks);
+  bool no_flip; /* forward only */
 } bf_proxy_arg;
+
+/* What a proxy forwarded from connectors to the acceptor after the hellos, reported when it
+ * is stopped (bf_proxy_stop): the path check of every case. */
+typedef struct {
+  bool flipped;
+  fault_event flip; /* phase: socket index, value: offset */
+  bool counted;     /* the counts below arrived */
+  int64_t ctrl_max; /* longest control stream of one connection */
+  int64_t data;     /* data-socket bytes, all connections */
+} bf_proxy_report;
 
 #define BF_MAX_CONN 80
 
@@ -186,7 +206,9 @@ typedef struct {
   int index, nsocks;  /* from the hello */
 } bf_conn;
 
-/* PHASE event when the bit is flipped: phase = socket index, value = offset. */
+/* PHASE event when the bit is flipped: phase = socket index, value = offset. On STOP: DONE
+ * with phase 0, value = the longest control stream, then DONE with phase 1, value = the
+ * data-socket bytes (connector to acceptor, after the hellos). */
 static int bf_proxy(int fd, void* varg) {
   bf_proxy_arg* a = varg;
   bf_conn conns[BF_MAX_CONN];
@@ -195,6 +217,7 @@ static int bf_proxy(int fd, void* varg) {
   int target = -1;
   uint64_t flip_at = 0;
   bool flipped = false;
+  uint64_t ctrl_max = 0, data_bytes = 0;
   static uint8_t buf[1 << 16];
   for (;;) {
     struct pollfd p[2 + 2 * BF_MAX_CONN];
@@ -239,13 +262,14 @@ static int bf_proxy(int fd, void* varg) {
             k->index = k->hello[6];
             k->nsocks = k->hello[7];
             if (target < 0 && !a->no_flip) {
-              /* Control socket in 1 case of 4 (within its 8 message headers), else a data
-               * socket within its share of the 8 frames. */
-              bool ctrl = fault_rand(&st) % 4 == 0;
+              /* pieces: the control socket in 1 case of 4 (within its message headers), else
+               * a data socket within its share of the 8 frames. inline: the data sockets carry
+               * nothing; the control socket, anywhere in its headers and frames. The inline
+               * test comes first: pieces draws the same numbers as before --path existed. */
+              bool ctrl = a->path == FAULT_PATH_INLINE || fault_rand(&st) % 4 == 0;
               target = ctrl ? 0 : 1 + (int)(fault_rand(&st) % (uint64_t)k->nsocks);
-              uint64_t data = a->data_span ? a->data_span : (uint64_t)BF_MSGS * (BF_BYTES / 2 + 8192) / k->nsocks;
-              uint64_t span = ctrl ? 8u * AGOQ_MSG_HDR_SIZE : data;
-              flip_at = fault_rand(&st) % span;
+              uint64_t span = ctrl ? a->ctrl_span : a->data_span((unsigned)k->nsocks);
+              flip_at = fault_rand(&st) % (span > 0 ? span : 1);
             }
           }
           if (!flipped && k->index == target && k->index >= 0) {
@@ -256,7 +280,11 @@ static int bf_proxy(int fd, void* varg) {
               fault_event_send(fd, FAULT_MSG_PHASE, target, (int64_t)flip_at);
             }
           }
-          if (k->index >= 0) k->after += (uint64_t)(n - (ssize_t)off);
+          if (k->index >= 0) {
+            k->after += (uint64_t)(n - (ssize_t)off);
+            if (k->index == 0 && k->after > ctrl_max) ctrl_max = k->after;
+            if (k->index > 0) data_bytes += (uint64_t)(n - (ssize_t)off);
+          }
         }
         for (ssize_t w = 0; w < n;) {
           ssize_t r = send(to, buf + w, (size_t)(n - w), MSG_NOSIGNAL);
@@ -270,7 +298,49 @@ static int bf_proxy(int fd, void* varg) {
       if (conns[i].c >= 0) conns[j++] = conns[i];
     nconn = j;
   }
+  fault_event_send(fd, FAULT_MSG_DONE, 0, (int64_t)ctrl_max);
+  fault_event_send(fd, FAULT_MSG_DONE, 1, (int64_t)data_bytes);
   return 0;
+}
+
+/* Stops a proxy and collects its report: the flip, if it made one (sent before the flipped
+ * bytes went on, so it is there whatever the timing), and its counts. 0, or -1 if the proxy
+ * did not exit. */
+static int bf_proxy_stop(fault_child* px, bf_proxy_report* rep) {
+  memset(rep, 0, sizeof *rep);
+  rep->flip = (fault_event){.phase = -1, .value = -1};
+  fault_send(px->fd, FAULT_MSG_STOP, NULL, 0);
+  int counts = 0;
+  for (;;) {
+    uint32_t kind = 0;
+    fault_event e;
+    int n = fault_recv(px->fd, &kind, &e, sizeof e, 20000);
+    if (n < 0) break; /* EOF: the proxy exited */
+    if (n != (int)sizeof e) continue;
+    if (kind == FAULT_MSG_PHASE) {
+      rep->flipped = true;
+      rep->flip = e;
+    } else if (kind == FAULT_MSG_DONE && e.phase == 0) {
+      rep->ctrl_max = e.value;
+      counts++;
+    } else if (kind == FAULT_MSG_DONE && e.phase == 1) {
+      rep->data = e.value;
+      counts++;
+    }
+  }
+  rep->counted = counts == 2;
+  return fault_reap(px, 20000);
+}
+
+/* The path check of one proxy's report, "" when it holds: inline moves nothing on a data
+ * socket; pieces puts nothing but message headers (at most hdr_max bytes per connection)
+ * on the control socket. Both hold whatever a flip broke, since the sender decides a
+ * message's path when it posts it. */
+static const char* bf_path_check(fault_path path, const bf_proxy_report* rep, int64_t hdr_max) {
+  if (!rep->counted) return "the proxy reported no byte counts";
+  if (path == FAULT_PATH_INLINE && rep->data != 0) return "a payload went on a data socket";
+  if (path == FAULT_PATH_PIECES && rep->ctrl_max > hdr_max) return "a payload went inline on the control socket";
+  return "";
 }
 
 /* Starts a proxy (pa: its target and flip settings, filled in) listening on h's address,
@@ -289,8 +359,24 @@ static int bf_proxy_start(agoq_handle* h, bf_proxy_arg* pa, fault_child* px) {
   return 0;
 }
 
-int fault_sc_bitflip(int seeds, uint64_t seed0) {
-  int cases = 0, detected = 0, harmless = 0, noflip = 0, wrong = 0, hangs = 0;
+/* pieces: each message's frame (more than BF_BYTES / 2 + 8192 bytes) is cut into pieces
+ * over the data sockets; each socket carries at least its share of the BF_MSGS frames. */
+static uint64_t bf_data_span(unsigned nsocks) { return (uint64_t)BF_MSGS * (BF_BYTES / 2 + 8192) / nsocks; }
+
+/* The control stream of the p2p connection when every payload goes inline: per message its
+ * header and its frame, counted with no escaped block (bf_input's values have none), which
+ * is what the sender sends: every offset drawn from it lies in the stream. */
+static uint64_t bf_inline_span(void) {
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 128};
+  return (uint64_t)BF_MSGS * (AGOQ_MSG_HDR_SIZE + AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(&p, BF_ELEMS, 0));
+}
+
+int fault_sc_bitflip(int seeds, uint64_t seed0, fault_path path) {
+  int cases = 0, detected = 0, harmless = 0, noflip = 0, wrong = 0, hangs = 0, offpath = 0;
+  const char* pn = fault_path_name(path);
+  /* pieces: the control socket carries the BF_MSGS headers and nothing else. */
+  const int64_t hdr_max = (int64_t)BF_MSGS * AGOQ_MSG_HDR_SIZE;
+  const uint64_t ctrl_span = path == FAULT_PATH_INLINE ? bf_inline_span() : (uint64_t)hdr_max;
   setenv("AGOQ_P2P_FORMAT", "int8", 1);
   setenv("AGOQ_BLOCK", "128", 1);
   setenv("AGOQ_MIN_BYTES", "64K", 1);
@@ -303,7 +389,8 @@ int fault_sc_bitflip(int seeds, uint64_t seed0) {
     agoq_handle h;
     if (agoq_handle_decode(real, sizeof real, &h) != AGOQ_WIRE_OK) return 1;
     /* The proxy listens on the same address, another port; the handle is rewritten to it. */
-    bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = a.seed};
+    bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = a.seed, .path = path, .ctrl_span = ctrl_span,
+                       .data_span = bf_data_span};
     if (bf_proxy_start(&h, &pa, &px) != 0) return 1;
     memset(a.handle, 0, sizeof a.handle);
     agoq_handle_encode(&h, a.handle);
@@ -314,45 +401,61 @@ int fault_sc_bitflip(int seeds, uint64_t seed0) {
     char text[512];
     int n = fault_recv(r.fd, &kind, text, sizeof text - 1, 40000);
     memcpy(&e, text, sizeof e);
-    fault_event fe = {.phase = -1, .value = -1};
-    uint32_t fk = 0;
-    bool flip = fault_recv(px.fd, &fk, &fe, sizeof fe, 200) == (int)sizeof fe && fk == FAULT_MSG_PHASE;
+    /* The proxy first: its counts then cover the run and none of the teardown. */
+    bf_proxy_report rep;
+    if (bf_proxy_stop(&px, &rep) != 0) hangs++;
+    bool flip = rep.flipped;
+    fault_event fe = rep.flip;
     const char* where = !flip ? "no flip" : fe.phase == 0 ? "control socket" : "data socket";
     if (n < 0) {
       hangs++;
-      printf("fault: bitflip seed %d: receiver neither finished nor failed (hang)\n", i);
+      printf("fault: bitflip (%s) seed %d: receiver neither finished nor failed (hang)\n", pn, i);
     } else if (kind == FAULT_MSG_FAIL) {
       wrong++;
-      printf("fault: bitflip seed %d (%s, offset %lld): %.*s\n", i, where, (long long)fe.value, n, text);
+      printf("fault: bitflip (%s) seed %d (%s, offset %lld): %.*s\n", pn, i, where, (long long)fe.value, n, text);
     } else if (kind == FAULT_MSG_ERROR) {
       detected++;
-      printf("fault: bitflip seed %d: flip on %s %d at offset %lld -> message %d failed with %d\n", i, where,
+      printf("fault: bitflip (%s) seed %d: flip on %s %d at offset %lld -> message %d failed with %d\n", pn, i, where,
              fe.phase, (long long)fe.value, e.phase, (int)e.value);
       if (!flip) {
-        printf("fault: bitflip seed %d: ...but the proxy reports no flip\n", i);
+        printf("fault: bitflip (%s) seed %d: ...but the proxy reports no flip\n", pn, i);
         wrong++;
       }
     } else if (flip) {
       harmless++;
-      printf("fault: bitflip seed %d: flip on %s %d at offset %lld -> all %lld messages correct\n", i, where, fe.phase,
-             (long long)fe.value, (long long)e.value);
+      printf("fault: bitflip (%s) seed %d: flip on %s %d at offset %lld -> all %lld messages correct\n", pn, i, where,
+             fe.phase, (long long)fe.value, (long long)e.value);
     } else {
       noflip++;
-      printf("fault: bitflip seed %d: offset past the stream, no flip; all %lld messages correct\n", i,
+      printf("fault: bitflip (%s) seed %d: offset past the stream, no flip; all %lld messages correct\n", pn, i,
              (long long)e.value);
     }
-    fault_child* all[3] = {&r, &s, &px};
-    for (int k = 0; k < 3; k++) {
+    const char* off = bf_path_check(path, &rep, hdr_max);
+    /* A complete inline run sent the whole span: else offsets drawn from it can miss. */
+    if (!*off && path == FAULT_PATH_INLINE && n >= 0 && kind == FAULT_MSG_DONE && e.value == BF_MSGS &&
+        (uint64_t)rep.ctrl_max < ctrl_span)
+      off = "the control stream is shorter than the span the flip offsets are drawn from";
+    if (*off) {
+      offpath++;
+      printf("fault: bitflip (%s) seed %d: PATH CHECK FAILED: %s (control stream %lld B, data sockets %lld B)\n", pn,
+             i, off, (long long)rep.ctrl_max, (long long)rep.data);
+    }
+    fault_child* all[2] = {&r, &s};
+    for (int k = 0; k < 2; k++) {
       fault_send(all[k]->fd, FAULT_MSG_STOP, NULL, 0);
       if (fault_reap(all[k], 20000) != 0) hangs++;
     }
   }
-  printf("fault: bitflip: cases=%d detected=%d correct-despite-flip=%d no-flip=%d wrong-data=%d hangs=%d\n", cases,
-         detected, harmless, noflip, wrong, hangs);
+  printf("fault: bitflip (%s): cases=%d detected=%d correct-despite-flip=%d no-flip=%d wrong-data=%d hangs=%d "
+         "path-check-failed=%d\n",
+         pn, cases, detected, harmless, noflip, wrong, hangs, offpath);
   unsetenv("AGOQ_P2P_FORMAT");
   unsetenv("AGOQ_BLOCK");
   unsetenv("AGOQ_MIN_BYTES");
-  return wrong == 0 && hangs == 0 && detected > 0 ? 0 : 1;
+  /* inline draws every offset inside the control stream: a case without a flip means the
+   * span is wrong and the case tested nothing. */
+  if (path == FAULT_PATH_INLINE && noflip > 0) printf("fault: bitflip (inline): %d case(s) flipped nothing\n", noflip);
+  return wrong == 0 && hangs == 0 && offpath == 0 && detected > 0 && (path != FAULT_PATH_INLINE || noflip == 0) ? 0 : 1;
 }
 
 /* ---- bitflip_coll: the same proxy between CollNet peers -------------------------------
@@ -431,15 +534,49 @@ static int bc_rank(int fd, void* varg) {
   return 0;
 }
 
+/* One frame of the smallest slice (BC_COUNT cut into BC_NRANKS runs of whole blocks), with
+ * no escaped block (the inputs and their sums have none): no frame of a call is shorter. */
+static uint64_t bc_frame_min(void) {
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 128};
+  size_t slice_min = (BC_COUNT / 128u / BC_NRANKS) * 128u;
+  return AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(&p, slice_min, 0);
+}
+
+/* pieces: a connection's messages take its data sockets in turn, each whole (a frame of
+ * about 90 KB is less than two pieces of AGOQ_SOCKET_MIN_CHUNK's 64 KiB default): every
+ * data socket carries at least BC_CALLS / nsocks frames. (It used to be BC_CALLS / 2 frames
+ * whatever nsocks: with AGOQ_SOCKET_NSOCKS=4, 10 of 24 cases flipped nothing.) */
+static uint64_t bc_data_span(unsigned nsocks) { return (uint64_t)(BC_CALLS / nsocks) * bc_frame_min(); }
+
+/* Bytes on the control socket of one CollNet connection when every message goes inline:
+ * the ident message (the first on every connection), then per call one frame of a slice
+ * (phase 0: the owner's slice of the sender's contribution; phase 1: the sender's slice of
+ * the result) behind its header. Counted with the smallest frame (bc_frame_min): no
+ * connection's stream is shorter, so every offset drawn from it lies in every one of them. */
+static uint64_t bc_inline_span(void) {
+  return AGOQ_MSG_HDR_SIZE + AGOQ_COLL_MSG_SIZE + (uint64_t)BC_CALLS * (AGOQ_MSG_HDR_SIZE + bc_frame_min());
+}
+
+/* pieces: the control socket of a connection carries message headers only: the ident, the
+ * ready (phase 0) and one per call. */
+#define BC_HDR_MAX ((int64_t)(BC_CALLS + 2) * AGOQ_MSG_HDR_SIZE)
+
+/* The control stream bytes a flip offset is drawn from: pieces, within its first BC_CALLS
+ * headers (as before paths); inline, anywhere in it. */
+static uint64_t bc_ctrl_span(fault_path path) {
+  return path == FAULT_PATH_INLINE ? bc_inline_span() : (uint64_t)BC_CALLS * AGOQ_MSG_HDR_SIZE;
+}
+
 /* One case: ranks, proxies (one may flip), outcome per rank. Returns -1 on setup failure. */
 typedef struct {
   int done, errors, hangs;
   int64_t hash[BC_NRANKS];
   bool flipped;
   fault_event flip;
+  bf_proxy_report rep[BC_NRANKS];
 } bc_outcome;
 
-static int bc_case(uint64_t seed, int flipper, bc_outcome* o) {
+static int bc_case(uint64_t seed, int flipper, fault_path path, bc_outcome* o) {
   memset(o, 0, sizeof *o);
   fault_child r[BC_NRANKS], px[BC_NRANKS];
   bc_arg a[BC_NRANKS];
@@ -453,8 +590,9 @@ static int bc_case(uint64_t seed, int flipper, bc_outcome* o) {
     if (fault_recv_kind(r[k].fd, FAULT_MSG_HANDLE, real[k], FAULT_HANDLE_SIZE, 20000) != FAULT_HANDLE_SIZE) return -1;
     agoq_handle h;
     if (agoq_handle_decode(real[k], AGOQ_HANDLE_WIRE_SIZE, &h) != AGOQ_WIRE_OK) return -1;
-    bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = seed + (uint64_t)k,
-                       .data_span = (uint64_t)BC_CALLS * (BC_COUNT / BC_NRANKS + 4096) / 2, .no_flip = k != flipper};
+    bf_proxy_arg pa = {.to = h.addr, .to_len = h.addr_len, .seed = seed + (uint64_t)k, .path = path,
+                       .ctrl_span = bc_ctrl_span(path),
+                       .data_span = bc_data_span, .no_flip = k != flipper};
     if (bf_proxy_start(&h, &pa, &px[k]) != 0) return -1;
     memcpy(proxied[k], real[k], FAULT_HANDLE_SIZE); /* CollNet's settings at [64, 96) stay */
     agoq_handle_encode(&h, proxied[k]);
@@ -484,36 +622,66 @@ static int bc_case(uint64_t seed, int flipper, bc_outcome* o) {
       o->hash[k] = e.value;
     }
   }
+  /* The proxies first: their counts then cover the run and none of the teardown. */
+  for (int k = 0; k < BC_NRANKS; k++)
+    if (bf_proxy_stop(&px[k], &o->rep[k]) != 0) o->hangs++;
   if (flipper >= 0) {
-    uint32_t fk = 0;
-    o->flipped = fault_recv(px[flipper].fd, &fk, &o->flip, sizeof o->flip, 200) == (int)sizeof o->flip &&
-                 fk == FAULT_MSG_PHASE;
+    o->flipped = o->rep[flipper].flipped;
+    o->flip = o->rep[flipper].flip;
   }
   for (int k = 0; k < BC_NRANKS; k++) {
     fault_send(r[k].fd, FAULT_MSG_STOP, NULL, 0);
-    fault_send(px[k].fd, FAULT_MSG_STOP, NULL, 0);
     if (fault_reap(&r[k], 20000) != 0) o->hangs++;
-    if (fault_reap(&px[k], 20000) != 0) o->hangs++;
   }
   return 0;
 }
 
-int fault_sc_bitflip_coll(int seeds, uint64_t seed0) {
-  int cases = 0, detected = 0, harmless = 0, noflip = 0, wrong = 0, hangs = 0;
+/* The path check of a case over its proxies (bf_path_check), "" when it holds; *k: the
+ * proxy that failed it. */
+static const char* bc_path_check(fault_path path, const bc_outcome* o, int* k) {
+  for (*k = 0; *k < BC_NRANKS; (*k)++) {
+    const char* off = bf_path_check(path, &o->rep[*k], BC_HDR_MAX);
+    if (*off) return off;
+  }
+  return "";
+}
+
+int fault_sc_bitflip_coll(int seeds, uint64_t seed0, fault_path path) {
+  int cases = 0, detected = 0, harmless = 0, noflip = 0, wrong = 0, hangs = 0, offpath = 0;
+  const char* pn = fault_path_name(path);
   setenv("AGOQ_FORMAT", "int8", 1);
   setenv("AGOQ_BLOCK", "128", 1);
   setenv("AGOQ_MIN_BYTES", "64K", 1);
   bc_outcome ref;
-  if (bc_case(seed0, -1, &ref) != 0 || ref.done != BC_NRANKS || ref.hash[1] != ref.hash[0] ||
+  if (bc_case(seed0, -1, path, &ref) != 0 || ref.done != BC_NRANKS || ref.hash[1] != ref.hash[0] ||
       ref.hash[2] != ref.hash[0]) {
-    printf("fault: bitflip_coll: the reference run without a flip failed (%d of %d ranks done)\n", ref.done,
+    printf("fault: bitflip_coll (%s): the reference run without a flip failed (%d of %d ranks done)\n", pn, ref.done,
            BC_NRANKS);
     return 1;
   }
+  /* The reference run is complete: its streams must take the path asked for and, inline,
+   * be no shorter than the span the flip offsets are drawn from. */
+  int pk = 0;
+  const char* off = bc_path_check(path, &ref, &pk);
+  for (int k = 0; !*off && path == FAULT_PATH_INLINE && k < BC_NRANKS; k++)
+    if ((uint64_t)ref.rep[k].ctrl_max < bc_inline_span()) {
+      pk = k;
+      off = "the control stream is shorter than the span the flip offsets are drawn from";
+    }
+  if (*off) {
+    printf("fault: bitflip_coll (%s): reference run: PATH CHECK FAILED at proxy %d: %s (control stream %lld B, data "
+           "sockets %lld B)\n",
+           pn, pk, off, (long long)ref.rep[pk].ctrl_max, (long long)ref.rep[pk].data);
+    return 1;
+  }
+  printf("fault: bitflip_coll (%s): reference run, per proxy: longest control stream / data-socket bytes:", pn);
+  for (int k = 0; k < BC_NRANKS; k++)
+    printf(" %lld / %lld B", (long long)ref.rep[k].ctrl_max, (long long)ref.rep[k].data);
+  printf("; control flip span %llu B\n", (unsigned long long)bc_ctrl_span(path));
   for (int i = 0; i < seeds; i++) {
     uint64_t seed = fault_mix(seed0 + 0x200000u + (uint64_t)i);
     bc_outcome o;
-    if (bc_case(seed, (int)(seed % BC_NRANKS), &o) != 0) return 1;
+    if (bc_case(seed, (int)(seed % BC_NRANKS), path, &o) != 0) return 1;
     cases++;
     hangs += o.hangs;
     int bad = 0;
@@ -522,26 +690,37 @@ int fault_sc_bitflip_coll(int seeds, uint64_t seed0) {
     const char* where = !o.flipped ? "no flip" : o.flip.phase == 0 ? "control socket" : "data socket";
     if (bad > 0) {
       wrong++;
-      printf("fault: bitflip_coll seed %d (%s, offset %lld): WRONG DATA on %d rank(s)\n", i, where,
+      printf("fault: bitflip_coll (%s) seed %d (%s, offset %lld): WRONG DATA on %d rank(s)\n", pn, i, where,
              (long long)o.flip.value, bad);
     } else if (o.errors > 0) {
       detected++;
-      printf("fault: bitflip_coll seed %d: flip on %s at offset %lld -> %d rank(s) failed, %d correct\n", i, where,
-             (long long)o.flip.value, o.errors, o.done);
-      if (!o.flipped) wrong++, printf("fault: bitflip_coll seed %d: ...but the proxy reports no flip\n", i);
+      printf("fault: bitflip_coll (%s) seed %d: flip on %s at offset %lld -> %d rank(s) failed, %d correct\n", pn, i,
+             where, (long long)o.flip.value, o.errors, o.done);
+      if (!o.flipped) wrong++, printf("fault: bitflip_coll (%s) seed %d: ...but the proxy reports no flip\n", pn, i);
     } else if (o.flipped) {
       harmless++;
-      printf("fault: bitflip_coll seed %d: flip on %s at offset %lld -> all results correct\n", i, where,
+      printf("fault: bitflip_coll (%s) seed %d: flip on %s at offset %lld -> all results correct\n", pn, i, where,
              (long long)o.flip.value);
     } else {
       noflip++;
-      printf("fault: bitflip_coll seed %d: offset past the stream, no flip; all results correct\n", i);
+      printf("fault: bitflip_coll (%s) seed %d: offset past the stream, no flip; all results correct\n", pn, i);
+    }
+    if (*(off = bc_path_check(path, &o, &pk))) {
+      offpath++;
+      printf("fault: bitflip_coll (%s) seed %d: PATH CHECK FAILED at proxy %d: %s (control stream %lld B, data "
+             "sockets %lld B)\n",
+             pn, i, pk, off, (long long)o.rep[pk].ctrl_max, (long long)o.rep[pk].data);
     }
   }
-  printf("fault: bitflip_coll: cases=%d detected=%d correct-despite-flip=%d no-flip=%d wrong-data=%d hangs=%d\n",
-         cases, detected, harmless, noflip, wrong, hangs);
+  printf("fault: bitflip_coll (%s): cases=%d detected=%d correct-despite-flip=%d no-flip=%d wrong-data=%d hangs=%d "
+         "path-check-failed=%d\n",
+         pn, cases, detected, harmless, noflip, wrong, hangs, offpath);
   unsetenv("AGOQ_FORMAT");
   unsetenv("AGOQ_BLOCK");
   unsetenv("AGOQ_MIN_BYTES");
-  return wrong == 0 && hangs == 0 && detected > 0 ? 0 : 1;
+  /* inline draws every offset inside every control stream: a case without a flip means
+   * the span is wrong and the case tested nothing. */
+  if (path == FAULT_PATH_INLINE && noflip > 0)
+    printf("fault: bitflip_coll (inline): %d case(s) flipped nothing\n", noflip);
+  return wrong == 0 && hangs == 0 && offpath == 0 && detected > 0 && (path != FAULT_PATH_INLINE || noflip == 0) ? 0 : 1;
 }

@@ -6,6 +6,11 @@
  * One exception is by design: a listener whose connector dies before the handshake is
  * complete has nobody to fail for (NCCL's accept simply waits); there the check is that
  * the listener still serves a fresh connector.
+ *
+ * --path pieces (the default) puts every payload on the data sockets, so a kill lands
+ * mid-piece with the progress threads moving the bytes (CollNet's slices, under
+ * AGOQ_SOCKET_INLINE's 4 MiB default, would otherwise all go inline); --path inline puts
+ * them on the control socket, moved by the caller's thread.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -154,7 +159,7 @@ static int kp_wait_phase(fault_child* who, int phase, int timeout_ms) {
   }
 }
 
-int fault_sc_kill_p2p(int seeds, uint64_t seed0) {
+int fault_sc_kill_p2p(int seeds, uint64_t seed0, fault_path path) {
   int cases = 0, hangs = 0, failures = 0, served = 0;
   int64_t worst = 0;
   for (int i = 0; i < seeds; i++) {
@@ -228,8 +233,8 @@ int fault_sc_kill_p2p(int seeds, uint64_t seed0) {
     fault_reap(&s, 5000);
     if (!ok) failures++;
   }
-  printf("fault: kill_p2p: cases=%d failures=%d hangs=%d served-after-connect-kill=%d worst-detect-ms=%lld\n", cases,
-         failures, hangs, served, (long long)worst);
+  printf("fault: kill_p2p (%s): cases=%d failures=%d hangs=%d served-after-connect-kill=%d worst-detect-ms=%lld\n",
+         fault_path_name(path), cases, failures, hangs, served, (long long)worst);
   return failures == 0 && cases == seeds ? 0 : 1;
 }
 
@@ -301,7 +306,7 @@ static int kc_rank(int fd, void* varg) {
   return fault_now_ms() - t0 < FAULT_DETECT_LIMIT_MS ? 0 : 2;
 }
 
-int fault_sc_kill_coll(int seeds, uint64_t seed0) {
+int fault_sc_kill_coll(int seeds, uint64_t seed0, fault_path path) {
   int cases = 0, hangs = 0, failures = 0, detections = 0;
   int64_t worst = 0;
   for (int i = 0; i < seeds; i++) {
@@ -366,7 +371,7 @@ int fault_sc_kill_coll(int seeds, uint64_t seed0) {
     }
     if (!ok) failures++;
   }
-  printf("fault: kill_coll: cases=%d survivor-detections=%d failures=%d hangs=%d worst-detect-ms=%lld\n", cases,
-         detections, failures, hangs, (long long)worst);
+  printf("fault: kill_coll (%s): cases=%d survivor-detections=%d failures=%d hangs=%d worst-detect-ms=%lld\n",
+         fault_path_name(path), cases, detections, failures, hangs, (long long)worst);
   return failures == 0 ? 0 : 1;
 }

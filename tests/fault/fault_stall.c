@@ -6,6 +6,8 @@
  *    grows by less than FAULT_STALL_RSS_LIMIT_KB over the run: the transport never copies
  *    or queues payload beyond the caller's buffers and the kernel's socket buffers;
  *  - AGOQ_TIMEOUT_S=2: the sender's test() fails within 2..15 s with an error.
+ * --path pieces (the default) stalls the data sockets under the progress threads; --path
+ * inline the control socket under the caller's thread (the 32 MiB messages go inline).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,9 +141,9 @@ static int st_case(bool with_timeout, int run_ms) {
   return fail;
 }
 
-int fault_sc_stall(void) {
+int fault_sc_stall(fault_path path) {
   int fails = st_case(false, 8000);
   fails += st_case(true, 30000);
-  printf("fault: stall: cases=2 failures=%d\n", fails);
+  printf("fault: stall (%s): cases=2 failures=%d\n", fault_path_name(path), fails);
   return fails == 0 ? 0 : 1;
 }

@@ -211,6 +211,13 @@ long fault_fd_count(pid_t pid) {
   return n;
 }
 
+void fault_path_set(fault_path path) {
+  /* 1G is AGOQ_SOCKET_INLINE's maximum: every payload a scenario sends fits under it. */
+  setenv("AGOQ_SOCKET_INLINE", path == FAULT_PATH_INLINE ? "1G" : "0", 1);
+}
+
+const char* fault_path_name(fault_path path) { return path == FAULT_PATH_INLINE ? "inline" : "pieces"; }
+
 int fault_net_init(void** ctx, ncclProfilerCallback_t prof) {
   ncclResult_t r = agoq_net_init(ctx, FAULT_COMM_ID, -1, agoq_log_stderr, prof);
   return r == ncclSuccess ? 0 : (int)r;
