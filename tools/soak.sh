@@ -5,6 +5,10 @@
 # While a round runs, the VmRSS and open fd count of every rank process are sampled every
 # second from /proc. Reports rounds, operations, errors (must be 0), the RSS drift of each
 # long round's ranks (mean of the last quarter of samples vs the first) and the fd drift.
+# Every other round on average runs with AGOQ_SOCKET_INLINE=0 (path=pieces: every payload
+# on the data sockets, moved by the progress threads); the others keep the default
+# (path=default: payloads up to AGOQ_SOCKET_INLINE, 4 MiB unless set, inline on the control
+# socket, among them every CollNet slice), so both data paths are soaked.
 #
 # usage: tools/soak.sh [--minutes M] [--ranks N] [--round-seconds S] [--seed S]
 #                      [--perf PATH] [--lib PATH] [--loopback]
@@ -72,6 +76,8 @@ while (($(date +%s) < t_end)); do
   # One size per round (the ranks' buffers are then allocated once, so RSS drift within a
   # round means a leak, not a bigger size); sizes vary between rounds.
   b=${sizes[RANDOM % 7]} e=$b
+  path=default penv=()
+  ((RANDOM % 2)) && path=pieces penv=(AGOQ_SOCKET_INLINE=0)
   nsteps=1
   # Iterations sized so a round lasts about round_s on 2 cores (a rough model: 1 GB/s).
   top=$(numfmt --from=iec "$e")
@@ -81,29 +87,29 @@ while (($(date +%s) < t_end)); do
   if [[ $op == p2p ]]; then
     # Typed p2p (the profiler-oracle path, quantized with $fmt) with NCCL's 128 KiB chunks.
     args=(p2p -d "$dt" --format "$fmt" --chunk 128K -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
-    desc="p2p $dt $fmt $b..$e iters=$iters"
+    desc="p2p $dt $fmt $b..$e iters=$iters path=$path"
     nops=$(( (nsteps) * (iters + 2) ))
   else
     args=("$op" -d "$dt" -b "$b" -e "$e" -f 4 --iters "$iters" -w 2 --format "$fmt")
     [[ $fmt != none ]] && args+=(--max-rel-l2 0.2)
     args+=(--max-diverged 0)
-    desc="$op $dt $fmt $b..$e iters=$iters"
+    desc="$op $dt $fmt $b..$e iters=$iters path=$path"
     nops=$(( nsteps * (iters + 2) ))
   fi
   t0=$(date +%s)
   if ((use_netlab)); then
     if [[ $op == p2p ]]; then
-      "$repo"/tools/netlab.sh --op p2p --rate none --perf "$perf" --lib "$lib" -d "$dt" --format "$fmt" -b "$b" -e "$e" \
-        -f 4 --iters "$iters" --warmup 2 -- --chunk 128K >"$log" 2>&1 &
+      env "${penv[@]}" "$repo"/tools/netlab.sh --op p2p --rate none --perf "$perf" --lib "$lib" -d "$dt" \
+        --format "$fmt" -b "$b" -e "$e" -f 4 --iters "$iters" --warmup 2 -- --chunk 128K >"$log" 2>&1 &
     else
       extra=(); [[ $fmt != none ]] && extra=(-- --max-rel-l2 0.2 --max-diverged 0)
       [[ $fmt == none ]] && extra=(-- --max-diverged 0)
-      "$repo"/tools/netlab.sh --op "$op" --nranks "$ranks" --rate none --perf "$perf" --lib "$lib" -d "$dt" \
-        -b "$b" -e "$e" -f 4 --iters "$iters" --warmup 2 --format "$fmt" "${extra[@]}" >"$log" 2>&1 &
+      env "${penv[@]}" "$repo"/tools/netlab.sh --op "$op" --nranks "$ranks" --rate none --perf "$perf" --lib "$lib" \
+        -d "$dt" -b "$b" -e "$e" -f 4 --iters "$iters" --warmup 2 --format "$fmt" "${extra[@]}" >"$log" 2>&1 &
     fi
   else
     [[ $op != p2p ]] && args+=(-N "$ranks")
-    AGOQ_SOCKET_IFNAME=${AGOQ_SOCKET_IFNAME:-lo} "$perf" "${args[@]}" --lib "$lib" >"$log" 2>&1 &
+    env "${penv[@]}" AGOQ_SOCKET_IFNAME="${AGOQ_SOCKET_IFNAME:-lo}" "$perf" "${args[@]}" --lib "$lib" >"$log" 2>&1 &
   fi
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
