@@ -182,8 +182,9 @@ static void agoq_param_expected(const agoq_param_desc* desc, char* out, size_t o
     case AGOQ_PARAM_TYPE_SIZE:
       snprintf(out, outlen,
                "a size in bytes in [%" PRId64 ", %" PRId64 "], optionally with a K/M/G/T suffix "
-               "(powers of 1024: 64K = 64KB = 64KiB = 65536)",
-               desc->min, desc->max);
+               "(powers of 1024: 64K = 64KB = 64KiB = 65536)%s%s",
+               desc->min, desc->max, desc->choices != NULL ? ", or " : "",
+               desc->choices != NULL ? desc->choices : "");
       break;
     case AGOQ_PARAM_TYPE_BOOL:
       snprintf(out, outlen, "a boolean: 0/1, true/false, yes/no or on/off");
@@ -214,6 +215,11 @@ ncclResult_t agoq_param_parse(const agoq_param_desc* desc, const char* text, int
       break;
     case AGOQ_PARAM_TYPE_SIZE:
       ok = agoq_param_parse_size(b, e, &v) && v >= desc->min && v <= desc->max;
+      /* A size may also be one of its keywords (choices): the k-th is the value -(k + 1). */
+      if (!ok && agoq_param_parse_enum(desc->choices, b, e, &v)) {
+        v = -(v + 1);
+        ok = true;
+      }
       break;
     case AGOQ_PARAM_TYPE_BOOL:
       ok = agoq_param_parse_bool(b, e, &v);

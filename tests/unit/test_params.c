@@ -114,6 +114,24 @@ static const agoq_param_desc wide_int = {"AGOQ_TEST_WIDE", AGOQ_PARAM_TYPE_INT, 
 static const agoq_param_desc wide_size = {"AGOQ_TEST_SIZE", AGOQ_PARAM_TYPE_SIZE, "0", 0,
                                           INT64_MAX, NULL, NULL, "test"};
 
+/* A size with keywords: a number, or the k-th keyword as -(k + 1); nothing else. */
+static void test_size_keyword(void** state) {
+  (void)state;
+  const agoq_param_desc* d = desc_of(AGOQ_PARAM_SOCKET_SNDBUF); /* [0, 1G] or auto */
+  expect_ok(d, "auto", -1);
+  expect_ok(d, " AUTO ", -1);
+  expect_ok(d, "0", 0);
+  expect_ok(d, "256K", 256 << 10);
+  const char* bad[] = {"automatic", "au", "-1", "auto1", "2G", "", "auto,0"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_bad(d, bad[i]);
+  int64_t v;
+  char err[256];
+  assert_int_equal(agoq_param_parse(d, "x", &v, err, sizeof err), ncclInvalidUsage);
+  assert_non_null(strstr(err, "or auto")); /* the message offers the keyword */
+  /* A size without keywords has no such value. */
+  expect_bad(&wide_size, "auto");
+}
+
 /* ---- INT ----------------------------------------------------------------------------- */
 
 static void test_int_valid(void** state) {
@@ -297,11 +315,16 @@ static void test_table_defaults(void** state) {
       fail_msg("default of %s does not parse: %s", d->name, err);
     switch (d->type) {
       case AGOQ_PARAM_TYPE_INT:
-      case AGOQ_PARAM_TYPE_SIZE:
         assert_true(d->min <= d->max);
         /* Signed comparison: cmocka's assert_in_range works on unsigned values. */
         if (v < d->min || v > d->max) fail_msg("default of %s is out of range", d->name);
         assert_null(d->choices);
+        break;
+      case AGOQ_PARAM_TYPE_SIZE:
+        assert_true(d->min <= d->max);
+        /* In range, or one of the size's keywords (negative, only where it has some). */
+        if ((v < d->min || v > d->max) && !(d->choices != NULL && v < 0))
+          fail_msg("default of %s is out of range", d->name);
         break;
       case AGOQ_PARAM_TYPE_ENUM:
         assert_non_null(d->choices);
@@ -507,6 +530,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_int_valid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_int_invalid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_int_message, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_size_keyword, setup, teardown),
       cmocka_unit_test_setup_teardown(test_size_valid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_size_invalid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_size_range, setup, teardown),

@@ -36,6 +36,8 @@ const agoq_netif* agoq_info_net_find(const agoq_info_net* n, const char* name);
 /* An interface's address (no port), link ("up" / "no carrier") and speed source. */
 void agoq_info_netif_fields(const agoq_netif* nif, char* addr, size_t addr_len, const char** link,
                             const char** speed_source);
+/* Device dev's socket buffer sizes as the plugin sets them. */
+void agoq_info_net_print_buffers(FILE* out, const agoq_info_net* n, int dev);
 void agoq_info_net_print_counts(FILE* out, const agoq_info_net* n);
 /* `agoq-info -c`'s interface section: 0, or 1 when no interface matches. */
 int agoq_info_config_interfaces(FILE* out);

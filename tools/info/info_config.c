@@ -55,7 +55,8 @@ static void agoq_info_allowed(const agoq_param_desc* d, bool markdown, char* buf
     case AGOQ_PARAM_TYPE_SIZE:
       agoq_info_size_human(d->min, lo, sizeof lo);
       agoq_info_size_human(d->max, hi, sizeof hi);
-      snprintf(buf, len, "%s%s%s to %s%s%s bytes", q, lo, q, q, hi, q);
+      snprintf(buf, len, "%s%s%s to %s%s%s bytes%s%s%s%s", q, lo, q, q, hi, q, d->choices != NULL ? ", or " : "",
+               d->choices != NULL ? q : "", d->choices != NULL ? d->choices : "", d->choices != NULL ? q : "");
       break;
     case AGOQ_PARAM_TYPE_BOOL:
       snprintf(buf, len, "%s", markdown ? "`0`/`1`, `true`/`false`, `yes`/`no`, `on`/`off`"
@@ -94,7 +95,7 @@ static void agoq_info_meaning(const agoq_param_desc* d, const char* text, int64_
     case AGOQ_PARAM_TYPE_SIZE: {
       char dec[32];
       snprintf(dec, sizeof dec, "%" PRId64, v);
-      if (strcmp(dec, text) != 0) snprintf(buf, len, " (= %s bytes)", dec);
+      if (v >= 0 && strcmp(dec, text) != 0) snprintf(buf, len, " (= %s bytes)", dec); /* < 0: a keyword */
       break;
     }
     case AGOQ_PARAM_TYPE_BOOL:

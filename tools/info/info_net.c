@@ -42,6 +42,16 @@ void agoq_info_netif_fields(const agoq_netif* nif, char* addr, size_t addr_len, 
                                                                 : "measured (topology)";
 }
 
+void agoq_info_net_print_buffers(FILE* out, const agoq_info_net* n, int dev) {
+  int snd, rcv;
+  agoq_tcp_buffer_sizes(&n->config, dev, &snd, &rcv);
+  char s[32] = "autotuning", r[32] = "autotuning";
+  if (snd > 0) snprintf(s, sizeof s, "%d KiB", snd >> 10);
+  if (rcv > 0) snprintf(r, sizeof r, "%d KiB", rcv >> 10);
+  fprintf(out, "      socket buffers: send %s, receive %s%s\n", s, r,
+          n->config.sndbuf == AGOQ_TCP_BUF_AUTO || n->config.rcvbuf == AGOQ_TCP_BUF_AUTO ? " (auto: by interface)" : "");
+}
+
 void agoq_info_net_print_counts(FILE* out, const agoq_info_net* n) {
   fprintf(out, "%-20s %u per connection%s\n", "data sockets:", n->config.nsocks,
           n->nsocks_auto ? " (AGOQ_SOCKET_NSOCKS=0: auto)" : "");
@@ -70,6 +80,7 @@ int agoq_info_config_interfaces(FILE* out) {
     agoq_info_netif_fields(nif, addr, sizeof addr, &link, &src);
     fprintf(out, "  [%d] %-10s %-24s link %-10s speed %d Mbps, %s\n", i, nif->name, addr, link,
             nif->speed_mbps, src);
+    agoq_info_net_print_buffers(out, &n, i);
   }
   agoq_info_net_print_counts(out, &n);
   return 0;

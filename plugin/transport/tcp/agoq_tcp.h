@@ -32,7 +32,7 @@ typedef struct {
   unsigned nsocks;     /* data sockets per connection this process asks for */
   uint64_t inline_max;
   uint64_t min_chunk;
-  int sndbuf, rcvbuf;
+  int sndbuf, rcvbuf;   /* bytes, 0 = autotuning, AGOQ_TCP_BUF_AUTO = by interface */
   int keepalive_s;
   int timeout_s;
   int64_t handshake_timeout_ms;
@@ -40,6 +40,16 @@ typedef struct {
 } agoq_transport_config;
 
 extern agoq_transport_config agoq_config;
+
+/* AGOQ_SOCKET_SNDBUF / RCVBUF "auto" (the size parameter's first keyword). */
+#define AGOQ_TCP_BUF_AUTO (-1)
+/* What "auto" means on a loopback interface (measured, agoq_params.def); elsewhere the
+ * kernel's autotuning. */
+#define AGOQ_TCP_LOOPBACK_SNDBUF (256 << 10)
+#define AGOQ_TCP_LOOPBACK_RCVBUF (1 << 20)
+/* The socket buffer sizes to set on a socket of device `dev` under config c (0: leave
+ * autotuning). */
+void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, int* sndbuf, int* rcvbuf);
 
 /* Loads the parameters and fills c as init does (interface discovery, topology, socket
  * options), so agoq-info shows the values the plugin uses, never a second copy of the

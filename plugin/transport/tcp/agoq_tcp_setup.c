@@ -42,9 +42,28 @@ static void agoq_setsockopt_int(int fd, int level, int opt, int value, const cha
     AGOQ_INFO(NCCL_NET, "setsockopt(%s=%d) failed: %s", name, value, strerror(errno));
 }
 
-static void agoq_socket_tune_buffers(int fd) {
-  if (agoq_config.sndbuf > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_SNDBUF, agoq_config.sndbuf, "SO_SNDBUF");
-  if (agoq_config.rcvbuf > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, agoq_config.rcvbuf, "SO_RCVBUF");
+static bool agoq_addr_is_loopback(const struct sockaddr_storage* a) {
+  if (a->ss_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in*)a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->ss_family == AF_INET6) {
+    const struct in6_addr* a6 = &((const struct sockaddr_in6*)a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a6) ||
+           (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+  }
+  return false;
+}
+
+void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, int* sndbuf, int* rcvbuf) {
+  bool loopback = dev >= 0 && dev < c->nifs && agoq_addr_is_loopback(&c->ifs[dev].addr);
+  *sndbuf = c->sndbuf == AGOQ_TCP_BUF_AUTO ? (loopback ? AGOQ_TCP_LOOPBACK_SNDBUF : 0) : c->sndbuf;
+  *rcvbuf = c->rcvbuf == AGOQ_TCP_BUF_AUTO ? (loopback ? AGOQ_TCP_LOOPBACK_RCVBUF : 0) : c->rcvbuf;
+}
+
+static void agoq_socket_tune_buffers(int fd, int dev) {
+  int snd, rcv;
+  agoq_tcp_buffer_sizes(&agoq_config, dev, &snd, &rcv);
+  if (snd > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_SNDBUF, snd, "SO_SNDBUF");
+  if (rcv > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, rcv, "SO_RCVBUF");
 }
 
 ncclResult_t agoq_socket_configure(int fd, const char* peer) {
@@ -141,7 +160,7 @@ ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_li
   socklen_t addr_len = nif->addr_len;
   lc->fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   AGOQ_SYSCHECK_GOTO(lc->fd, "socket", res, fail);
-  agoq_socket_tune_buffers(lc->fd); /* accepted sockets inherit the buffer sizes */
+  agoq_socket_tune_buffers(lc->fd, dev); /* accepted sockets inherit the buffer sizes */
   /* Listen on the chosen interface's address only, never on all interfaces. */
   AGOQ_SYSCHECK_GOTO(bind(lc->fd, (struct sockaddr*)&addr, addr_len), "bind", res, fail);
   AGOQ_SYSCHECK_GOTO(listen(lc->fd, agoq_config.max_pending), "listen", res, fail);
@@ -243,7 +262,7 @@ static ncclResult_t agoq_connect_start(uint64_t comm_id, int dev, const void* ha
     int fd = socket(h.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     AGOQ_SYSCHECK_GOTO(fd, "socket", res, fail);
     st->fds[i] = fd;
-    agoq_socket_tune_buffers(fd); /* before connect, so the window scale is negotiated for it */
+    agoq_socket_tune_buffers(fd, dev); /* before connect, so the window scale is negotiated for it */
     if (connect(fd, (struct sockaddr*)&h.addr, h.addr_len) != 0 && errno != EINPROGRESS) {
       AGOQ_WARN("connect to %s failed: %s", st->peer, strerror(errno));
       res = ncclSystemError;
