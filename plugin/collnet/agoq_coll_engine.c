@@ -24,6 +24,7 @@
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
+#include "core/agoq_eventfd.h"
 #include "net/agoq_net.h"
 
 ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size) {
@@ -394,9 +395,7 @@ static void agoq_engine_abort(agoq_coll_comm* g, ncclResult_t res) {
 
 void agoq_coll_engine_wake(agoq_coll_comm* g) {
   if (!atomic_load(&g->sleeping)) return;
-  uint64_t one = 1;
-  ssize_t ignored = write(g->wake_fd, &one, sizeof one);
-  (void)ignored;
+  agoq_eventfd_post(g->wake_fd);
 }
 
 /* Sleeps until a connection the engine waits on can move bytes, a request arrives, stop,
@@ -424,11 +423,7 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   pthread_mutex_unlock(&g->mu);
   if (!wake) {
     struct timespec ts = {0, hidden ? AGOQ_ENGINE_NAP_NS : AGOQ_ENGINE_SLEEP_NS};
-    if (ppoll(g->pfds, (nfds_t)np, &ts, NULL) > 0 && (g->pfds[0].revents & POLLIN)) {
-      uint64_t drain;
-      ssize_t ignored = read(g->wake_fd, &drain, sizeof drain);
-      (void)ignored;
-    }
+    if (ppoll(g->pfds, (nfds_t)np, &ts, NULL) > 0 && (g->pfds[0].revents & POLLIN)) agoq_eventfd_drain(g->wake_fd);
   }
   atomic_store(&g->sleeping, false);
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/agoq_check.h"
+#include "core/agoq_eventfd.h"
 #include "core/agoq_params.h"
 #include "transport/tcp/agoq_tcp.h"
 #include "agoq_topo.h"
@@ -132,11 +133,7 @@ static void agoq_worker_sleep(agoq_worker* w, int npoll, uint64_t seen_posts, in
     w->pfds[npoll].events = POLLIN;
     w->pfds[npoll].revents = 0;
     int rc = poll(w->pfds, (nfds_t)npoll + 1, timeout_ms);
-    if (rc > 0 && (w->pfds[npoll].revents & POLLIN)) {
-      uint64_t drain;
-      ssize_t ignored = read(w->wake_fd, &drain, sizeof drain);
-      (void)ignored;
-    }
+    if (rc > 0 && (w->pfds[npoll].revents & POLLIN)) agoq_eventfd_drain(w->wake_fd);
   }
   atomic_store(&w->sleeping, false);
 }
@@ -201,9 +198,7 @@ static void agoq_pool_stop_locked(void) {
   for (int i = 0; i < agoq_pool.nworkers; i++) {
     agoq_worker* w = &agoq_pool.workers[i];
     atomic_store(&w->stop, true);
-    uint64_t one = 1;
-    ssize_t ignored = write(w->wake_fd, &one, sizeof one);
-    (void)ignored;
+    agoq_eventfd_post(w->wake_fd);
     pthread_join(w->thread, NULL);
     /* Streams still attached (only at unload) must never reach the freed worker. */
     for (agoq_stream* s = w->streams; s != NULL; s = s->next) s->worker = NULL;
@@ -403,11 +398,7 @@ bool agoq_stream_post(agoq_stream* s, uint8_t* ptr, size_t len, atomic_int* pend
   agoq_worker* w = s->worker;
   if (w == NULL) return true; /* pool stopped at unload: only test()'s assist moves bytes */
   atomic_fetch_add(&w->posts, 1);
-  if (atomic_load(&w->sleeping)) {
-    uint64_t one = 1;
-    ssize_t ignored = write(w->wake_fd, &one, sizeof one);
-    (void)ignored;
-  }
+  if (atomic_load(&w->sleeping)) agoq_eventfd_post(w->wake_fd);
   return true;
 }
 
