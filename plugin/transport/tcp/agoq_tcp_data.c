@@ -197,14 +197,15 @@ static int agoq_recv_inline(agoq_tp_conn* c) {
     c->rx_off = c->rx_len = 0;
     struct iovec iov[2];
     int niov = 0;
-    if (want >= AGOQ_RX_DIRECT_MIN) iov[niov++] = (struct iovec){dst + c->rx_inline_got, want};
-    iov[niov++] = (struct iovec){c->rx_buf, niov ? AGOQ_RX_AHEAD_LARGE : AGOQ_RX_BUF_SIZE};
+    bool direct = want >= AGOQ_RX_DIRECT_MIN;
+    if (direct) iov[niov++] = (struct iovec){dst + c->rx_inline_got, want};
+    iov[niov++] = (struct iovec){c->rx_buf, direct ? AGOQ_RX_AHEAD_LARGE : AGOQ_RX_BUF_SIZE};
     ssize_t n = agoq_ctrl_readv(c, iov, niov);
     if (n <= 0) return (int)n;
-    if (niov == 2) {
-      size_t direct = (size_t)n < want ? (size_t)n : want;
-      c->rx_inline_got += direct;
-      c->rx_len = (size_t)n - direct;
+    if (direct) {
+      size_t placed = (size_t)n < want ? (size_t)n : want;
+      c->rx_inline_got += placed;
+      c->rx_len = (size_t)n - placed;
     } else {
       c->rx_len = (size_t)n;
     }
