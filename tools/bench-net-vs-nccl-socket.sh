@@ -5,7 +5,8 @@
 # from NCCL's socket transport yourself; agoq contains no NCCL code.
 #
 #   tools/bench-net-vs-nccl-socket.sh --socket PATH [--lib PATH] [--perf PATH] [--rounds R]
-#       [-b SIZE] [-e SIZE] [-f F] [--inflight "1 8"] [--target-bytes SIZE] [-n N] [-w N]
+#       [-b SIZE] [-e SIZE] [-f F] [--inflight "1 8 pp"] [--target-bytes SIZE]
+#       [--pp-target-bytes SIZE] [-n N] [-w N]
 #       [--out DIR] [--env-a VAR=value]... [--env-b VAR=value]... [--timeout S] [--retries N]
 #
 #   --socket PATH        the NCCL Socket plugin .so (or env NCCL_SOCKET_PLUGIN_PATH); required
@@ -13,9 +14,13 @@
 #   --perf PATH          agoq-perf (default env AGOQ_PERF, else build/bin/agoq-perf of this repo)
 #   --rounds R           rounds (default 5); each runs both sides for every inflight value
 #   -b, -e, -f           sizes, as agoq-perf's (default 8 B to 256 MiB, factor 2: 26 sizes)
-#   --inflight LIST      requests in flight per side, one sweep each (default "1 8")
+#   --inflight LIST      requests in flight per side, one sweep each; "pp" is a ping-pong
+#                        sweep (agoq-perf --pingpong: the receiver sends every message
+#                        back, time_us is half a round trip, the latency) (default "1 8 pp")
 #   --target-bytes SIZE  agoq-perf --target-bytes: timed messages per size at least -n and
 #                        enough to carry SIZE, at most 1000000 (default 256M)
+#   --pp-target-bytes SIZE  the same for the ping-pong sweep (default 2M: 262144 round
+#                        trips of 8 B, -n of the large sizes)
 #   -n N, -w N           agoq-perf's timed and warm-up messages per size (default 10 and 2)
 #   --out DIR            keep the raw JSON and stderr of every run, the uptime load before
 #                        each, the settings (meta.txt) and the summary (summary.md) in DIR
@@ -32,15 +37,18 @@
 # Rounds alternate the order (odd rounds agoq then Socket, even rounds Socket then agoq; the
 # first run of a pair is systematically disturbed on small hosts). Per inflight value it
 # prints a markdown table: per size the medians over rounds of both sides' GB/s, each round's
-# agoq/Socket ratio and the median of those ratios; for inflight 1 also both medians of the
-# per-message time (time_us) and the median per-round ratio agoq_time/Socket_time (the target
-# is <= 1.05 for 8 B-4 KiB). Every figure is one agoq-perf printed in its JSON; the script
-# only takes medians and ratios.
+# agoq/Socket ratio and the median of those ratios; for inflight 1 and ping-pong also both
+# medians of time_us and the median per-round ratio agoq_time/Socket_time. Ping-pong's
+# time_us is the latency (half a round trip), and its 8 B-4 KiB rows are checked against the
+# target (<= 1.05). Inflight 1's time_us is the time per message of a stream whose sender
+# never waits for its receiver, so the kernel may coalesce many small messages into one TCP
+# segment: a send rate, printed but not judged as latency. Every figure is one agoq-perf
+# printed in its JSON; the script only takes medians and ratios.
 #
 # Sizes: factor 2 (26 sizes), not 4. On a 2-CPU VM one sweep of the 26 sizes with
 # --target-bytes 256M took 18-19 s for agoq and 11-12 s for NCCL 2.28.9's Socket (the
-# 1000000-message cap binds up to 256 B), so the default run (5 rounds x 2 inflight values
-# x 2 sides) takes about 5-6 minutes, well under 15.
+# 1000000-message cap binds up to 256 B), and a ping-pong sweep about 10 s, so the default
+# run (5 rounds x 3 sweeps x 2 sides) takes about 7 minutes, well under 15.
 #
 # NCCL's Socket transport (2.28.9, ncclNetSocketTest) loses its framing now and then when a
 # sender runs ahead of its receiver with messages of at most NCCL_SOCKET_INLINE (128) bytes:
@@ -59,8 +67,9 @@ socket="${NCCL_SOCKET_PLUGIN_PATH:-}"
 lib=""
 rounds=5
 minb=8 maxb=256M factor=2
-inflight_list="1 8"
+inflight_list="1 8 pp"
 target=256M
+pp_target=2M
 iters=10 warmup=2
 out=""
 timeout_s=600
@@ -83,6 +92,7 @@ while [[ $# -gt 0 ]]; do
     -f) need "$@"; factor="$2"; shift 2 ;;
     --inflight) need "$@"; inflight_list="$2"; shift 2 ;;
     --target-bytes) need "$@"; target="$2"; shift 2 ;;
+    --pp-target-bytes) need "$@"; pp_target="$2"; shift 2 ;;
     -n) need "$@"; iters="$2"; shift 2 ;;
     -w) need "$@"; warmup="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
@@ -111,7 +121,8 @@ fi
 [[ "$retries" =~ ^[0-9]$ ]] || die "bad --retries '$retries' (0..9)"
 inflights=()
 for i in ${inflight_list//,/ }; do
-  if ! [[ "$i" =~ ^[1-9][0-9]*$ ]] || ((i > 32)); then die "bad --inflight value '$i' (1..32)"; fi
+  if [[ "$i" == pp ]]; then inflights+=(pp); continue; fi
+  if ! [[ "$i" =~ ^[1-9][0-9]*$ ]] || ((i > 32)); then die "bad --inflight value '$i' (1..32 or pp)"; fi
   inflights+=("$i")
 done
 ((${#inflights[@]} > 0)) || die "--inflight: empty list"
@@ -163,8 +174,10 @@ run_side() { # round inflight agoq|socket
   for ((try = 0; try <= retries; try++)); do
     echo "$name$( ((try > 0)) && echo " (retry $try)"): $(uptime 2>/dev/null || cat /proc/loadavg)" >>"$raw/uptime.txt"
     rc=0
+    local mode=(--inflight "$i")
+    [[ $i == pp ]] && mode=(--pingpong --target-bytes "$pp_target")
     env "${envs[@]+"${envs[@]}"}" timeout --kill-after=10 "$timeout_s" \
-      "$perf" "${perf_args[@]}" --inflight "$i" --lib "$so" >"$base.json" 2>"$base.err" || rc=$?
+      "$perf" "${perf_args[@]}" "${mode[@]}" --lib "$so" >"$base.json" 2>"$base.err" || rc=$?
     ((rc == 0)) && return 0
     why="exit $rc"
     ((rc == 124)) && why="timed out after $timeout_s s"
@@ -197,14 +210,14 @@ python3 - "$raw" "$rounds" "$lib" "$socket" "$title" "${inflights[@]}" >"$raw/su
 import json, os, statistics, sys
 
 raw, rounds, lib, sock, title = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-inflights = [int(x) for x in sys.argv[6:]]
+inflights = [x if x == "pp" else int(x) for x in sys.argv[6:]]
 med = statistics.median
 missing = {}
 
 ran = set()  # runs that exited 0 (a failed run's files were renamed: the script names it)
 
 def load(r, i, side):
-    path = os.path.join(raw, "r%d-i%d-%s.json" % (r, i, side))
+    path = os.path.join(raw, "r%d-i%s-%s.json" % (r, i, side))
     rows = {}
     if not os.path.exists(path):
         return rows
@@ -212,7 +225,7 @@ def load(r, i, side):
     for line in open(path):
         if line.startswith("{"):
             d = json.loads(line)
-            if d.get("test") == "p2p":
+            if d.get("test") == ("pingpong" if i == "pp" else "p2p"):
                 rows[d["size"]] = d
     return rows
 
@@ -241,9 +254,13 @@ print("Socket: %s (%s)" % (sock, "; ".join(sorted(about.get("socket", {"no resul
 for i in inflights:
     sizes = sorted(set().union(*(set(runs[(r, i, s)]) for r in range(1, rounds + 1)
                                  for s in ("agoq", "socket"))))
-    timed = i == 1
+    timed = i in (1, "pp")
+    judged = i == "pp"  # latency; a stream's time per message is a send rate
     print()
-    print("### inflight %d (%d round%s)" % (i, rounds, "" if rounds == 1 else "s"))
+    what = "ping-pong (latency: time_us is half a round trip)" if i == "pp" else "inflight %d" % i
+    if i == 1:
+        what += " (time_us: per message of a stream, a send rate, not latency)"
+    print("### %s (%d round%s)" % (what, rounds, "" if rounds == 1 else "s"))
     print()
     head = "| size | agoq GB/s (median) | Socket GB/s (median) | agoq/Socket per round | median ratio |"
     rule = "|---:|---:|---:|:---|---:|"
@@ -259,7 +276,7 @@ for i in inflights:
         for side, got in (("agoq", a), ("socket", b)):
             for r in range(1, rounds + 1):
                 if r not in got and (r, i, side) in ran:
-                    missing.setdefault("round %d inflight %d %s" % (r, i, side), []).append(fmt_size(size))
+                    missing.setdefault("round %d inflight %s %s" % (r, i, side), []).append(fmt_size(size))
         both = [r for r in range(1, rounds + 1) if r in a and r in b]
         bw_ratios = [a[r]["bw_GBps"] / b[r]["bw_GBps"] for r in both if b[r]["bw_GBps"] > 0]
         cells = [fmt_size(size),
@@ -272,12 +289,12 @@ for i in inflights:
             cells += ["%.3f" % med([d["time_us"] for d in a.values()]) if a else "-",
                       "%.3f" % med([d["time_us"] for d in b.values()]) if b else "-",
                       "%.2f" % med(t_ratios) if t_ratios else "-"]
-            if 8 <= size <= 4096 and t_ratios:
+            if judged and 8 <= size <= 4096 and t_ratios:
                 target_seen.append(fmt_size(size))
                 if med(t_ratios) > 1.05:
                     target_miss.append(fmt_size(size))
         print("| " + " | ".join(cells) + " |")
-    if timed and any(8 <= s <= 4096 for s in sizes):
+    if judged and any(8 <= s <= 4096 for s in sizes):
         if not target_seen:
             verdict = "no size had both sides measured"
         elif target_miss:
@@ -285,7 +302,7 @@ for i in inflights:
         else:
             verdict = "met at all %d sizes compared" % len(target_seen)
         print()
-        print("agoq_time/Socket_time <= 1.05 for 8 B-4 KiB: " + verdict)
+        print("latency, agoq_time/Socket_time <= 1.05 for 8 B-4 KiB: " + verdict)
 for run, lost in missing.items():
     print("MISSING: %s: no result for %s" % (run, ", ".join(lost)), file=sys.stderr)
 sys.exit(1 if missing else 0)

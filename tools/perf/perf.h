@@ -39,6 +39,7 @@ typedef struct {
   bool no_oracle;              /* --oracle none: NCCL without a profiler */
   bool coll_traffic;           /* --traffic coll: a collective's ring traffic */
   size_t chunk;                /* --chunk: each transfer goes as isends of this size (0: one) */
+  bool pingpong;               /* --pingpong: rank 1 echoes each message; half a round trip */
 } perf_opts;
 
 /* Parses argv[1..] (argv[0] is the subcommand). 0 ok, 1 help printed, -1 error printed. */
@@ -162,6 +163,9 @@ int perf_net_open_ex(perf_net* n, const char* lib_path, int dev, uint64_t comm_i
                      ncclProfilerCallback_t prof);
 /* Rank 1: listen and hand the handle to rank 0, then accept. Rank 0: connect. */
 int perf_net_connect_pair(perf_net* n, perf_boot* b);
+/* The same for a connection whose sending end is rank `sender` (its send_comm; the other
+ * rank's recv_comm): perf_net_connect_pair is sender 0, ping-pong adds sender 1. */
+int perf_net_connect_from(perf_net* n, perf_boot* b, int sender);
 void perf_net_close(perf_net* n);
 const char* perf_result_str(ncclResult_t r);
 
@@ -183,6 +187,27 @@ void perf_report_header(const perf_opts* o, const perf_net* n, const char* test)
 void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* r);
 /* Typed p2p: what the plugin's statistics say went on the wire (after it was closed). */
 void perf_report_wire(const perf_opts* o);
+
+/* ---- p2p payload pattern (perf_p2p.c), shared with ping-pong ---- */
+void perf_p2p_fill(uint8_t* p, size_t size, uint64_t seed);
+/* Offset of the first wrong byte's 8-byte word, SIZE_MAX when all match. */
+size_t perf_p2p_verify(const uint8_t* p, size_t size, uint64_t seed);
+uint64_t perf_p2p_seed(size_t size, int msg);
+
+/* ---- ping-pong (perf_p2p_pingpong.c) ----
+ * `count` round trips of `size` bytes over n's connections both ways (rank 0 sends and
+ * receives the echo, rank 1 echoes), framed by READY and DONE like a p2p run. bufs[0] is
+ * rank 0's send buffer and rank 1's receive-and-echo buffer; bufs[1] rank 0's receive
+ * buffer; mh[k][0] their handles on send_comm, mh[k][1] on recv_comm. Rank 0: *elapsed_us
+ * from READY to the last echo. */
+typedef struct {
+  uint8_t* buf[2];
+  void* mh[2][2];
+} perf_pp_bufs;
+int perf_pp_bufs_alloc(perf_net* n, size_t bytes, perf_pp_bufs* b);
+void perf_pp_bufs_free(perf_net* n, perf_pp_bufs* b);
+int perf_pp_run(perf_net* n, perf_boot* boot, const perf_opts* o, perf_pp_bufs* b, size_t size,
+                int count, int msg_base, double* elapsed_us);
 
 /* ---- time ---- */
 double perf_now_us(void);

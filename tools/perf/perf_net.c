@@ -1,9 +1,10 @@
 /*
  * The plugin session of one rank: the newest exported net table, one communicator
- * context, one connection rank 0 -> rank 1 set up with the polled, non-blocking
- * connect/accept NCCL's proxy uses.
+ * context, a connection rank 0 -> rank 1 (and, for ping-pong, one back) set up with the
+ * polled, non-blocking connect/accept NCCL's proxy uses.
  */
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -57,11 +58,14 @@ int perf_net_open_ex(perf_net* n, const char* lib_path, int dev, uint64_t comm_i
   return 0;
 }
 
-int perf_net_connect_pair(perf_net* n, perf_boot* b) {
+int perf_net_connect_pair(perf_net* n, perf_boot* b) { return perf_net_connect_from(n, b, 0); }
+
+int perf_net_connect_from(perf_net* n, perf_boot* b, int sender) {
   uint8_t handle[PERF_HANDLE_SIZE];
   memset(handle, 0, sizeof(handle));
   ncclResult_t r;
-  if (b->rank == 1) {
+  bool listener = b->rank != sender;
+  if (listener) {
     r = agoq_view_listen(&n->view, n->ctx, n->dev, handle, &n->listen_comm);
     if (r != ncclSuccess || n->listen_comm == NULL) {
       fprintf(stderr, "agoq-perf: listen failed: %s\n", perf_result_str(r));
@@ -73,12 +77,12 @@ int perf_net_connect_pair(perf_net* n, perf_boot* b) {
   }
   double deadline = perf_now_us() + 60e6;
   for (;;) {
-    void** comm = b->rank == 1 ? &n->recv_comm : &n->send_comm;
-    r = b->rank == 1 ? agoq_view_accept(&n->view, n->listen_comm, comm)
-                     : agoq_view_connect(&n->view, n->ctx, n->dev, handle, comm);
+    void** comm = listener ? &n->recv_comm : &n->send_comm;
+    r = listener ? agoq_view_accept(&n->view, n->listen_comm, comm)
+                 : agoq_view_connect(&n->view, n->ctx, n->dev, handle, comm);
     if (r != ncclSuccess) {
       fprintf(stderr, "agoq-perf: rank %d: %s failed: %s\n", b->rank,
-              b->rank == 1 ? "accept" : "connect", perf_result_str(r));
+              listener ? "accept" : "connect", perf_result_str(r));
       return -1;
     }
     if (*comm != NULL) break;

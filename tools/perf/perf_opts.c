@@ -88,6 +88,9 @@ static void perf_usage(FILE* f, const char* cmd) {
           "                          and timed (inflight x maxbytes of memory on each side); a\n"
           "                          failed check exits 1. Default 0 (a bare -c means 1)\n"
           "      --json              one JSON object per line and size, nothing else on stdout\n"
+          "      --pingpong          latency: rank 1 sends every message back; -n round trips per\n"
+          "                          size, time(us) is half a round trip (JSON test \"pingpong\").\n"
+          "                          One message in flight each way; not with -d or --inflight\n"
           "      --lib PATH          plugin (default $AGOQ_PLUGIN_PATH, else\n"
           "                          <exe dir>/../lib/libnccl-net-agoq.so)\n"
           "      --dev N             plugin net device (default 0)\n"
@@ -197,6 +200,7 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
                    .max_rel_l2 = -1,
                    .dtype = -1};
   perf_argv p = {.argc = argc, .argv = argv, .i = 0};
+  bool inflight_set = false;
   while (perf_argv_next(&p)) {
     const char* a = p.name;
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -205,6 +209,10 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
     }
     if (strcmp(a, "--json") == 0 && p.inline_val == NULL) {
       o->json = true;
+      continue;
+    }
+    if (strcmp(a, "--pingpong") == 0 && p.inline_val == NULL) {
+      o->pingpong = true;
       continue;
     }
     if (strcmp(a, "-c") == 0 || strcmp(a, "--check") == 0) {
@@ -235,6 +243,7 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
       bad = perf_parse_int(v, 0, INT_MAX / 2, &o->warmup);
     } else if (strcmp(a, "--inflight") == 0) {
       bad = perf_parse_int(v, 1, 32, &o->inflight);
+      inflight_set = true;
     } else if (strcmp(a, "--dev") == 0) {
       bad = perf_parse_int(v, 0, 1023, &o->dev);
     } else if (strcmp(a, "--lib") == 0) {
@@ -297,6 +306,12 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
             "-d/--dtype\n", cmd);
     return -1;
   }
+  if (o->pingpong && (o->dtype >= 0 || inflight_set)) {
+    fprintf(stderr, "agoq-perf %s: --pingpong keeps one message in flight each way and sends bytes: "
+            "no --inflight, no -d/--dtype\n", cmd);
+    return -1;
+  }
+  if (o->pingpong) o->inflight = 1;
   if ((o->rank >= 0) != (o->addr != NULL)) {
     fprintf(stderr, "agoq-perf %s: --rank and --addr go together\n", cmd);
     return -1;

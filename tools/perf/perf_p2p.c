@@ -3,7 +3,8 @@
  * sends, rank 1 receives; each keeps `inflight` requests posted and tests the oldest, as
  * NCCL's proxy keeps its steps in flight. For every size: a warm-up run, then a timed run
  * that starts when the receiver says it is ready and ends when it says all arrived.
- * With -c every message is checked and a wrong one fails the run (exit 1).
+ * With -c every message is checked and a wrong one fails the run (exit 1). --pingpong
+ * measures latency instead (perf_p2p_pingpong.c).
  */
 #include <sched.h>
 #include <stdio.h>
@@ -33,7 +34,7 @@ static void p2p_config_encode(const perf_opts* o, uint64_t comm_id, uint8_t* out
                                   (uint64_t)(o->factor * 1e6), (uint64_t)o->iters,
                                   (uint64_t)o->warmup, (uint64_t)o->inflight,
                                   (uint64_t)o->check, comm_id, (uint64_t)(o->dtype + 1),
-                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1, (uint64_t)o->chunk,
+                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1 | (uint64_t)o->pingpong << 2, (uint64_t)o->chunk,
                                   (uint64_t)o->target_bytes};
   for (int i = 0; i < P2P_CONFIG_WORDS; i++)
     for (int k = 0; k < 8; k++) out[i * 8 + k] = (uint8_t)(w[i] >> (8 * k));
@@ -55,6 +56,7 @@ static void p2p_config_decode(const uint8_t* in, perf_opts* o, uint64_t* comm_id
   o->dtype = (int)w[9] - 1;
   o->no_oracle = (w[10] & 1) != 0;
   o->coll_traffic = (w[10] & 2) != 0;
+  o->pingpong = (w[10] & 4) != 0;
   o->chunk = w[11];
   o->target_bytes = w[12]; /* the receiver counts the same messages per size */
 }
@@ -68,7 +70,7 @@ static inline uint64_t p2p_mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-static void p2p_fill(uint8_t* p, size_t size, uint64_t seed) {
+void perf_p2p_fill(uint8_t* p, size_t size, uint64_t seed) {
   uint64_t key = p2p_mix(seed);
   size_t words = size / 8;
   for (size_t i = 0; i < words; i++) {
@@ -79,7 +81,7 @@ static void p2p_fill(uint8_t* p, size_t size, uint64_t seed) {
   memcpy(p + words * 8, &v, size % 8);
 }
 
-static size_t p2p_verify(const uint8_t* p, size_t size, uint64_t seed) {
+size_t perf_p2p_verify(const uint8_t* p, size_t size, uint64_t seed) {
   uint64_t key = p2p_mix(seed);
   for (size_t i = 0; i * 8 < size; i++) {
     uint64_t v = p2p_mix(key + i);
@@ -89,7 +91,7 @@ static size_t p2p_verify(const uint8_t* p, size_t size, uint64_t seed) {
   return SIZE_MAX;
 }
 
-static uint64_t p2p_seed(size_t size, int msg) {
+uint64_t perf_p2p_seed(size_t size, int msg) {
   return (uint64_t)size * 1000003u + (uint64_t)msg;
 }
 
@@ -133,7 +135,7 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
       p2p_chunk_of(o, b, rank, size, posted, &bi, &off, &len, &boff);
       void* req = NULL;
       if (rank == 0) {
-        if (o->check && typed->dtype < 0) p2p_fill(b->buf[bi], size, p2p_seed(size, msg_base + posted));
+        if (o->check && typed->dtype < 0) perf_p2p_fill(b->buf[bi], size, perf_p2p_seed(size, msg_base + posted));
         void* ph = p2p_typed_begin(typed, slot, len, size);
         r = agoq_view_isend_ph(&n->view, n->send_comm, b->buf[bi] + boff, len, P2P_TAG, b->mh[bi], ph, &req);
         if (req == NULL) p2p_typed_end(typed, slot);
@@ -166,15 +168,15 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
       size_t off, len, boff;
       p2p_chunk_of(o, b, rank, size, done, &bi, &off, &len, &boff);
       if (rank == 0) p2p_typed_end(typed, slot);
-      if (rank == 1 && verify) p2p_typed_check(typed, b->buf[bi] + boff, len, p2p_seed(size, 0), off, size);
+      if (rank == 1 && verify) p2p_typed_check(typed, b->buf[bi] + boff, len, perf_p2p_seed(size, 0), off, size);
       if (rank == 1 && len <= INT_MAX && got != (int)len) {
         fprintf(stderr, "agoq-perf: rank 1: message %d: %d B arrived, %zu B were sent\n", done,
                 got, len);
         return -1;
       }
       if (rank == 1 && o->check && typed->dtype < 0) {
-        size_t bad = p2p_verify(b->buf[b->nbuf > 1 ? slot : 0], size,
-                                p2p_seed(size, msg_base + done));
+        size_t bad = perf_p2p_verify(b->buf[b->nbuf > 1 ? slot : 0], size,
+                                perf_p2p_seed(size, msg_base + done));
         if (bad != SIZE_MAX) {
           fprintf(stderr, "agoq-perf: rank 1: message %d (%zu B): wrong data at offset %zu\n",
                   done, size, bad);
@@ -276,7 +278,7 @@ static int p2p_bufs_alloc(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b
     }
     /* Touch every page now, so first-touch faults are not timed. */
     if (rank == 0 && !o->check && o->dtype < 0)
-      p2p_fill(b->buf[i], bytes, 1);
+      perf_p2p_fill(b->buf[i], bytes, 1);
     else
       memset(b->buf[i], 0, bytes);
     ncclResult_t r = agoq_view_reg_mr(&n->view, comm, b->buf[i], bytes, NCCL_PTR_HOST, &b->mh[i]);
@@ -330,8 +332,10 @@ int perf_p2p_main(int argc, char** argv) {
 
   perf_net n;
   p2p_bufs bufs;
+  perf_pp_bufs pp;
   p2p_typed typed;
   memset(&bufs, 0, sizeof(bufs));
+  memset(&pp, 0, sizeof(pp));
   memset(&typed, 0, sizeof(typed));
   typed.dtype = o.dtype;
   typed.oracle = !o.no_oracle;
@@ -354,9 +358,15 @@ int perf_p2p_main(int argc, char** argv) {
     goto fail_net;
   }
   if (perf_net_connect_pair(&n, &boot) != 0) goto fail_net;
-  if (p2p_bufs_alloc(&n, rank, &o, &bufs) != 0) goto fail_net;
+  if (o.pingpong) {
+    /* The echo's connection, rank 1 -> rank 0, on the same contexts. */
+    if (perf_net_connect_from(&n, &boot, 1) != 0) goto fail_net;
+    if (perf_pp_bufs_alloc(&n, o.max_bytes, &pp) != 0) goto fail_net;
+  } else if (p2p_bufs_alloc(&n, rank, &o, &bufs) != 0) {
+    goto fail_net;
+  }
 
-  if (rank == 0) perf_report_header(&o, &n, "p2p");
+  if (rank == 0) perf_report_header(&o, &n, o.pingpong ? "pingpong" : "p2p");
   int msg_base = 0;
   for (size_t size = o.min_bytes; size != 0 || msg_base == 0; size = perf_next_size(&o, size)) {
     double us = 0;
@@ -364,8 +374,21 @@ int perf_p2p_main(int argc, char** argv) {
     p2p_verdict verdict = {0, 1, 0}, timed = {0, 1, 0};
     /* Typed: every transfer carries the same data, sent again and again; with -c the sender
      * cycles through one buffer per request in flight, so every one of them holds it. */
+    if (o.pingpong) {
+      if (o.warmup > 0 && perf_pp_run(&n, &boot, &o, &pp, size, o.warmup, msg_base, &us) != 0) goto fail_net;
+      msg_base += o.warmup;
+      if (perf_pp_run(&n, &boot, &o, &pp, size, iters, msg_base, &us) != 0) goto fail_net;
+      msg_base += iters;
+      if (rank == 0) {
+        perf_result res = {.test = "pingpong", .bytes = size, .iters = iters, .inflight = 1,
+                           .time_us = us / (2.0 * iters), .checked = o.check};
+        perf_report_line(&o, &n, &res);
+        fflush(stdout);
+      }
+      continue;
+    }
     if (o.dtype >= 0 && rank == 0)
-      for (int k = 0; k < bufs.nbuf; k++) p2p_typed_fill(&typed, bufs.buf[k], size, p2p_seed(size, 0));
+      for (int k = 0; k < bufs.nbuf; k++) p2p_typed_fill(&typed, bufs.buf[k], size, perf_p2p_seed(size, 0));
     if (o.warmup > 0 && p2p_run(&n, &boot, &o, &bufs, size, o.warmup, msg_base, &us, &typed, o.dtype >= 0,
                                 &verdict) != 0)
       goto fail_net;
@@ -406,6 +429,7 @@ int perf_p2p_main(int argc, char** argv) {
 fail_net:
   if (rc != 0) perf_boot_send(&boot, PERF_MSG_ERROR, NULL, 0);
   p2p_bufs_free(&n, rank, &bufs);
+  perf_pp_bufs_free(&n, &pp);
   p2p_typed_close(&typed);
   perf_net_close(&n);
   if (rank == 0 && rc == 0 && o.dtype >= 0) perf_report_wire(&o);

@@ -31,6 +31,9 @@ void perf_report_header(const perf_opts* o, const perf_net* n, const char* test)
   printf("# iters %d, warmup %d, inflight %d, data sockets per connection %s, check %s, %s\n", o->iters,
          o->warmup, o->inflight, nsocks, o->check ? "on" : "off",
          o->rank < 0 ? "forked peer on this host" : "two-host mode");
+  if (o->pingpong)
+    printf("# ping-pong: rank 1 sends every message back; time(us) is half a round trip, bw is "
+           "size over it\n");
   if (o->dtype >= 0) {
     printf("# typed p2p: dtype %s, p2p format %s, oracle %s, traffic %s; %s messages checked\n",
            perf_dtype_name((ncclDataType_t)o->dtype),
