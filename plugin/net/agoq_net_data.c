@@ -226,10 +226,11 @@ static ncclResult_t agoq_recv_decode(agoq_comm* comm, agoq_request* req, size_t*
     if (req->stage[i] < 0) continue;
     size_t decoded = 0;
     uint64_t codec0 = comm->typed_stats.codec_ns, crc0 = agoq_frame_crc_ns();
-    ncclResult_t r = res != ncclSuccess ? res
-                                        : agoq_typed_decode(&comm->typed_stats, agoq_stage_ptr(&comm->stage, req->stage[i]),
-                                                            req->xfer.size[i], req->data[i], req->posted[i], &decoded,
-                                                            agoq_comm_peer(comm));
+    /* After a failed frame the others are not decoded, but their staging is released. */
+    ncclResult_t r = res;
+    if (r == ncclSuccess)
+      r = agoq_typed_decode(&comm->typed_stats, agoq_stage_ptr(&comm->stage, req->stage[i]), req->xfer.size[i],
+                            req->data[i], req->posted[i], &decoded, agoq_comm_peer(comm));
     if (r == ncclSuccess && comm->st != NULL) {
       req->quantized = true;
       agoq_stats_count(comm->st, AGOQ_STATS_QUANT, decoded);

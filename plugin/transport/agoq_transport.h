@@ -105,6 +105,9 @@ typedef struct {
    * device; false when placement is off or unknown. */
   bool (*placement_cpus)(int dev, cpu_set_t* out);
 
+  /* Setup. The net core checks NCCL's arguments (context, handle and result pointers, dev
+   * below ndevs()) before it calls these, and hands back only the objects they returned:
+   * a transport does not check them again. */
   ncclResult_t (*listen)(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out);
   ncclResult_t (*accept)(agoq_tp_listen* l, agoq_tp_conn** out);
   ncclResult_t (*close_listen)(agoq_tp_listen* l);

@@ -264,7 +264,6 @@ ncclResult_t agoq_tcp_post_recv(agoq_tp_conn* c, agoq_xfer* x) {
   }
   agoq_tcp_xfer* t = agoq_xs(c, x);
   atomic_store(&t->pending_pieces, 0);
-  t->control_done = false;
   x->matched_mask = 0;
   agoq_fifo_push(&c->ctrl_fifo, x);
   (void)agoq_recv_progress(c); /* errors surface in the next progress, whatever the timing */
