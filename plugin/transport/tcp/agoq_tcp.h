@@ -14,10 +14,6 @@
 #include "transport/tcp/agoq_tcp_progress.h"
 #include "transport/tcp/agoq_tcp_wire.h"
 
-#define AGOQ_LISTEN_MAGIC 0x4e534c41u /* "ALSN" */
-#define AGOQ_TCP_SEND_MAGIC 0x444e5354u /* "TSND" */
-#define AGOQ_TCP_RECV_MAGIC 0x56435254u /* "TRCV" */
-
 _Static_assert(AGOQ_HANDLE_WIRE_SIZE <= AGOQ_TP_HANDLE_WIRE_MAX, "the TCP handle fits the transport's share");
 _Static_assert(AGOQ_HANDLE_STATE_OFFSET == AGOQ_TP_HANDLE_STATE_OFFSET, "connect state where the interface says");
 
@@ -33,6 +29,8 @@ typedef struct {
   uint64_t inline_max;
   uint64_t min_chunk;
   int sndbuf, rcvbuf;   /* bytes, 0 = autotuning, AGOQ_TCP_BUF_AUTO = by interface */
+  bool cc_auto;         /* AGOQ_SOCKET_CC=auto: a non-pacing algorithm on loopback */
+  char cc[16];          /* AGOQ_SOCKET_CC=<name> for every socket; "" = the system's */
   int keepalive_s;
   int timeout_s;
   int64_t handshake_timeout_ms;
@@ -50,6 +48,12 @@ extern agoq_transport_config agoq_config;
 /* The socket buffer sizes to set on a socket of device `dev` under config c (0: leave
  * autotuning). */
 void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, int* sndbuf, int* rcvbuf);
+/* The congestion control algorithms to try, in order, on a socket whose algorithm is now
+ * `current` (loopback: its local address is one): up to 2 names into out, 0 when it keeps
+ * `current`. */
+int agoq_tcp_cc_choice(const agoq_transport_config* c, bool loopback, const char* current, const char* out[2]);
+/* AGOQ_SOCKET_CC's value into c (cc_auto, cc); an invalid name is logged, ncclInvalidArgument. */
+ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value);
 
 /* Loads the parameters and fills c as init does (interface discovery, topology, socket
  * options), so agoq-info shows the values the plugin uses, never a second copy of the
@@ -78,7 +82,6 @@ typedef struct agoq_conn_group {
 } agoq_conn_group;
 
 struct agoq_tp_listen {
-  uint32_t magic;
   int dev;
   int fd;
   uint64_t comm_id;
@@ -95,7 +98,8 @@ struct agoq_tp_listen {
 typedef struct {
   /* Payload pieces handed to data sockets and not finished yet. */
   atomic_int pending_pieces;
-  /* Sender: the header and inline payload are written. */
+  /* Sender: the header and inline payload are written (a receive is done when the net
+   * core's match has placed all its buffers: agoq_tcp_done). */
   bool control_done;
   uint8_t wire_hdr[AGOQ_MSG_HDR_SIZE];
   size_t ctrl_sent, ctrl_total;
@@ -123,7 +127,6 @@ static inline void agoq_fifo_pop(agoq_xfer_fifo* f) {
 }
 
 struct agoq_tp_conn {
-  uint32_t magic;
   bool is_send;
   int dev;
   int ctrl_fd;

@@ -70,6 +70,7 @@ ncclResult_t agoq_tcp_config_resolve(agoq_transport_config* c) {
   c->min_chunk = (uint64_t)agoq_param_int(AGOQ_PARAM_SOCKET_MIN_CHUNK);
   c->sndbuf = (int)agoq_param_int(AGOQ_PARAM_SOCKET_SNDBUF);
   c->rcvbuf = (int)agoq_param_int(AGOQ_PARAM_SOCKET_RCVBUF);
+  AGOQ_CHECK(agoq_tcp_cc_resolve(c, agoq_param_str(AGOQ_PARAM_SOCKET_CC)));
   c->keepalive_s = (int)agoq_param_int(AGOQ_PARAM_KEEPALIVE_S);
   c->timeout_s = (int)agoq_param_int(AGOQ_PARAM_TIMEOUT_S);
   c->handshake_timeout_ms = agoq_param_int(AGOQ_PARAM_HANDSHAKE_TIMEOUT_MS);

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,9 +67,75 @@ static void agoq_socket_tune_buffers(int fd, int dev) {
   if (rcv > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, rcv, "SO_RCVBUF");
 }
 
+ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
+  c->cc_auto = false;
+  c->cc[0] = '\0';
+  if (value == NULL || value[0] == '\0' || strcmp(value, "system") == 0) return ncclSuccess;
+  if (strcmp(value, "auto") == 0) {
+    c->cc_auto = true;
+    return ncclSuccess;
+  }
+  /* The kernel's names (TCP_CA_NAME_MAX is 16 with the NUL): lower-case letters, digits, '_'. */
+  size_t n = strlen(value);
+  bool ok = n < sizeof c->cc;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = (value[i] >= 'a' && value[i] <= 'z') || (value[i] >= '0' && value[i] <= '9') || value[i] == '_';
+  if (!ok) {
+    AGOQ_WARN("AGOQ_SOCKET_CC=\"%s\": not a congestion control name (auto, system, or at most %zu of a-z, 0-9, _; "
+              "see /proc/sys/net/ipv4/tcp_available_congestion_control)",
+              value, sizeof c->cc - 1);
+    return ncclInvalidArgument;
+  }
+  memcpy(c->cc, value, n + 1);
+  return ncclSuccess;
+}
+
+int agoq_tcp_cc_choice(const agoq_transport_config* c, bool loopback, const char* current, const char* out[2]) {
+  if (c->cc[0] != '\0') {
+    if (strcmp(current, c->cc) == 0) return 0;
+    out[0] = c->cc;
+    return 1;
+  }
+  /* bbr paces each socket by its bandwidth estimate (by hrtimer where the qdisc does not
+   * pace); on loopback there is no bottleneck to protect, and an estimate taken while the
+   * connection carried small messages held large ones back (agoq_params.def). reno is
+   * always built in and allowed; cubic may not be allowed to an unprivileged process. */
+  if (!c->cc_auto || !loopback || strncmp(current, "bbr", 3) != 0) return 0;
+  out[0] = "cubic";
+  out[1] = "reno";
+  return 2;
+}
+
+static bool agoq_socket_is_loopback(int fd) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  return getsockname(fd, (struct sockaddr*)&a, &len) == 0 && agoq_addr_is_loopback(&a);
+}
+
+static void agoq_socket_set_cc(int fd) {
+  if (!agoq_config.cc_auto && agoq_config.cc[0] == '\0') return;
+  char current[16] = "";
+  socklen_t len = sizeof current - 1;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, current, &len) != 0) return;
+  const char* want[2];
+  int n = agoq_tcp_cc_choice(&agoq_config, agoq_socket_is_loopback(fd), current, want);
+  static atomic_bool said;
+  for (int i = 0; i < n; i++) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want[i], (socklen_t)strlen(want[i])) == 0) {
+      if (!atomic_exchange(&said, true))
+        AGOQ_INFO(NCCL_INIT | NCCL_NET, "TCP congestion control %s instead of %s on %s sockets (AGOQ_SOCKET_CC=%s)",
+                  want[i], current, agoq_config.cc_auto ? "loopback" : "all", agoq_config.cc_auto ? "auto" : want[i]);
+      return;
+    }
+    if (agoq_config.cc[0] != '\0' && !atomic_exchange(&said, true))
+      AGOQ_WARN("AGOQ_SOCKET_CC=%s: the kernel refused it (%s); sockets keep %s", want[i], strerror(errno), current);
+  }
+}
+
 ncclResult_t agoq_socket_configure(int fd, const char* peer) {
   (void)peer;
   agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
+  agoq_socket_set_cc(fd);
   if (agoq_config.keepalive_s > 0) {
     agoq_setsockopt_int(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
     agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_KEEPIDLE, agoq_config.keepalive_s, "TCP_KEEPIDLE");
@@ -87,7 +154,6 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
   ncclResult_t res = ncclSuccess;
   agoq_tp_conn* comm = NULL;
   AGOQ_CALLOC_GOTO(comm, 1, res, fail);
-  comm->magic = is_send ? AGOQ_TCP_SEND_MAGIC : AGOQ_TCP_RECV_MAGIC;
   comm->is_send = is_send;
   comm->dev = dev;
   comm->ctrl_fd = ctrl_fd;
@@ -135,7 +201,6 @@ void agoq_tcp_conn_destroy(agoq_tp_conn* comm) {
   }
   if (comm->ctrl_fd >= 0) close(comm->ctrl_fd);
   free(comm->rx_buf);
-  comm->magic = 0;
   free(comm);
 }
 
@@ -144,11 +209,8 @@ void agoq_tcp_conn_destroy(agoq_tp_conn* comm) {
 ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** listen_comm) {
   ncclResult_t res = ncclSuccess;
   agoq_tp_listen* lc = NULL;
-  AGOQ_ARG_CHECK(handle != NULL && listen_comm != NULL, res, fail);
-  AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_config.nifs, res, fail);
   *listen_comm = NULL;
   AGOQ_CALLOC_GOTO(lc, 1, res, fail);
-  lc->magic = AGOQ_LISTEN_MAGIC;
   lc->dev = dev;
   lc->fd = -1;
   lc->comm_id = comm_id;
@@ -191,11 +253,6 @@ static void agoq_group_free(agoq_conn_group* g) {
 
 ncclResult_t agoq_tcp_close_listen(agoq_tp_listen* listen_comm) {
   agoq_tp_listen* lc = listen_comm;
-  if (lc == NULL) return ncclSuccess;
-  if (lc->magic != AGOQ_LISTEN_MAGIC) {
-    AGOQ_WARN("closeListen: not an agoq listen comm (%p)", listen_comm);
-    return ncclInternalError;
-  }
   for (int i = 0; i < lc->npending; i++) close(lc->pending[i].fd);
   while (lc->groups != NULL) {
     agoq_conn_group* g = lc->groups;
@@ -204,7 +261,6 @@ ncclResult_t agoq_tcp_close_listen(agoq_tp_listen* listen_comm) {
   }
   close(lc->fd);
   free(lc->pending);
-  lc->magic = 0;
   free(lc);
   return ncclSuccess;
 }
@@ -339,8 +395,6 @@ static ncclResult_t agoq_connect_step(agoq_connect_state* st, bool* ready) {
 
 ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** send_comm) {
   ncclResult_t res = ncclSuccess;
-  AGOQ_ARG_CHECK(handle != NULL && send_comm != NULL, res, out);
-  AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_config.nifs, res, out);
   *send_comm = NULL;
   /* NCCL calls again with the same handle buffer until we return a comm: our progress
    * lives behind a pointer in the part of the handle the listener left zero. */
@@ -504,7 +558,6 @@ static agoq_conn_group* agoq_listen_take_group(agoq_tp_listen* lc) {
 ncclResult_t agoq_tcp_accept(agoq_tp_listen* listen_comm, agoq_tp_conn** recv_comm) {
   ncclResult_t res = ncclSuccess;
   agoq_tp_listen* lc = listen_comm;
-  AGOQ_ARG_CHECK(lc != NULL && lc->magic == AGOQ_LISTEN_MAGIC && recv_comm != NULL, res, out);
   *recv_comm = NULL;
   agoq_listen_take_new(lc);
   agoq_listen_read_hellos(lc);

@@ -1,0 +1,170 @@
+/* Socket options of the TCP transport: AGOQ_SOCKET_CC (congestion control) and the "auto"
+ * buffer sizes, as decisions and on real loopback sockets. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "transport/tcp/agoq_tcp.h"
+
+static void test_cc_resolve(void** state) {
+  (void)state;
+  agoq_transport_config c;
+  memset(&c, 0, sizeof c);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "auto"), ncclSuccess);
+  assert_true(c.cc_auto);
+  assert_string_equal(c.cc, "");
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "system"), ncclSuccess);
+  assert_false(c.cc_auto);
+  assert_string_equal(c.cc, "");
+  assert_int_equal(agoq_tcp_cc_resolve(&c, ""), ncclSuccess);
+  assert_false(c.cc_auto);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "dctcp"), ncclSuccess);
+  assert_string_equal(c.cc, "dctcp");
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "bbr_2"), ncclSuccess);
+  assert_string_equal(c.cc, "bbr_2");
+  /* 15 characters fit TCP_CA_NAME_MAX with its NUL; 16 do not. */
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "abcdefghijklmno"), ncclSuccess);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "abcdefghijklmnop"), ncclInvalidArgument);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "Cubic"), ncclInvalidArgument);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "cubic reno"), ncclInvalidArgument);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "../cubic"), ncclInvalidArgument);
+}
+
+static void test_cc_choice(void** state) {
+  (void)state;
+  agoq_transport_config c;
+  memset(&c, 0, sizeof c);
+  const char* out[2] = {NULL, NULL};
+  /* auto: only a pacing bbr on loopback changes, to cubic, else reno. */
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "auto"), ncclSuccess);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 2);
+  assert_string_equal(out[0], "cubic");
+  assert_string_equal(out[1], "reno");
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr3", out), 2);
+  assert_int_equal(agoq_tcp_cc_choice(&c, false, "bbr", out), 0);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "cubic", out), 0);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "reno", out), 0);
+  /* system: never. */
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "system"), ncclSuccess);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 0);
+  /* A name: every socket, loopback or not, unless it already has it. */
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "reno"), ncclSuccess);
+  assert_int_equal(agoq_tcp_cc_choice(&c, false, "cubic", out), 1);
+  assert_string_equal(out[0], "reno");
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 1);
+  assert_int_equal(agoq_tcp_cc_choice(&c, false, "reno", out), 0);
+}
+
+/* A connected loopback pair (IPv4), both ends returned. */
+static void loopback_pair(int* a, int* b) {
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(l >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(l, (struct sockaddr*)&sa, sizeof sa), 0);
+  assert_int_equal(listen(l, 1), 0);
+  socklen_t len = sizeof sa;
+  assert_int_equal(getsockname(l, (struct sockaddr*)&sa, &len), 0);
+  *a = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(*a >= 0);
+  assert_int_equal(connect(*a, (struct sockaddr*)&sa, sizeof sa), 0);
+  *b = accept(l, NULL, NULL);
+  assert_true(*b >= 0);
+  close(l);
+}
+
+static void socket_cc(int fd, char* out, size_t cap) {
+  memset(out, 0, cap);
+  socklen_t len = (socklen_t)(cap - 1);
+  assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len), 0);
+}
+
+/* agoq_socket_configure really sets what the decision says on a live socket. reno is
+ * built into every kernel and allowed by default. */
+static void test_cc_on_socket(void** state) {
+  (void)state;
+  int a, b;
+  loopback_pair(&a, &b);
+  char before[16], after[16];
+  socket_cc(a, before, sizeof before);
+
+  agoq_transport_config saved = agoq_config;
+  assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "reno"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(a, "test"), ncclSuccess);
+  socket_cc(a, after, sizeof after);
+  if (strcmp(after, "reno") != 0 && strcmp(before, "reno") != 0) {
+    /* Only an administrator's tcp_allowed_congestion_control without reno refuses it. */
+    char msg[96];
+    snprintf(msg, sizeof msg, "the kernel refused reno (socket stays %s)", after);
+    agoq_config = saved;
+    close(a);
+    close(b);
+    fprintf(stderr, "%s\n", msg);
+    skip();
+  }
+  assert_string_equal(after, "reno");
+
+  /* auto on loopback: bbr is replaced, anything else stays. */
+  assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "auto"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(b, "test"), ncclSuccess);
+  char b_after[16];
+  socket_cc(b, b_after, sizeof b_after);
+  if (strncmp(before, "bbr", 3) == 0)
+    assert_true(strcmp(b_after, "cubic") == 0 || strcmp(b_after, "reno") == 0);
+  else
+    assert_string_equal(b_after, before); /* nothing to change */
+
+  /* system: left alone (the socket set to reno above stays reno). */
+  assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "system"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(a, "test"), ncclSuccess);
+  socket_cc(a, after, sizeof after);
+  assert_string_equal(after, "reno");
+  agoq_config = saved;
+  close(a);
+  close(b);
+}
+
+static void test_buffer_sizes(void** state) {
+  (void)state;
+  agoq_transport_config c;
+  memset(&c, 0, sizeof c);
+  c.nifs = 2;
+  c.ifs[0].addr.ss_family = AF_INET;
+  ((struct sockaddr_in*)&c.ifs[0].addr)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  c.ifs[1].addr.ss_family = AF_INET;
+  ((struct sockaddr_in*)&c.ifs[1].addr)->sin_addr.s_addr = htonl(0x0a000001u); /* 10.0.0.1 */
+  c.sndbuf = c.rcvbuf = AGOQ_TCP_BUF_AUTO;
+  int snd = -5, rcv = -5;
+  agoq_tcp_buffer_sizes(&c, 0, &snd, &rcv);
+  assert_int_equal(snd, AGOQ_TCP_LOOPBACK_SNDBUF);
+  assert_int_equal(rcv, AGOQ_TCP_LOOPBACK_RCVBUF);
+  agoq_tcp_buffer_sizes(&c, 1, &snd, &rcv);
+  assert_int_equal(snd, 0);
+  assert_int_equal(rcv, 0);
+  c.sndbuf = 4096;
+  c.rcvbuf = 0;
+  agoq_tcp_buffer_sizes(&c, 0, &snd, &rcv);
+  assert_int_equal(snd, 4096);
+  assert_int_equal(rcv, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cc_resolve),
+      cmocka_unit_test(test_cc_choice),
+      cmocka_unit_test(test_cc_on_socket),
+      cmocka_unit_test(test_buffer_sizes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
