@@ -148,6 +148,10 @@ else
 fi
 trap 'exit 130' INT TERM
 
+# The system's TCP congestion control: it decides much on loopback (bbr paces each socket;
+# see AGOQ_SOCKET_CC in docs/configuration.md), so every summary names it.
+cc=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)
+
 # Let agoq-perf reject bad sizes or counts once, before any round starts.
 perf_args=(p2p -b "$minb" -e "$maxb" -f "$factor" -n "$iters" -w "$warmup" --target-bytes "$target" --json)
 "$perf" "${perf_args[@]}" --inflight 1 --lib "$lib" -h >/dev/null 2>"$raw/usage.err" ||
@@ -159,6 +163,7 @@ perf_args=(p2p -b "$minb" -e "$maxb" -f "$factor" -n "$iters" -w "$warmup" --tar
   echo "agoq: $lib ${env_a[*]:-}"
   echo "socket: $socket ${env_b[*]:-}"
   echo "AGOQ_SOCKET_IFNAME=$AGOQ_SOCKET_IFNAME NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"
+  echo "net.ipv4.tcp_congestion_control: $cc"
 } >"$raw/meta.txt"
 
 # The lines of a failed run's stderr that say why: the plugins' WARN lines and agoq-perf's
@@ -195,7 +200,7 @@ run_side() { # round inflight agoq|socket
   return 0
 }
 
-title="agoq vs NCCL Socket p2p: $rounds round(s), the order alternating, inflight ${inflights[*]}, sizes $minb..$maxb x$factor, --target-bytes $target -n $iters -w $warmup, ifname $AGOQ_SOCKET_IFNAME, $(uname -n) with $(nproc) CPUs"
+title="agoq vs NCCL Socket p2p: $rounds round(s), the order alternating, inflight ${inflights[*]}, sizes $minb..$maxb x$factor, --target-bytes $target -n $iters -w $warmup, ifname $AGOQ_SOCKET_IFNAME, TCP congestion control $cc, $(uname -n) with $(nproc) CPUs"
 echo "# $title" >&2
 for r in $(seq "$rounds"); do
   for i in "${inflights[@]}"; do

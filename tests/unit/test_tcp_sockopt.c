@@ -1,5 +1,5 @@
-/* Socket options of the TCP transport: AGOQ_SOCKET_CC (congestion control) and the "auto"
- * buffer sizes, as decisions and on real loopback sockets. */
+/* Socket options of the TCP transport: AGOQ_SOCKET_CC (congestion control), and what the
+ * "auto" buffer sizes and inline threshold become, as decisions and on real sockets. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -21,14 +21,10 @@ static void test_cc_resolve(void** state) {
   (void)state;
   agoq_transport_config c;
   memset(&c, 0, sizeof c);
-  assert_int_equal(agoq_tcp_cc_resolve(&c, "auto"), ncclSuccess);
-  assert_true(c.cc_auto);
-  assert_string_equal(c.cc, "");
   assert_int_equal(agoq_tcp_cc_resolve(&c, "system"), ncclSuccess);
-  assert_false(c.cc_auto);
   assert_string_equal(c.cc, "");
   assert_int_equal(agoq_tcp_cc_resolve(&c, ""), ncclSuccess);
-  assert_false(c.cc_auto);
+  assert_string_equal(c.cc, "");
   assert_int_equal(agoq_tcp_cc_resolve(&c, "dctcp"), ncclSuccess);
   assert_string_equal(c.cc, "dctcp");
   assert_int_equal(agoq_tcp_cc_resolve(&c, "bbr_2"), ncclSuccess);
@@ -45,25 +41,21 @@ static void test_cc_choice(void** state) {
   (void)state;
   agoq_transport_config c;
   memset(&c, 0, sizeof c);
-  const char* out[2] = {NULL, NULL};
-  /* auto: only a pacing bbr on loopback changes, to cubic, else reno. */
-  assert_int_equal(agoq_tcp_cc_resolve(&c, "auto"), ncclSuccess);
-  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 2);
-  assert_string_equal(out[0], "cubic");
-  assert_string_equal(out[1], "reno");
-  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr3", out), 2);
-  assert_int_equal(agoq_tcp_cc_choice(&c, false, "bbr", out), 0);
-  assert_int_equal(agoq_tcp_cc_choice(&c, true, "cubic", out), 0);
-  assert_int_equal(agoq_tcp_cc_choice(&c, true, "reno", out), 0);
-  /* system: never. */
   assert_int_equal(agoq_tcp_cc_resolve(&c, "system"), ncclSuccess);
-  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 0);
-  /* A name: every socket, loopback or not, unless it already has it. */
+  assert_null(agoq_tcp_cc_choice(&c, "bbr"));
+  assert_null(agoq_tcp_cc_choice(&c, "cubic"));
   assert_int_equal(agoq_tcp_cc_resolve(&c, "reno"), ncclSuccess);
-  assert_int_equal(agoq_tcp_cc_choice(&c, false, "cubic", out), 1);
-  assert_string_equal(out[0], "reno");
-  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 1);
-  assert_int_equal(agoq_tcp_cc_choice(&c, false, "reno", out), 0);
+  assert_string_equal(agoq_tcp_cc_choice(&c, "cubic"), "reno");
+  assert_string_equal(agoq_tcp_cc_choice(&c, "bbr"), "reno");
+  assert_null(agoq_tcp_cc_choice(&c, "reno"));
+  assert_true(agoq_tcp_cc_paces("bbr"));
+  assert_true(agoq_tcp_cc_paces("bbr3"));
+  assert_false(agoq_tcp_cc_paces("cubic"));
+  assert_false(agoq_tcp_cc_paces("reno"));
+  assert_false(agoq_tcp_cc_paces(""));
+  char eff[16];
+  agoq_tcp_cc_effective(&c, eff);
+  assert_string_equal(eff, "reno"); /* the configured one, whatever the system's is */
 }
 
 /* A connected loopback pair (IPv4), both ends returned. */
@@ -115,48 +107,69 @@ static void test_cc_on_socket(void** state) {
   }
   assert_string_equal(after, "reno");
 
-  /* auto on loopback: bbr is replaced, anything else stays. */
-  assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "auto"), ncclSuccess);
-  assert_int_equal(agoq_socket_configure(b, "test"), ncclSuccess);
-  char b_after[16];
-  socket_cc(b, b_after, sizeof b_after);
-  if (strncmp(before, "bbr", 3) == 0)
-    assert_true(strcmp(b_after, "cubic") == 0 || strcmp(b_after, "reno") == 0);
-  else
-    assert_string_equal(b_after, before); /* nothing to change */
-
   /* system: left alone (the socket set to reno above stays reno). */
   assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "system"), ncclSuccess);
   assert_int_equal(agoq_socket_configure(a, "test"), ncclSuccess);
   socket_cc(a, after, sizeof after);
   assert_string_equal(after, "reno");
+  assert_int_equal(agoq_socket_configure(b, "test"), ncclSuccess);
+  socket_cc(b, after, sizeof after);
+  assert_string_equal(after, before); /* the system's, untouched */
+  char eff[16];
+  agoq_tcp_cc_effective(&agoq_config, eff);
+  assert_string_equal(eff, before); /* what a fresh socket gets */
   agoq_config = saved;
   close(a);
   close(b);
 }
 
+/* Two interfaces: lo (127.0.0.1) and 10.0.0.1. */
+static void two_ifs(agoq_transport_config* c) {
+  memset(c, 0, sizeof *c);
+  c->nifs = 2;
+  c->ifs[0].addr.ss_family = AF_INET;
+  ((struct sockaddr_in*)&c->ifs[0].addr)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  c->ifs[1].addr.ss_family = AF_INET;
+  ((struct sockaddr_in*)&c->ifs[1].addr)->sin_addr.s_addr = htonl(0x0a000001u);
+}
+
 static void test_buffer_sizes(void** state) {
   (void)state;
   agoq_transport_config c;
-  memset(&c, 0, sizeof c);
-  c.nifs = 2;
-  c.ifs[0].addr.ss_family = AF_INET;
-  ((struct sockaddr_in*)&c.ifs[0].addr)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  c.ifs[1].addr.ss_family = AF_INET;
-  ((struct sockaddr_in*)&c.ifs[1].addr)->sin_addr.s_addr = htonl(0x0a000001u); /* 10.0.0.1 */
+  two_ifs(&c);
   c.sndbuf = c.rcvbuf = AGOQ_TCP_BUF_AUTO;
   int snd = -5, rcv = -5;
-  agoq_tcp_buffer_sizes(&c, 0, &snd, &rcv);
+  /* auto: fixed sizes only on loopback under a pacing algorithm. */
+  agoq_tcp_buffer_sizes(&c, 0, true, &snd, &rcv);
   assert_int_equal(snd, AGOQ_TCP_LOOPBACK_SNDBUF);
   assert_int_equal(rcv, AGOQ_TCP_LOOPBACK_RCVBUF);
-  agoq_tcp_buffer_sizes(&c, 1, &snd, &rcv);
+  agoq_tcp_buffer_sizes(&c, 0, false, &snd, &rcv);
   assert_int_equal(snd, 0);
   assert_int_equal(rcv, 0);
+  agoq_tcp_buffer_sizes(&c, 1, true, &snd, &rcv);
+  assert_int_equal(snd, 0);
+  assert_int_equal(rcv, 0);
+  /* A number is a number, whatever the algorithm. */
   c.sndbuf = 4096;
   c.rcvbuf = 0;
-  agoq_tcp_buffer_sizes(&c, 0, &snd, &rcv);
+  agoq_tcp_buffer_sizes(&c, 0, false, &snd, &rcv);
   assert_int_equal(snd, 4096);
   assert_int_equal(rcv, 0);
+}
+
+static void test_inline_max(void** state) {
+  (void)state;
+  agoq_transport_config c;
+  two_ifs(&c);
+  c.inline_max = AGOQ_TCP_INLINE_AUTO;
+  assert_true(agoq_tcp_inline_max(&c, 0, false) == UINT64_MAX); /* loopback, cubic: all inline */
+  assert_true(agoq_tcp_inline_max(&c, 0, true) == (uint64_t)AGOQ_TCP_INLINE_DEFAULT);
+  assert_true(agoq_tcp_inline_max(&c, 1, false) == (uint64_t)AGOQ_TCP_INLINE_DEFAULT);
+  assert_true(agoq_tcp_inline_max(&c, 1, true) == (uint64_t)AGOQ_TCP_INLINE_DEFAULT);
+  c.inline_max = 4096;
+  assert_true(agoq_tcp_inline_max(&c, 0, false) == 4096);
+  c.inline_max = 0;
+  assert_true(agoq_tcp_inline_max(&c, 0, false) == 0);
 }
 
 int main(void) {
@@ -165,6 +178,7 @@ int main(void) {
       cmocka_unit_test(test_cc_choice),
       cmocka_unit_test(test_cc_on_socket),
       cmocka_unit_test(test_buffer_sizes),
+      cmocka_unit_test(test_inline_max),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

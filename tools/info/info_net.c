@@ -43,13 +43,23 @@ void agoq_info_netif_fields(const agoq_netif* nif, char* addr, size_t addr_len, 
 }
 
 void agoq_info_net_print_buffers(FILE* out, const agoq_info_net* n, int dev) {
+  /* What a socket of this process gets: the plugin's own rules on its algorithm. */
+  char cc[16];
+  agoq_tcp_cc_effective(&n->config, cc);
+  bool paces = agoq_tcp_cc_paces(cc);
   int snd, rcv;
-  agoq_tcp_buffer_sizes(&n->config, dev, &snd, &rcv);
-  char s[32] = "autotuning", r[32] = "autotuning";
+  agoq_tcp_buffer_sizes(&n->config, dev, paces, &snd, &rcv);
+  char s[32] = "autotuning", r[32] = "autotuning", inl[48] = "every message";
   if (snd > 0) snprintf(s, sizeof s, "%d KiB", snd >> 10);
   if (rcv > 0) snprintf(r, sizeof r, "%d KiB", rcv >> 10);
-  fprintf(out, "      socket buffers: send %s, receive %s%s\n", s, r,
-          n->config.sndbuf == AGOQ_TCP_BUF_AUTO || n->config.rcvbuf == AGOQ_TCP_BUF_AUTO ? " (auto: by interface)" : "");
+  uint64_t im = agoq_tcp_inline_max(&n->config, dev, paces);
+  if (im != UINT64_MAX) snprintf(inl, sizeof inl, "up to %llu B", (unsigned long long)im);
+  fprintf(out, "      TCP congestion control %s%s; socket buffers: send %s, receive %s%s\n", cc[0] ? cc : "unknown",
+          n->config.cc[0] ? " (AGOQ_SOCKET_CC)" : "", s, r,
+          n->config.sndbuf == AGOQ_TCP_BUF_AUTO || n->config.rcvbuf == AGOQ_TCP_BUF_AUTO
+              ? " (auto: by interface and algorithm)" : "");
+  fprintf(out, "      on the caller's thread: %s%s\n", inl,
+          n->config.inline_max == AGOQ_TCP_INLINE_AUTO ? " (AGOQ_SOCKET_INLINE=auto)" : "");
 }
 
 void agoq_info_net_print_counts(FILE* out, const agoq_info_net* n) {

@@ -26,10 +26,9 @@ typedef struct {
   agoq_netif ifs[AGOQ_NETIF_MAX];
   int nifs;
   unsigned nsocks;     /* data sockets per connection this process asks for */
-  uint64_t inline_max;
+  int64_t inline_max;   /* bytes, AGOQ_TCP_INLINE_AUTO = by interface and algorithm */
   uint64_t min_chunk;
   int sndbuf, rcvbuf;   /* bytes, 0 = autotuning, AGOQ_TCP_BUF_AUTO = by interface */
-  bool cc_auto;         /* AGOQ_SOCKET_CC=auto: a non-pacing algorithm on loopback */
   char cc[16];          /* AGOQ_SOCKET_CC=<name> for every socket; "" = the system's */
   int keepalive_s;
   int timeout_s;
@@ -39,20 +38,29 @@ typedef struct {
 
 extern agoq_transport_config agoq_config;
 
-/* AGOQ_SOCKET_SNDBUF / RCVBUF "auto" (the size parameter's first keyword). */
+/* AGOQ_SOCKET_SNDBUF / RCVBUF / INLINE "auto" (the size parameter's first keyword). */
 #define AGOQ_TCP_BUF_AUTO (-1)
-/* What "auto" means on a loopback interface (measured, agoq_params.def); elsewhere the
- * kernel's autotuning. */
+#define AGOQ_TCP_INLINE_AUTO (-1)
+/* What "auto" means (measured, agoq_params.def): buffers on a loopback interface under a
+ * pacing congestion control; the inline threshold wherever messages are not all inline. */
 #define AGOQ_TCP_LOOPBACK_SNDBUF (256 << 10)
 #define AGOQ_TCP_LOOPBACK_RCVBUF (1 << 20)
-/* The socket buffer sizes to set on a socket of device `dev` under config c (0: leave
- * autotuning). */
-void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, int* sndbuf, int* rcvbuf);
-/* The congestion control algorithms to try, in order, on a socket whose algorithm is now
- * `current` (loopback: its local address is one): up to 2 names into out, 0 when it keeps
- * `current`. */
-int agoq_tcp_cc_choice(const agoq_transport_config* c, bool loopback, const char* current, const char* out[2]);
-/* AGOQ_SOCKET_CC's value into c (cc_auto, cc); an invalid name is logged, ncclInvalidArgument. */
+#define AGOQ_TCP_INLINE_DEFAULT ((int64_t)4 << 20)
+/* Whether congestion control `name` paces each socket by its own bandwidth estimate (bbr
+ * and its versions): per-socket rates are then capped, so spreading over sockets pays. */
+bool agoq_tcp_cc_paces(const char* name);
+/* The algorithm a new socket of this process gets: AGOQ_SOCKET_CC's, else the system's
+ * default (a fresh socket's); "" when it cannot be read. */
+void agoq_tcp_cc_effective(const agoq_transport_config* c, char out[16]);
+/* The socket buffer sizes to set on a socket of device `dev` under config c whose
+ * congestion control paces or not (0: leave autotuning). */
+void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, bool paces, int* sndbuf, int* rcvbuf);
+/* The inline threshold of a connection on device `dev` whose control socket's algorithm
+ * paces or not (UINT64_MAX: every message inline). */
+uint64_t agoq_tcp_inline_max(const agoq_transport_config* c, int dev, bool paces);
+/* The algorithm to set on a socket whose algorithm is now `current`; NULL when it keeps it. */
+const char* agoq_tcp_cc_choice(const agoq_transport_config* c, const char* current);
+/* AGOQ_SOCKET_CC's value into c->cc; an invalid name is logged, ncclInvalidArgument. */
 ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value);
 
 /* Loads the parameters and fills c as init does (interface discovery, topology, socket

@@ -66,7 +66,7 @@ ncclResult_t agoq_tcp_config_resolve(agoq_transport_config* c) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int64_t nsocks = agoq_param_int(AGOQ_PARAM_SOCKET_NSOCKS);
   c->nsocks = nsocks > 0 ? (unsigned)nsocks : (ncpu < 4 ? 2u : 4u);
-  c->inline_max = (uint64_t)agoq_param_int(AGOQ_PARAM_SOCKET_INLINE);
+  c->inline_max = agoq_param_int(AGOQ_PARAM_SOCKET_INLINE);
   c->min_chunk = (uint64_t)agoq_param_int(AGOQ_PARAM_SOCKET_MIN_CHUNK);
   c->sndbuf = (int)agoq_param_int(AGOQ_PARAM_SOCKET_SNDBUF);
   c->rcvbuf = (int)agoq_param_int(AGOQ_PARAM_SOCKET_RCVBUF);
@@ -81,16 +81,21 @@ ncclResult_t agoq_tcp_config_resolve(agoq_transport_config* c) {
 static ncclResult_t agoq_tcp_init(void) {
   agoq_transport_config* c = &agoq_config;
   AGOQ_CHECK(agoq_tcp_config_resolve(c));
-  char line[512] = "", one[160], desc[128];
+  char line[512] = "", one[160], desc[128], cc[16], inl[96];
   for (int i = 0; i < c->nifs; i++) {
     snprintf(one, sizeof one, "%s[%d]%s", i ? " " : "", i, agoq_netif_describe(&c->ifs[i], desc, sizeof desc));
     strncat(line, one, sizeof line - strlen(line) - 1);
   }
+  agoq_tcp_cc_effective(c, cc);
+  if (c->inline_max == AGOQ_TCP_INLINE_AUTO)
+    snprintf(inl, sizeof inl, "by interface and congestion control (auto)");
+  else
+    snprintf(inl, sizeof inl, "up to %lld B", (long long)c->inline_max);
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
-            "Using %s; %u data sockets per connection, %d progress threads%s; messages up to %llu B move on the "
-            "caller's thread",
+            "Using %s; %u data sockets per connection, %d progress threads%s; messages %s move on the caller's "
+            "thread; TCP congestion control %s",
             line, c->nsocks, agoq_progress_nthreads(), agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS) ? "" : " (auto)",
-            (unsigned long long)c->inline_max);
+            inl, cc[0] ? cc : "unknown");
   return ncclSuccess;
 }
 

@@ -54,34 +54,56 @@ static bool agoq_addr_is_loopback(const struct sockaddr_storage* a) {
   return false;
 }
 
-void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, int* sndbuf, int* rcvbuf) {
-  bool loopback = dev >= 0 && dev < c->nifs && agoq_addr_is_loopback(&c->ifs[dev].addr);
-  *sndbuf = c->sndbuf == AGOQ_TCP_BUF_AUTO ? (loopback ? AGOQ_TCP_LOOPBACK_SNDBUF : 0) : c->sndbuf;
-  *rcvbuf = c->rcvbuf == AGOQ_TCP_BUF_AUTO ? (loopback ? AGOQ_TCP_LOOPBACK_RCVBUF : 0) : c->rcvbuf;
+static bool agoq_dev_is_loopback(const agoq_transport_config* c, int dev) {
+  return dev >= 0 && dev < c->nifs && agoq_addr_is_loopback(&c->ifs[dev].addr);
 }
 
-static void agoq_socket_tune_buffers(int fd, int dev) {
-  int snd, rcv;
-  agoq_tcp_buffer_sizes(&agoq_config, dev, &snd, &rcv);
-  if (snd > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_SNDBUF, snd, "SO_SNDBUF");
-  if (rcv > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, rcv, "SO_RCVBUF");
+bool agoq_tcp_cc_paces(const char* name) { return strncmp(name, "bbr", 3) == 0; }
+
+void agoq_tcp_cc_effective(const agoq_transport_config* c, char out[16]) {
+  out[0] = '\0';
+  if (c->cc[0] != '\0') {
+    memcpy(out, c->cc, sizeof c->cc);
+    return;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  socklen_t len = 15;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) out[0] = '\0';
+  out[15] = '\0';
+  close(fd);
+}
+
+void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, bool paces, int* sndbuf, int* rcvbuf) {
+  bool fixed = agoq_dev_is_loopback(c, dev) && paces;
+  *sndbuf = c->sndbuf == AGOQ_TCP_BUF_AUTO ? (fixed ? AGOQ_TCP_LOOPBACK_SNDBUF : 0) : c->sndbuf;
+  *rcvbuf = c->rcvbuf == AGOQ_TCP_BUF_AUTO ? (fixed ? AGOQ_TCP_LOOPBACK_RCVBUF : 0) : c->rcvbuf;
+}
+
+uint64_t agoq_tcp_inline_max(const agoq_transport_config* c, int dev, bool paces) {
+  if (c->inline_max != AGOQ_TCP_INLINE_AUTO) return (uint64_t)c->inline_max;
+  /* Without pacing one loopback socket is limited only by the two copies, which the
+   * caller's thread and the peer's already keep busy: threads and pieces only add hand-offs. */
+  return agoq_dev_is_loopback(c, dev) && !paces ? UINT64_MAX : (uint64_t)AGOQ_TCP_INLINE_DEFAULT;
+}
+
+/* The socket's congestion control, "" when it cannot be read. */
+static void agoq_socket_cc(int fd, char out[16]) {
+  socklen_t len = 15;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) len = 0;
+  out[len < 16 ? len : 15] = '\0';
 }
 
 ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
-  c->cc_auto = false;
   c->cc[0] = '\0';
   if (value == NULL || value[0] == '\0' || strcmp(value, "system") == 0) return ncclSuccess;
-  if (strcmp(value, "auto") == 0) {
-    c->cc_auto = true;
-    return ncclSuccess;
-  }
   /* The kernel's names (TCP_CA_NAME_MAX is 16 with the NUL): lower-case letters, digits, '_'. */
   size_t n = strlen(value);
   bool ok = n < sizeof c->cc;
   for (size_t i = 0; ok && i < n; i++)
     ok = (value[i] >= 'a' && value[i] <= 'z') || (value[i] >= '0' && value[i] <= '9') || value[i] == '_';
   if (!ok) {
-    AGOQ_WARN("AGOQ_SOCKET_CC=\"%s\": not a congestion control name (auto, system, or at most %zu of a-z, 0-9, _; "
+    AGOQ_WARN("AGOQ_SOCKET_CC=\"%s\": not a congestion control name (system, or at most %zu of a-z, 0-9, _; "
               "see /proc/sys/net/ipv4/tcp_available_congestion_control)",
               value, sizeof c->cc - 1);
     return ncclInvalidArgument;
@@ -90,46 +112,35 @@ ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
   return ncclSuccess;
 }
 
-int agoq_tcp_cc_choice(const agoq_transport_config* c, bool loopback, const char* current, const char* out[2]) {
-  if (c->cc[0] != '\0') {
-    if (strcmp(current, c->cc) == 0) return 0;
-    out[0] = c->cc;
-    return 1;
-  }
-  /* bbr paces each socket by its bandwidth estimate (by hrtimer where the qdisc does not
-   * pace); on loopback there is no bottleneck to protect, and an estimate taken while the
-   * connection carried small messages held large ones back (agoq_params.def). reno is
-   * always built in and allowed; cubic may not be allowed to an unprivileged process. */
-  if (!c->cc_auto || !loopback || strncmp(current, "bbr", 3) != 0) return 0;
-  out[0] = "cubic";
-  out[1] = "reno";
-  return 2;
+const char* agoq_tcp_cc_choice(const agoq_transport_config* c, const char* current) {
+  return c->cc[0] != '\0' && strcmp(current, c->cc) != 0 ? c->cc : NULL;
 }
 
-static bool agoq_socket_is_loopback(int fd) {
-  struct sockaddr_storage a;
-  socklen_t len = sizeof a;
-  return getsockname(fd, (struct sockaddr*)&a, &len) == 0 && agoq_addr_is_loopback(&a);
-}
-
+/* AGOQ_SOCKET_CC on one socket, before connect (and again on accepted sockets, which
+ * inherit the listener's: then a no-op). */
 static void agoq_socket_set_cc(int fd) {
-  if (!agoq_config.cc_auto && agoq_config.cc[0] == '\0') return;
-  char current[16] = "";
-  socklen_t len = sizeof current - 1;
-  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, current, &len) != 0) return;
-  const char* want[2];
-  int n = agoq_tcp_cc_choice(&agoq_config, agoq_socket_is_loopback(fd), current, want);
+  if (agoq_config.cc[0] == '\0') return;
+  char current[16];
+  agoq_socket_cc(fd, current);
+  const char* want = agoq_tcp_cc_choice(&agoq_config, current);
+  if (want == NULL) return;
   static atomic_bool said;
-  for (int i = 0; i < n; i++) {
-    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want[i], (socklen_t)strlen(want[i])) == 0) {
-      if (!atomic_exchange(&said, true))
-        AGOQ_INFO(NCCL_INIT | NCCL_NET, "TCP congestion control %s instead of %s on %s sockets (AGOQ_SOCKET_CC=%s)",
-                  want[i], current, agoq_config.cc_auto ? "loopback" : "all", agoq_config.cc_auto ? "auto" : want[i]);
-      return;
-    }
-    if (agoq_config.cc[0] != '\0' && !atomic_exchange(&said, true))
-      AGOQ_WARN("AGOQ_SOCKET_CC=%s: the kernel refused it (%s); sockets keep %s", want[i], strerror(errno), current);
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want, (socklen_t)strlen(want)) == 0) {
+    if (!atomic_exchange(&said, true))
+      AGOQ_INFO(NCCL_INIT | NCCL_NET, "TCP congestion control %s instead of %s (AGOQ_SOCKET_CC)", want, current);
+  } else if (!atomic_exchange(&said, true)) {
+    AGOQ_WARN("AGOQ_SOCKET_CC=%s: the kernel refused it (%s); sockets keep %s", want, strerror(errno), current);
   }
+}
+
+static void agoq_socket_tune_buffers(int fd, int dev) {
+  agoq_socket_set_cc(fd); /* first: the buffer sizes follow the algorithm */
+  char cc[16];
+  agoq_socket_cc(fd, cc);
+  int snd, rcv;
+  agoq_tcp_buffer_sizes(&agoq_config, dev, agoq_tcp_cc_paces(cc), &snd, &rcv);
+  if (snd > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_SNDBUF, snd, "SO_SNDBUF");
+  if (rcv > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, rcv, "SO_RCVBUF");
 }
 
 ncclResult_t agoq_socket_configure(int fd, const char* peer) {
@@ -158,7 +169,9 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
   comm->dev = dev;
   comm->ctrl_fd = ctrl_fd;
   comm->nsocks = nsocks;
-  comm->inline_max = agoq_config.inline_max;
+  char cc[16];
+  agoq_socket_cc(ctrl_fd, cc);
+  comm->inline_max = agoq_tcp_inline_max(&agoq_config, dev, agoq_tcp_cc_paces(cc));
   comm->min_chunk = agoq_config.min_chunk;
   atomic_init(&comm->error, ncclSuccess);
   snprintf(comm->peer, sizeof comm->peer, "%s", peer);
