@@ -281,6 +281,8 @@ static char captured[4096];
 static int captured_warns;
 
 static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt,
+                        ...) __attribute__((format(printf, 5, 6)));
+static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt,
                         ...) {
   (void)flags;
   (void)file;

@@ -29,6 +29,8 @@ static char log_buf[8192];
 static int log_warns;
 
 static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                        const char* fmt, ...) __attribute__((format(printf, 5, 6)));
+static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                         const char* fmt, ...) {
   (void)flags;
   (void)file;

@@ -22,6 +22,8 @@ static double typed_in_mib, typed_wire_mib, typed_query_ns;
 static unsigned typed_nsocks; /* from the plugin's init line; 0 until it said */
 
 static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                          const char* fmt, ...) __attribute__((format(printf, 5, 6)));
+static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                           const char* fmt, ...) {
   char msg[1024];
   va_list ap;
