@@ -21,11 +21,16 @@ static void test_cc_resolve(void** state) {
   (void)state;
   agoq_transport_config c;
   memset(&c, 0, sizeof c);
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "auto"), ncclSuccess);
+  assert_true(c.cc_auto);
+  assert_string_equal(c.cc, "");
   assert_int_equal(agoq_tcp_cc_resolve(&c, "system"), ncclSuccess);
+  assert_false(c.cc_auto);
   assert_string_equal(c.cc, "");
   assert_int_equal(agoq_tcp_cc_resolve(&c, ""), ncclSuccess);
-  assert_string_equal(c.cc, "");
+  assert_false(c.cc_auto);
   assert_int_equal(agoq_tcp_cc_resolve(&c, "dctcp"), ncclSuccess);
+  assert_false(c.cc_auto);
   assert_string_equal(c.cc, "dctcp");
   assert_int_equal(agoq_tcp_cc_resolve(&c, "bbr_2"), ncclSuccess);
   assert_string_equal(c.cc, "bbr_2");
@@ -41,20 +46,32 @@ static void test_cc_choice(void** state) {
   (void)state;
   agoq_transport_config c;
   memset(&c, 0, sizeof c);
+  const char* out[2] = {NULL, NULL};
+  /* auto: only a pacing algorithm on loopback changes, to cubic, else reno. */
+  assert_int_equal(agoq_tcp_cc_resolve(&c, "auto"), ncclSuccess);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 2);
+  assert_string_equal(out[0], "cubic");
+  assert_string_equal(out[1], "reno");
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr3", out), 2);
+  assert_int_equal(agoq_tcp_cc_choice(&c, false, "bbr", out), 0);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "cubic", out), 0);
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "reno", out), 0);
+  /* system: never. */
   assert_int_equal(agoq_tcp_cc_resolve(&c, "system"), ncclSuccess);
-  assert_null(agoq_tcp_cc_choice(&c, "bbr"));
-  assert_null(agoq_tcp_cc_choice(&c, "cubic"));
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 0);
+  /* A name: every socket, loopback or not, unless it already has it. */
   assert_int_equal(agoq_tcp_cc_resolve(&c, "reno"), ncclSuccess);
-  assert_string_equal(agoq_tcp_cc_choice(&c, "cubic"), "reno");
-  assert_string_equal(agoq_tcp_cc_choice(&c, "bbr"), "reno");
-  assert_null(agoq_tcp_cc_choice(&c, "reno"));
+  assert_int_equal(agoq_tcp_cc_choice(&c, false, "cubic", out), 1);
+  assert_string_equal(out[0], "reno");
+  assert_int_equal(agoq_tcp_cc_choice(&c, true, "bbr", out), 1);
+  assert_int_equal(agoq_tcp_cc_choice(&c, false, "reno", out), 0);
   assert_true(agoq_tcp_cc_paces("bbr"));
   assert_true(agoq_tcp_cc_paces("bbr3"));
   assert_false(agoq_tcp_cc_paces("cubic"));
   assert_false(agoq_tcp_cc_paces("reno"));
   assert_false(agoq_tcp_cc_paces(""));
   char eff[16];
-  agoq_tcp_cc_effective(&c, eff);
+  agoq_tcp_cc_effective(&c, 0, eff);
   assert_string_equal(eff, "reno"); /* the configured one, whatever the system's is */
 }
 
@@ -92,32 +109,46 @@ static void test_cc_on_socket(void** state) {
   socket_cc(a, before, sizeof before);
 
   agoq_transport_config saved = agoq_config;
+  /* Device 0 is lo, as the sockets are. */
+  agoq_config.nifs = 1;
+  memset(&agoq_config.ifs[0], 0, sizeof agoq_config.ifs[0]);
+  agoq_config.ifs[0].addr.ss_family = AF_INET;
+  ((struct sockaddr_in*)&agoq_config.ifs[0].addr)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+
   assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "reno"), ncclSuccess);
-  assert_int_equal(agoq_socket_configure(a, "test"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(a, 0, "test"), ncclSuccess);
   socket_cc(a, after, sizeof after);
   if (strcmp(after, "reno") != 0 && strcmp(before, "reno") != 0) {
     /* Only an administrator's tcp_allowed_congestion_control without reno refuses it. */
-    char msg[96];
-    snprintf(msg, sizeof msg, "the kernel refused reno (socket stays %s)", after);
+    fprintf(stderr, "the kernel refused reno (socket stays %s)\n", after);
     agoq_config = saved;
     close(a);
     close(b);
-    fprintf(stderr, "%s\n", msg);
     skip();
   }
   assert_string_equal(after, "reno");
 
-  /* system: left alone (the socket set to reno above stays reno). */
+  /* system: left alone (the socket set to reno above stays reno, the other keeps the
+   * system's default). */
   assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "system"), ncclSuccess);
-  assert_int_equal(agoq_socket_configure(a, "test"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(a, 0, "test"), ncclSuccess);
   socket_cc(a, after, sizeof after);
   assert_string_equal(after, "reno");
-  assert_int_equal(agoq_socket_configure(b, "test"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(b, 0, "test"), ncclSuccess);
   socket_cc(b, after, sizeof after);
-  assert_string_equal(after, before); /* the system's, untouched */
+  assert_string_equal(after, before);
   char eff[16];
-  agoq_tcp_cc_effective(&agoq_config, eff);
+  agoq_tcp_cc_effective(&agoq_config, 0, eff);
   assert_string_equal(eff, before); /* what a fresh socket gets */
+
+  /* auto on a loopback device: a pacing default is replaced, any other stays. */
+  assert_int_equal(agoq_tcp_cc_resolve(&agoq_config, "auto"), ncclSuccess);
+  assert_int_equal(agoq_socket_configure(b, 0, "test"), ncclSuccess);
+  socket_cc(b, after, sizeof after);
+  if (agoq_tcp_cc_paces(before))
+    assert_true(strcmp(after, "cubic") == 0 || strcmp(after, "reno") == 0);
+  else
+    assert_string_equal(after, before);
   agoq_config = saved;
   close(a);
   close(b);

@@ -45,7 +45,7 @@ void agoq_info_netif_fields(const agoq_netif* nif, char* addr, size_t addr_len, 
 void agoq_info_net_print_buffers(FILE* out, const agoq_info_net* n, int dev) {
   /* What a socket of this process gets: the plugin's own rules on its algorithm. */
   char cc[16];
-  agoq_tcp_cc_effective(&n->config, cc);
+  agoq_tcp_cc_effective(&n->config, dev, cc);
   bool paces = agoq_tcp_cc_paces(cc);
   int snd, rcv;
   agoq_tcp_buffer_sizes(&n->config, dev, paces, &snd, &rcv);
@@ -55,7 +55,7 @@ void agoq_info_net_print_buffers(FILE* out, const agoq_info_net* n, int dev) {
   uint64_t im = agoq_tcp_inline_max(&n->config, dev, paces);
   if (im != UINT64_MAX) snprintf(inl, sizeof inl, "up to %llu B", (unsigned long long)im);
   fprintf(out, "      TCP congestion control %s%s; socket buffers: send %s, receive %s%s\n", cc[0] ? cc : "unknown",
-          n->config.cc[0] ? " (AGOQ_SOCKET_CC)" : "", s, r,
+          n->config.cc[0] ? " (AGOQ_SOCKET_CC)" : n->config.cc_auto ? " (AGOQ_SOCKET_CC=auto)" : "", s, r,
           n->config.sndbuf == AGOQ_TCP_BUF_AUTO || n->config.rcvbuf == AGOQ_TCP_BUF_AUTO
               ? " (auto: by interface and algorithm)" : "");
   fprintf(out, "      on the caller's thread: %s%s\n", inl,

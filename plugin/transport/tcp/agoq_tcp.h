@@ -29,7 +29,8 @@ typedef struct {
   int64_t inline_max;   /* bytes, AGOQ_TCP_INLINE_AUTO = by interface and algorithm */
   uint64_t min_chunk;
   int sndbuf, rcvbuf;   /* bytes, 0 = autotuning, AGOQ_TCP_BUF_AUTO = by interface */
-  char cc[16];          /* AGOQ_SOCKET_CC=<name> for every socket; "" = the system's */
+  bool cc_auto;         /* AGOQ_SOCKET_CC=auto: a non-pacing algorithm on loopback */
+  char cc[16];          /* AGOQ_SOCKET_CC=<name> for every socket; "" = see cc_auto */
   int keepalive_s;
   int timeout_s;
   int64_t handshake_timeout_ms;
@@ -49,18 +50,19 @@ extern agoq_transport_config agoq_config;
 /* Whether congestion control `name` paces each socket by its own bandwidth estimate (bbr
  * and its versions): per-socket rates are then capped, so spreading over sockets pays. */
 bool agoq_tcp_cc_paces(const char* name);
-/* The algorithm a new socket of this process gets: AGOQ_SOCKET_CC's, else the system's
- * default (a fresh socket's); "" when it cannot be read. */
-void agoq_tcp_cc_effective(const agoq_transport_config* c, char out[16]);
+/* The algorithm a new socket of this process on device `dev` gets under AGOQ_SOCKET_CC
+ * (the system's default is a fresh socket's); "" when it cannot be read. */
+void agoq_tcp_cc_effective(const agoq_transport_config* c, int dev, char out[16]);
 /* The socket buffer sizes to set on a socket of device `dev` under config c whose
  * congestion control paces or not (0: leave autotuning). */
 void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, bool paces, int* sndbuf, int* rcvbuf);
 /* The inline threshold of a connection on device `dev` whose control socket's algorithm
  * paces or not (UINT64_MAX: every message inline). */
 uint64_t agoq_tcp_inline_max(const agoq_transport_config* c, int dev, bool paces);
-/* The algorithm to set on a socket whose algorithm is now `current`; NULL when it keeps it. */
-const char* agoq_tcp_cc_choice(const agoq_transport_config* c, const char* current);
-/* AGOQ_SOCKET_CC's value into c->cc; an invalid name is logged, ncclInvalidArgument. */
+/* The algorithms to try, in order, on a socket whose algorithm is now `current` (loopback:
+ * its device is a loopback interface): up to 2 names into out, 0 when it keeps `current`. */
+int agoq_tcp_cc_choice(const agoq_transport_config* c, bool loopback, const char* current, const char* out[2]);
+/* AGOQ_SOCKET_CC's value into c (cc_auto, cc); an invalid name is logged, ncclInvalidArgument. */
 ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value);
 
 /* Loads the parameters and fills c as init does (interface discovery, topology, socket
@@ -161,7 +163,7 @@ struct agoq_tp_conn {
 };
 
 int64_t agoq_now_ms(void);
-ncclResult_t agoq_socket_configure(int fd, const char* peer);
+ncclResult_t agoq_socket_configure(int fd, int dev, const char* peer);
 ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int* data_fds, unsigned nsocks,
                                   const char* peer, agoq_tp_conn** out);
 void agoq_tcp_conn_destroy(agoq_tp_conn* c);

@@ -86,14 +86,14 @@ static ncclResult_t agoq_tcp_init(void) {
     snprintf(one, sizeof one, "%s[%d]%s", i ? " " : "", i, agoq_netif_describe(&c->ifs[i], desc, sizeof desc));
     strncat(line, one, sizeof line - strlen(line) - 1);
   }
-  agoq_tcp_cc_effective(c, cc);
+  agoq_tcp_cc_effective(c, 0, cc);
   if (c->inline_max == AGOQ_TCP_INLINE_AUTO)
     snprintf(inl, sizeof inl, "by interface and congestion control (auto)");
   else
     snprintf(inl, sizeof inl, "up to %lld B", (long long)c->inline_max);
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
             "Using %s; %u data sockets per connection, %d progress threads%s; messages %s move on the caller's "
-            "thread; TCP congestion control %s",
+            "thread; TCP congestion control %s (device 0)",
             line, c->nsocks, agoq_progress_nthreads(), agoq_param_int(AGOQ_PARAM_SOCKET_NTHREADS) ? "" : " (auto)",
             inl, cc[0] ? cc : "unknown");
   return ncclSuccess;

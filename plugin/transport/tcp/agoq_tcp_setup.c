@@ -60,18 +60,18 @@ static bool agoq_dev_is_loopback(const agoq_transport_config* c, int dev) {
 
 bool agoq_tcp_cc_paces(const char* name) { return strncmp(name, "bbr", 3) == 0; }
 
-void agoq_tcp_cc_effective(const agoq_transport_config* c, char out[16]) {
+void agoq_tcp_cc_effective(const agoq_transport_config* c, int dev, char out[16]) {
   out[0] = '\0';
-  if (c->cc[0] != '\0') {
-    memcpy(out, c->cc, sizeof c->cc);
-    return;
-  }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   socklen_t len = 15;
-  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) out[0] = '\0';
-  out[15] = '\0';
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) len = 0;
+  out[len < 16 ? len : 15] = '\0';
   close(fd);
+  /* The first name a socket would accept; what the kernel refuses is known only then. */
+  const char* want[2];
+  if (out[0] != '\0' && agoq_tcp_cc_choice(c, agoq_dev_is_loopback(c, dev), out, want) > 0)
+    snprintf(out, 16, "%s", want[0]);
 }
 
 void agoq_tcp_buffer_sizes(const agoq_transport_config* c, int dev, bool paces, int* sndbuf, int* rcvbuf) {
@@ -95,16 +95,21 @@ static void agoq_socket_cc(int fd, char out[16]) {
 }
 
 ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
+  c->cc_auto = false;
   c->cc[0] = '\0';
   if (value == NULL || value[0] == '\0' || strcmp(value, "system") == 0) return ncclSuccess;
+  if (strcmp(value, "auto") == 0) {
+    c->cc_auto = true;
+    return ncclSuccess;
+  }
   /* The kernel's names (TCP_CA_NAME_MAX is 16 with the NUL): lower-case letters, digits, '_'. */
   size_t n = strlen(value);
   bool ok = n < sizeof c->cc;
   for (size_t i = 0; ok && i < n; i++)
     ok = (value[i] >= 'a' && value[i] <= 'z') || (value[i] >= '0' && value[i] <= '9') || value[i] == '_';
   if (!ok) {
-    AGOQ_WARN("AGOQ_SOCKET_CC=\"%s\": not a congestion control name (system, or at most %zu of a-z, 0-9, _; "
-              "see /proc/sys/net/ipv4/tcp_available_congestion_control)",
+    AGOQ_WARN("AGOQ_SOCKET_CC=\"%s\": not a congestion control name (auto, system, or at most %zu of a-z, 0-9, "
+              "_; see /proc/sys/net/ipv4/tcp_available_congestion_control)",
               value, sizeof c->cc - 1);
     return ncclInvalidArgument;
   }
@@ -112,29 +117,44 @@ ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
   return ncclSuccess;
 }
 
-const char* agoq_tcp_cc_choice(const agoq_transport_config* c, const char* current) {
-  return c->cc[0] != '\0' && strcmp(current, c->cc) != 0 ? c->cc : NULL;
+int agoq_tcp_cc_choice(const agoq_transport_config* c, bool loopback, const char* current, const char* out[2]) {
+  if (c->cc[0] != '\0') {
+    if (strcmp(current, c->cc) == 0) return 0;
+    out[0] = c->cc;
+    return 1;
+  }
+  /* On loopback no queue needs protecting, and bbr's per-socket pacing held a connection
+   * that had carried small messages to a third of its rate (agoq_params.def). reno is
+   * always built in and allowed; cubic may not be allowed to an unprivileged process. */
+  if (!c->cc_auto || !loopback || !agoq_tcp_cc_paces(current)) return 0;
+  out[0] = "cubic";
+  out[1] = "reno";
+  return 2;
 }
 
-/* AGOQ_SOCKET_CC on one socket, before connect (and again on accepted sockets, which
- * inherit the listener's: then a no-op). */
-static void agoq_socket_set_cc(int fd) {
-  if (agoq_config.cc[0] == '\0') return;
+/* AGOQ_SOCKET_CC on one socket: before connect or listen (accepted sockets inherit the
+ * listener's), and again once connected (then a no-op). */
+static void agoq_socket_set_cc(int fd, int dev) {
+  if (!agoq_config.cc_auto && agoq_config.cc[0] == '\0') return;
   char current[16];
   agoq_socket_cc(fd, current);
-  const char* want = agoq_tcp_cc_choice(&agoq_config, current);
-  if (want == NULL) return;
+  const char* want[2];
+  int n = agoq_tcp_cc_choice(&agoq_config, agoq_dev_is_loopback(&agoq_config, dev), current, want);
   static atomic_bool said;
-  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want, (socklen_t)strlen(want)) == 0) {
-    if (!atomic_exchange(&said, true))
-      AGOQ_INFO(NCCL_INIT | NCCL_NET, "TCP congestion control %s instead of %s (AGOQ_SOCKET_CC)", want, current);
-  } else if (!atomic_exchange(&said, true)) {
-    AGOQ_WARN("AGOQ_SOCKET_CC=%s: the kernel refused it (%s); sockets keep %s", want, strerror(errno), current);
+  for (int i = 0; i < n; i++) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want[i], (socklen_t)strlen(want[i])) == 0) {
+      if (!atomic_exchange(&said, true))
+        AGOQ_INFO(NCCL_INIT | NCCL_NET, "TCP congestion control %s instead of %s on %s (AGOQ_SOCKET_CC=%s)", want[i],
+                  current, agoq_config.cc_auto ? "loopback" : "every socket", agoq_config.cc_auto ? "auto" : want[i]);
+      return;
+    }
+    if (agoq_config.cc[0] != '\0' && !atomic_exchange(&said, true))
+      AGOQ_WARN("AGOQ_SOCKET_CC=%s: the kernel refused it (%s); sockets keep %s", want[i], strerror(errno), current);
   }
 }
 
 static void agoq_socket_tune_buffers(int fd, int dev) {
-  agoq_socket_set_cc(fd); /* first: the buffer sizes follow the algorithm */
+  agoq_socket_set_cc(fd, dev); /* first: the buffer sizes follow the algorithm */
   char cc[16];
   agoq_socket_cc(fd, cc);
   int snd, rcv;
@@ -143,10 +163,10 @@ static void agoq_socket_tune_buffers(int fd, int dev) {
   if (rcv > 0) agoq_setsockopt_int(fd, SOL_SOCKET, SO_RCVBUF, rcv, "SO_RCVBUF");
 }
 
-ncclResult_t agoq_socket_configure(int fd, const char* peer) {
+ncclResult_t agoq_socket_configure(int fd, int dev, const char* peer) {
   (void)peer;
   agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
-  agoq_socket_set_cc(fd);
+  agoq_socket_set_cc(fd, dev);
   if (agoq_config.keepalive_s > 0) {
     agoq_setsockopt_int(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
     agoq_setsockopt_int(fd, IPPROTO_TCP, TCP_KEEPIDLE, agoq_config.keepalive_s, "TCP_KEEPIDLE");
@@ -178,7 +198,7 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
   if (!is_send) AGOQ_CALLOC_GOTO(comm->rx_buf, AGOQ_RX_BUF_SIZE, res, fail);
   AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
   for (unsigned i = 0; i < nsocks; i++) comm->streams[i].fd = -1;
-  AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, peer), res, fail);
+  AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, dev, peer), res, fail);
   for (unsigned i = 0; i < nsocks; i++) {
     agoq_stream* s = &comm->streams[i];
     s->fd = data_fds[i];
@@ -187,7 +207,7 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
     s->peer = comm->peer;
     atomic_init(&s->head, 0);
     atomic_init(&s->tail, 0);
-    AGOQ_CHECK_GOTO(agoq_socket_configure(s->fd, peer), res, fail);
+    AGOQ_CHECK_GOTO(agoq_socket_configure(s->fd, dev, peer), res, fail);
     AGOQ_CHECK_GOTO(agoq_progress_attach(s), res, fail);
   }
   *out = comm;
