@@ -7,8 +7,9 @@
 # long round's ranks (mean of the last quarter of samples vs the first) and the fd drift.
 # Every other round on average runs with AGOQ_SOCKET_INLINE=0 (path=pieces: every payload
 # on the data sockets, moved by the progress threads); the others keep the default
-# (path=default: payloads up to AGOQ_SOCKET_INLINE, 4 MiB unless set, inline on the control
-# socket, among them every CollNet slice), so both data paths are soaked.
+# (path=default: payloads up to AGOQ_SOCKET_INLINE inline on the control socket, among them
+# every CollNet slice; its auto is every payload on loopback under a non-pacing congestion
+# control, 4 MiB elsewhere), so both data paths are soaked.
 #
 # usage: tools/soak.sh [--minutes M] [--ranks N] [--round-seconds S] [--seed S]
 #                      [--perf PATH] [--lib PATH] [--loopback]

@@ -189,9 +189,6 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
   comm->dev = dev;
   comm->ctrl_fd = ctrl_fd;
   comm->nsocks = nsocks;
-  char cc[16];
-  agoq_socket_cc(ctrl_fd, cc);
-  comm->inline_max = agoq_tcp_inline_max(&agoq_config, dev, agoq_tcp_cc_paces(cc));
   comm->min_chunk = agoq_config.min_chunk;
   atomic_init(&comm->error, ncclSuccess);
   snprintf(comm->peer, sizeof comm->peer, "%s", peer);
@@ -199,6 +196,10 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
   AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
   for (unsigned i = 0; i < nsocks; i++) comm->streams[i].fd = -1;
   AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, dev, peer), res, fail);
+  /* The sender's plan follows the algorithm its control socket ended up with. */
+  char cc[16];
+  agoq_socket_cc(ctrl_fd, cc);
+  comm->inline_max = agoq_tcp_inline_max(&agoq_config, dev, agoq_tcp_cc_paces(cc));
   for (unsigned i = 0; i < nsocks; i++) {
     agoq_stream* s = &comm->streams[i];
     s->fd = data_fds[i];
