@@ -152,6 +152,8 @@ struct agoq_tp_conn {
    * takes in several headers and the small payloads behind them). */
   uint8_t* rx_buf;
   size_t rx_off, rx_len;
+  /* Bytes taken from the control socket by the progress call under way (its budget). */
+  size_t rx_moved;
   bool rx_last_large;     /* the last message's payload went straight to its destination */
   agoq_xfer* rx_inline;   /* inline payload being read, if any */
   int rx_inline_slot;

@@ -18,6 +18,11 @@
 /* Most transfers whose header and inline bytes one sendmsg carries: a burst of small
  * messages costs one syscall, not one each. */
 #define AGOQ_SEND_BATCH 16
+/* Bytes one progress call (isend, irecv, test, the CollNet engine's turn) moves on a
+ * control socket before it returns, whatever remains: the caller (NCCL's proxy) serves other
+ * connections between calls, and on loopback one call could otherwise move a whole 256 MiB
+ * message. NCCL's own steps are 128 KiB-4 MiB, so they still move in one call. */
+#define AGOQ_CALL_BUDGET (4u << 20)
 /* An inline payload smaller than this is read into the read-ahead buffer and copied out
  * (one recv for many small messages); a larger one goes straight to its destination. */
 #define AGOQ_RX_DIRECT_MIN (16u << 10)
@@ -43,7 +48,8 @@ static ncclResult_t agoq_tcp_conn_fail(agoq_tp_conn* c, ncclResult_t res) {
 /* Writes pending headers (and inline payloads) in posting order until the socket is full,
  * gathering the control bytes of up to AGOQ_SEND_BATCH queued transfers per sendmsg. */
 static ncclResult_t agoq_send_progress(agoq_tp_conn* c) {
-  while (c->ctrl_fifo.count > 0) {
+  size_t moved = 0;
+  while (c->ctrl_fifo.count > 0 && moved < AGOQ_CALL_BUDGET) {
     struct iovec iov[2 * AGOQ_SEND_BATCH];
     int niov = 0;
     for (uint32_t i = 0; i < AGOQ_SEND_BATCH && i < c->ctrl_fifo.count; i++) {
@@ -65,6 +71,7 @@ static ncclResult_t agoq_send_progress(agoq_tp_conn* c) {
         AGOQ_WARN("send to %s failed: %s", c->peer, n < 0 ? strerror(errno) : "connection closed");
       return (ncclResult_t)atomic_load(&c->error);
     }
+    moved += (size_t)n;
     /* Hand the written bytes to the transfers in order; the ones fully written are done
      * with the control socket. */
     size_t left = (size_t)n;
@@ -129,7 +136,10 @@ static ssize_t agoq_ctrl_readv(agoq_tp_conn* c, struct iovec* iov, int niov) {
   ssize_t n;
   do n = recvmsg(c->ctrl_fd, &msg, MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
-  if (n > 0) return n;
+  if (n > 0) {
+    c->rx_moved += (size_t)n;
+    return n;
+  }
   if (n < 0 && agoq_would_block()) return 0;
   ncclResult_t res = n == 0 ? ncclRemoteError : ncclSystemError;
   if (agoq_comm_error_set(&c->error, res))
@@ -180,7 +190,8 @@ static ncclResult_t agoq_recv_dispatch(agoq_tp_conn* c, agoq_xfer* x, const agoq
 /* Moves the current inline payload's bytes: first what the read-ahead buffer holds, then
  * from the socket, straight into the destination when large, with AGOQ_RX_AHEAD_LARGE of
  * read-ahead behind it in the same recvmsg (the next header comes along). Returns 1 when
- * the payload is complete, 0 when the socket ran dry, -1 on failure. */
+ * the payload is complete, 0 when the socket ran dry or the call's budget is spent, -1 on
+ * failure. */
 static int agoq_recv_inline(agoq_tp_conn* c) {
   size_t total = c->rx_inline->size[c->rx_inline_slot];
   uint8_t* dst = c->rx_inline_dst;
@@ -194,6 +205,7 @@ static int agoq_recv_inline(agoq_tp_conn* c) {
       c->rx_inline_got += take;
       continue;
     }
+    if (c->rx_moved >= AGOQ_CALL_BUDGET) return 0; /* the rest in a later call */
     c->rx_off = c->rx_len = 0;
     struct iovec iov[2];
     int niov = 0;
@@ -219,6 +231,7 @@ static int agoq_recv_inline(agoq_tp_conn* c) {
  * read-ahead buffer holds beyond the payload being read: a peer cannot make us buffer
  * more. */
 static ncclResult_t agoq_recv_progress(agoq_tp_conn* c) {
+  c->rx_moved = 0;
   for (;;) {
     if (c->rx_inline != NULL) {
       int rc = agoq_recv_inline(c);
@@ -233,6 +246,7 @@ static ncclResult_t agoq_recv_progress(agoq_tp_conn* c) {
        * large message little beyond the header (the next payload is likely large too and
        * should go straight to its destination, not through this buffer), else as much as
        * fits (a burst of small messages in one recv). */
+      if (c->rx_moved >= AGOQ_CALL_BUDGET) return ncclSuccess; /* the rest in a later call */
       size_t keep = c->rx_len - c->rx_off;
       memmove(c->rx_buf, c->rx_buf + c->rx_off, keep);
       c->rx_off = 0;
