@@ -60,13 +60,18 @@ static bool agoq_dev_is_loopback(const agoq_transport_config* c, int dev) {
 
 bool agoq_tcp_cc_paces(const char* name) { return strncmp(name, "bbr", 3) == 0; }
 
+/* The socket's congestion control, "" when it cannot be read. */
+static void agoq_socket_cc(int fd, char out[16]) {
+  socklen_t len = 15;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) len = 0;
+  out[len < 16 ? len : 15] = '\0';
+}
+
 void agoq_tcp_cc_effective(const agoq_transport_config* c, int dev, char out[16]) {
   out[0] = '\0';
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
-  socklen_t len = 15;
-  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) len = 0;
-  out[len < 16 ? len : 15] = '\0';
+  agoq_socket_cc(fd, out);
   close(fd);
   /* The first name a socket would accept; what the kernel refuses is known only then. */
   const char* want[2];
@@ -85,13 +90,6 @@ uint64_t agoq_tcp_inline_max(const agoq_transport_config* c, int dev, bool paces
   /* Without pacing one loopback socket is limited only by the two copies, which the
    * caller's thread and the peer's already keep busy: threads and pieces only add hand-offs. */
   return agoq_dev_is_loopback(c, dev) && !paces ? UINT64_MAX : (uint64_t)AGOQ_TCP_INLINE_DEFAULT;
-}
-
-/* The socket's congestion control, "" when it cannot be read. */
-static void agoq_socket_cc(int fd, char out[16]) {
-  socklen_t len = 15;
-  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, out, &len) != 0) len = 0;
-  out[len < 16 ? len : 15] = '\0';
 }
 
 ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
