@@ -229,8 +229,9 @@ void agoq_codec_overflow_to_inf(agoq_dtype out, float* x, size_t n) {
                   : out == AGOQ_DTYPE_FP16 ? AGOQ_FP16_INF_FROM_BITS
                                            : AGOQ_FP32_INF_FROM_BITS;
   if (from == AGOQ_FP32_INF_FROM_BITS || x == NULL) return; /* fp32 overflows by itself */
-  /* Bit operations only (no floating-point environment involved); vectorizes. */
-  for (size_t i = 0; i < n; i++) x[i] = agoq_fp32_overflow_inf(x[i], from);
+  /* Bit operations only (no floating-point environment involved): every table gives the
+   * same bits. */
+  agoq_cpu_kernels_active()->overflow_inf(x, n, from);
 }
 
 /* ---- block-range workers ------------------------------------------------------------------- */

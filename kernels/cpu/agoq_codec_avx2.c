@@ -574,10 +574,38 @@ static void avx2_decode_acc(agoq_format f, uint32_t block, const uint8_t* codes,
   }
 }
 
+/* |x| (as bits, so a signed compare is an unsigned one) in [inf_from_bits, Inf) becomes
+ * +-Inf. A sum out of range is rare: the pass reads, and writes only vectors that change. */
+static void avx2_overflow_inf(float* x, size_t n, uint32_t inf_from_bits) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i from_less1 = _mm256_set1_epi32((int)(inf_from_bits - 1u));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i u = _mm256_loadu_si256((const __m256i*)(x + i));
+    __m256i a = _mm256_and_si256(u, abs_mask);
+    __m256i over = _mm256_andnot_si256(_mm256_cmpgt_epi32(a, _mm256_sub_epi32(inf, _mm256_set1_epi32(1))),
+                                       _mm256_cmpgt_epi32(a, from_less1)); /* a >= from && a < inf */
+    if (_mm256_testz_si256(over, over)) continue;
+    __m256i signed_inf = _mm256_or_si256(_mm256_andnot_si256(abs_mask, u), inf);
+    _mm256_storeu_si256((__m256i*)(x + i), _mm256_blendv_epi8(u, signed_inf, over));
+  }
+  for (; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], sizeof u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= inf_from_bits && a < 0x7f800000u) {
+      u = (u & 0x80000000u) | 0x7f800000u;
+      memcpy(&x[i], &u, sizeof u);
+    }
+  }
+}
+
 const agoq_cpu_kernels agoq_cpu_kernels_avx2 = {
     .name = "avx2",
     .scan = avx2_scan,
     .encode = avx2_encode,
     .decode = avx2_decode,
     .decode_acc = avx2_decode_acc,
+    .overflow_inf = avx2_overflow_inf,
 };

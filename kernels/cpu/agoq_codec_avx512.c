@@ -539,10 +539,28 @@ static void avx512_decode_acc(agoq_format f, uint32_t block, const uint8_t* code
   }
 }
 
+/* |x| (as bits) in [inf_from_bits, Inf) becomes +-Inf. A sum out of range is rare: the
+ * pass reads, and writes only the lanes that change. */
+static void avx512_overflow_inf(float* x, size_t n, uint32_t inf_from_bits) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i from = _mm512_set1_epi32((int)inf_from_bits);
+  size_t i = 0;
+  for (; i < n; i += 16) {
+    __mmask16 lanes = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+    __m512i u = _mm512_maskz_loadu_epi32(lanes, x + i);
+    __m512i a = _mm512_and_si512(u, abs_mask);
+    __mmask16 over = _mm512_mask_cmpge_epu32_mask(lanes, a, from) & _mm512_cmplt_epu32_mask(a, inf);
+    if (over == 0) continue;
+    _mm512_mask_storeu_epi32(x + i, over, _mm512_or_si512(_mm512_andnot_si512(abs_mask, u), inf));
+  }
+}
+
 const agoq_cpu_kernels agoq_cpu_kernels_avx512 = {
     .name = "avx512",
     .scan = avx512_scan,
     .encode = avx512_encode,
     .decode = avx512_decode,
     .decode_acc = avx512_decode_acc,
+    .overflow_inf = avx512_overflow_inf,
 };

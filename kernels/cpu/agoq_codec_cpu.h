@@ -33,6 +33,9 @@ typedef struct {
                  size_t b0, size_t b1, const float* scales, const uint8_t* escaped, void* dst);
   void (*decode_acc)(agoq_format f, uint32_t block, const uint8_t* codes, size_t n, size_t b0,
                      size_t b1, const float* scales, const uint8_t* escaped, float* acc);
+  /* x[i] = agoq_fp32_overflow_inf(x[i], inf_from_bits) for i < n (agoq_fpconv.h): the
+   * owner's pass over every fp32 sum before it quantizes them. Stores only changed lanes. */
+  void (*overflow_inf)(float* x, size_t n, uint32_t inf_from_bits);
 } agoq_cpu_kernels;
 
 extern const agoq_cpu_kernels agoq_cpu_kernels_portable;

@@ -22,6 +22,7 @@
 
 #include "agoq_codec.h"
 #include "cpu/agoq_codec_cpu.h"
+#include "cpu/agoq_fpconv.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SIMD_TEST_SLOW 1
@@ -495,6 +496,63 @@ static void test_simd_arbitrary_bodies(void** state) {
 }
 
 /* The public API with each ISA pinned gives the portable ISA's bodies and outputs. */
+/* overflow_inf of every table against the element function: random bit patterns mixed
+ * with the edges (the thresholds and their neighbours, the largest finite values, Inf, NaN,
+ * both signs), every length from 0 to 70 at every start offset within a vector, and one
+ * long array. A lane that should not change must keep its bits (NaN payloads too). */
+static void test_simd_overflow_inf(void** state) {
+  (void)state;
+  const char* isas[] = {"portable", "avx2", "avx512"};
+  const uint32_t froms[] = {0x7f7f8000u /* bf16 */, 0x477ff000u /* fp16 */};
+  const uint32_t edges[] = {0x7f7f8000u, 0x7f7f7fffu, 0x7f7f8001u, 0x477ff000u, 0x477fefffu, 0x477ff001u,
+                            0x7f7fffffu, 0x7f800000u, 0x7fc00001u, 0x7f800001u, 0x00000000u, 0x3f800000u,
+                            0x477fe000u, 0x7f7f0000u};
+  enum { LONG_N = 100003 };
+  uint32_t* in = malloc((LONG_N + 16) * sizeof *in);
+  uint32_t* want = malloc((LONG_N + 16) * sizeof *want);
+  uint32_t* got = malloc((LONG_N + 16) * sizeof *got);
+  assert_non_null(in);
+  assert_non_null(want);
+  assert_non_null(got);
+  uint64_t seed = 0x0ef10;
+  for (size_t i = 0; i < LONG_N + 16; i++) {
+    uint32_t v = rng_below(&seed, 3) == 0 ? edges[rng_below(&seed, sizeof edges / sizeof edges[0])]
+                                          : (uint32_t)rng_next(&seed);
+    in[i] = v ^ (rng_below(&seed, 2) ? 0x80000000u : 0u);
+  }
+  int tables = 0;
+  for (size_t t = 0; t < sizeof isas / sizeof isas[0]; t++) {
+    const agoq_cpu_kernels* k = t == 0 ? agoq_cpu_kernels_by_name("portable") : isa_table(isas[t]);
+    if (k == NULL) continue;
+    tables++;
+    for (size_t f = 0; f < 2; f++) {
+      for (size_t step = 0; step <= 71; step++) {
+        size_t n = step == 71 ? (size_t)LONG_N : step;
+        for (size_t off = 0; off < (n == LONG_N ? 1 : 16); off++) {
+          for (size_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, &in[off + i], sizeof v);
+            v = agoq_fp32_overflow_inf(v, froms[f]);
+            memcpy(&want[i], &v, sizeof v);
+          }
+          memcpy(got, in, (LONG_N + 16) * sizeof *got);
+          k->overflow_inf((float*)(void*)(got + off), n, froms[f]);
+          for (size_t i = 0; i < n; i++)
+            if (got[off + i] != want[i])
+              fail_msg("%s overflow_inf (from 0x%08x), n %zu, offset %zu, element %zu: 0x%08x gave 0x%08x, want 0x%08x",
+                       k->name, froms[f], n, off, i, in[off + i], got[off + i], want[i]);
+          for (size_t i = 0; i < off; i++) assert_int_equal(got[i], in[i]); /* nothing before */
+          for (size_t i = off + n; i < off + n + 16 && i < LONG_N + 16; i++) assert_int_equal(got[i], in[i]);
+        }
+      }
+    }
+  }
+  assert_true(tables >= 1);
+  free(in);
+  free(want);
+  free(got);
+}
+
 static void test_simd_public_api(void** state) {
   (void)state;
   const size_t n = SIMD_TEST_API_N;
@@ -557,6 +615,7 @@ int main(void) {
       cmocka_unit_test(test_simd_all_small_lengths),
       cmocka_unit_test(test_simd_arbitrary_bodies),
       cmocka_unit_test(test_simd_large_random),
+      cmocka_unit_test(test_simd_overflow_inf),
       cmocka_unit_test(test_simd_public_api),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
