@@ -10,6 +10,11 @@
  *   WAIT_ALL until every send completed and every peer's result is decoded into place.
  * Each connection's operations are posted in chunk order on every rank, which is what the
  * net core's in-order matching needs; the pipeline depth is AGOQ_COLL_SLOTS chunks.
+ * A pass over these stages (agoq_engine_step) runs under the group's step_mu, on the
+ * engine thread or, with AGOQ_COLLNET_ASSIST, on NCCL's proxy thread inside test() when
+ * the engine is not in one: the proxy's polling time then does the group's work instead
+ * of competing with the engine for a core. Only the engine ends requests after a failure
+ * and stops.
  */
 #include <errno.h>
 #include <sched.h>
@@ -403,6 +408,8 @@ void agoq_coll_engine_wake(agoq_coll_comm* g) {
 static void agoq_engine_sleep(agoq_coll_comm* g) {
   int np = 0;
   bool hidden = false;
+  /* The pending operations are the step's state: read them as a pass would. */
+  pthread_mutex_lock(&g->step_mu);
   g->pfds[np++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
   for (int j = 0; j < g->nranks; j++) {
     if (j == g->rank) continue;
@@ -416,10 +423,14 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
     }
   }
   atomic_store(&g->sleeping, true);
+  /* A pass from test() that moved something before `sleeping` was set is seen here; one
+   * after it writes the eventfd. */
+  bool assisted = g->assisted;
+  pthread_mutex_unlock(&g->step_mu);
   /* A request queued before `sleeping` was set is seen here; one queued after it writes
    * the eventfd. */
   pthread_mutex_lock(&g->mu);
-  bool wake = g->q_head != NULL || g->stop;
+  bool wake = g->q_head != NULL || g->stop || g->held || assisted;
   pthread_mutex_unlock(&g->mu);
   if (!wake) {
     struct timespec ts = {0, hidden ? AGOQ_ENGINE_NAP_NS : AGOQ_ENGINE_SLEEP_NS};
@@ -428,53 +439,107 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   atomic_store(&g->sleeping, false);
 }
 
+/* Charges the time between the first pass that found nothing to do and the next pass
+ * that moved something to the network wait of the path then active. Called under step_mu. */
+static void agoq_engine_account(agoq_coll_comm* g, bool progressed) {
+  if (progressed) {
+    if (g->idle_since != 0) agoq_stats_add(&g->st->path[g->idle_path].wire_ns, (uint64_t)(agoq_coll_now_ns() - g->idle_since));
+    g->idle_since = 0;
+  } else if (g->idle_since == 0) {
+    g->idle_since = agoq_coll_now_ns();
+    g->idle_path = g->act_head != NULL && g->act_head->quantized ? 1 : 0;
+  }
+}
+
+/* One pass: take queued requests, admit chunks, test pending operations, reduce, retire.
+ * Called under step_mu, by the engine or by test(). */
+static ncclResult_t agoq_engine_step(agoq_coll_comm* g, bool* progressed) {
+  pthread_mutex_lock(&g->mu);
+  agoq_coll_req* taken = g->q_head;
+  g->q_head = g->q_tail = NULL;
+  pthread_mutex_unlock(&g->mu);
+  *progressed = taken != NULL;
+  agoq_engine_take(g, taken);
+  ncclResult_t res = (ncclResult_t)atomic_load(&g->error);
+  if (res == ncclSuccess) res = agoq_engine_admit(g, progressed);
+  if (res == ncclSuccess) res = agoq_engine_poll(g, progressed);
+  if (res == ncclSuccess) res = agoq_engine_reduce(g, progressed);
+  if (res == ncclSuccess) agoq_engine_retire(g, progressed);
+  if (res == ncclSuccess) agoq_engine_account(g, *progressed);
+  return res;
+}
+
+void agoq_coll_engine_assist(agoq_coll_comm* g) {
+  if (atomic_load(&g->error) != ncclSuccess || pthread_mutex_trylock(&g->step_mu) != 0) return;
+  bool progressed = false;
+  ncclResult_t res = agoq_engine_step(g, &progressed);
+  if (res != ncclSuccess && agoq_coll_fail(g, res))
+    AGOQ_WARN("CollNet rank %d: group failed (error %d)", g->rank, res);
+  if (progressed) g->assisted = true;
+  pthread_mutex_unlock(&g->step_mu);
+  /* The engine may sleep on the descriptors of operations this pass completed, or miss
+   * the ones it posted, or have to end the group's requests after a failure. */
+  if (progressed || res != ncclSuccess) agoq_coll_engine_wake(g);
+}
+
 static void* agoq_coll_engine_main(void* arg) {
   agoq_coll_comm* g = arg;
   /* Short naps while waiting on the network should be short: 1 us of timer slack. */
   (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   unsigned idle = 0;
-  int64_t idle_since = 0;
-  int idle_path = 0;
   for (;;) {
     pthread_mutex_lock(&g->mu);
-    while (!g->stop && g->q_head == NULL && g->act_head == NULL) pthread_cond_wait(&g->cv, &g->mu);
-    bool stop = g->stop;
-    agoq_coll_req* taken = g->q_head;
-    g->q_head = g->q_tail = NULL;
+    if (g->held && !g->stop) {
+      g->parked = true;
+      pthread_cond_broadcast(&g->parked_cv);
+      while (g->held && !g->stop) pthread_cond_wait(&g->parked_cv, &g->mu);
+      g->parked = false;
+    }
     pthread_mutex_unlock(&g->mu);
+    /* Waiting for work with step_mu held is safe: with nothing queued or active there is
+     * nothing for test() to assist with. */
+    pthread_mutex_lock(&g->step_mu);
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop && !g->held && g->q_head == NULL && g->act_head == NULL) pthread_cond_wait(&g->cv, &g->mu);
+    bool stop = g->stop, held = g->held;
+    pthread_mutex_unlock(&g->mu);
+    if (held && !stop) {
+      pthread_mutex_unlock(&g->step_mu);
+      continue;
+    }
     if (stop) {
+      pthread_mutex_lock(&g->mu);
+      agoq_coll_req* taken = g->q_head;
+      g->q_head = g->q_tail = NULL;
+      pthread_mutex_unlock(&g->mu);
       agoq_engine_take(g, taken);
       if (g->act_head != NULL)
         AGOQ_INFO(NCCL_NET, "CollNet rank %d: group stopped with requests in flight; they fail", g->rank);
       agoq_engine_abort(g, ncclInternalError);
+      pthread_mutex_unlock(&g->step_mu);
       break;
     }
-    bool progressed = taken != NULL;
-    agoq_engine_take(g, taken);
-    ncclResult_t res = (ncclResult_t)atomic_load(&g->error);
-    if (res == ncclSuccess) res = agoq_engine_admit(g, &progressed);
-    if (res == ncclSuccess) res = agoq_engine_poll(g, &progressed);
-    if (res == ncclSuccess) res = agoq_engine_reduce(g, &progressed);
-    if (res == ncclSuccess) agoq_engine_retire(g, &progressed);
+    bool progressed = false;
+    ncclResult_t res = agoq_engine_step(g, &progressed);
+    if (res == ncclSuccess) res = (ncclResult_t)atomic_load(&g->error);
     if (res != ncclSuccess) {
       if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: group failed (error %d)", g->rank, res);
       agoq_engine_abort(g, (ncclResult_t)atomic_load(&g->error));
+      pthread_mutex_unlock(&g->step_mu);
       idle = 0;
       continue;
     }
+    progressed = progressed || g->assisted;
+    g->assisted = false;
+    pthread_mutex_unlock(&g->step_mu);
     if (progressed) {
-      if (idle > 0) agoq_stats_add(&g->st->path[idle_path].wire_ns, (uint64_t)(agoq_coll_now_ns() - idle_since));
       idle = 0;
       continue;
     }
     /* Waiting on the network: yield first (a peer's bytes are often microseconds away),
      * then sleep in poll() on the connections until bytes can move, so the CPUs stay with
      * the ranks and threads that have work (few-core hosts). */
-    if (idle++ == 0) {
-      idle_since = agoq_coll_now_ns();
-      idle_path = g->act_head != NULL && g->act_head->quantized ? 1 : 0;
-    }
-    if (idle < AGOQ_ENGINE_SPINS)
+    if (++idle < AGOQ_ENGINE_SPINS)
       sched_yield();
     else
       agoq_engine_sleep(g);
@@ -536,7 +601,9 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   ncclResult_t res = ncclSuccess;
   g->wake_fd = -1; /* closed by agoq_coll_engine_free only once created */
   pthread_mutex_init(&g->mu, NULL);
+  pthread_mutex_init(&g->step_mu, NULL);
   pthread_cond_init(&g->cv, NULL);
+  pthread_cond_init(&g->parked_cv, NULL);
   AGOQ_CHECK_GOTO(agoq_coll_pool_init(g), res, fail);
   AGOQ_CALLOC_GOTO(g->cq, (size_t)g->nranks * AGOQ_CQ_COUNT, res, fail);
   AGOQ_CALLOC_GOTO(g->reduce_in, (size_t)g->nranks, res, fail);
@@ -590,12 +657,23 @@ fail:
   return res;
 }
 
+void agoq_coll_engine_hold(agoq_coll_comm* g, bool hold) {
+  pthread_mutex_lock(&g->mu);
+  g->held = hold;
+  pthread_cond_broadcast(&g->cv);
+  pthread_cond_broadcast(&g->parked_cv);
+  agoq_coll_engine_wake(g);
+  while (hold && g->has_thread && !g->parked) pthread_cond_wait(&g->parked_cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
 void agoq_coll_engine_stop(agoq_coll_comm* g) {
   pthread_mutex_lock(&g->mu);
   g->stop = true;
   bool join = g->has_thread;
   g->has_thread = false;
   pthread_cond_broadcast(&g->cv);
+  pthread_cond_broadcast(&g->parked_cv);
   pthread_mutex_unlock(&g->mu);
   agoq_coll_engine_wake(g);
   if (join) pthread_join(g->thread, NULL);
@@ -613,5 +691,7 @@ void agoq_coll_engine_free(agoq_coll_comm* g) {
   g->wake_fd = -1;
   agoq_coll_pool_fini(g);
   pthread_cond_destroy(&g->cv);
+  pthread_cond_destroy(&g->parked_cv);
+  pthread_mutex_destroy(&g->step_mu);
   pthread_mutex_destroy(&g->mu);
 }

@@ -37,6 +37,7 @@ typedef struct {
   uint64_t chunk_bytes;
   int timeout_s;
   int codec_threads; /* AGOQ_COLLNET_CODEC_THREADS; 0 = the engine resolves it */
+  bool assist;       /* AGOQ_COLLNET_ASSIST: test() runs passes of the pipeline */
 } agoq_coll_config;
 
 typedef struct agoq_coll_ctx {
@@ -155,6 +156,9 @@ typedef struct agoq_coll_comm {
   agoq_coll_req* free_reqs;
   agoq_coll_req* reqs; /* pool */
   bool stop;
+  bool held;          /* tests only (agoq_coll_engine_hold): the engine runs no pass */
+  bool parked;        /* the engine has seen `held` and waits on parked_cv */
+  pthread_cond_t parked_cv;
   bool has_thread;
   pthread_t thread;
   /* The engine sleeps in poll() on its connections while it waits on the network; a new
@@ -162,7 +166,13 @@ typedef struct agoq_coll_comm {
   int wake_fd;
   atomic_bool sleeping;
   atomic_int error; /* first failure of the group (ncclResult_t) */
-  /* Engine-private. */
+  /* Held by whichever thread runs a pass of the pipeline (agoq_coll_engine_step): the
+   * engine, or NCCL's proxy thread assisting from test(). Everything below is guarded by
+   * it. The engine also holds it while it waits for work, when there is nothing to assist. */
+  pthread_mutex_t step_mu;
+  bool assisted;          /* a test() pass moved something since the engine last looked */
+  int64_t idle_since;     /* first pass that found nothing to do since the last progress; 0 = busy */
+  int idle_path;          /* stats path the idle time is charged to */
   agoq_coll_req* act_head; /* taken from the queue, not complete */
   agoq_coll_req* act_tail;
   agoq_coll_req* admit;    /* request whose next chunk is admitted next */
@@ -206,6 +216,13 @@ void agoq_coll_close_conns(agoq_coll_comm* comm);
 /* ---- agoq_coll_engine.c ---- */
 /* Wakes the engine if it sleeps (after a request was queued or stop was set). */
 void agoq_coll_engine_wake(agoq_coll_comm* comm);
+/* One pass of the pipeline on the caller's thread (NCCL's proxy, in test()) unless
+ * another thread is running one: never waits. A failure fails the group; the engine ends
+ * its requests. */
+void agoq_coll_engine_assist(agoq_coll_comm* comm);
+/* Tests only: with hold, returns once the engine thread runs no pass any more (so test()
+ * alone moves the pipeline); without, lets it run again. */
+void agoq_coll_engine_hold(agoq_coll_comm* comm, bool hold);
 ncclResult_t agoq_coll_engine_start(agoq_coll_comm* comm);
 /* Stops and joins the engine (idempotent); requests it had not completed fail. */
 void agoq_coll_engine_stop(agoq_coll_comm* comm);

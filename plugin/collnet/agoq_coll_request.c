@@ -1,6 +1,8 @@
 /* Requests: the collective calls validate their arguments, pick the path and hand a request
- * to the group's engine; test() reads the state the engine published. Both run on NCCL's
- * proxy thread and never block on the network or run codec work. */
+ * to the group's engine; test() reads the state the engine published and, while a request
+ * is not done, runs a pass of the pipeline itself when the engine is not running one
+ * (AGOQ_COLLNET_ASSIST). Both run on NCCL's proxy thread and never wait: not on the
+ * network, not on the engine. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,6 +269,10 @@ ncclResult_t agoq_coll_test(void* request, int* done, int* size) {
   }
   *done = 0;
   int st = atomic_load_explicit(&r->state, memory_order_acquire);
+  if (st == AGOQ_COLL_REQ_PENDING && r->comm->cfg.assist) {
+    agoq_coll_engine_assist(r->comm);
+    st = atomic_load_explicit(&r->state, memory_order_acquire);
+  }
   if (st == AGOQ_COLL_REQ_PENDING) return ncclSuccess;
   ncclResult_t res = st == AGOQ_COLL_REQ_DONE ? ncclSuccess : (ncclResult_t)r->error;
   if (res == ncclSuccess) {

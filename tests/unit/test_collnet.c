@@ -796,6 +796,63 @@ static void test_overflow_is_inf(void** state) {
 }
 
 /* 8 requests in flight on one group, mixed paths and types, then completed together. */
+/* ---- test() moves the pipeline (AGOQ_COLLNET_ASSIST) ---- */
+
+static void engines_hold(group* g, bool hold) {
+  for (int r = 0; r < g->n; r++) agoq_coll_engine_hold(g->comm[r], hold);
+}
+
+/* With every engine thread held, only test() can move the requests: exact and quantized
+ * calls complete, with the bits the engine gives (checked against the references). */
+static void test_test_alone_moves_the_pipeline(void** state) {
+  (void)state;
+  env_set("int8", "64K", "64K");
+  group g;
+  group_open(&g, 3);
+  engines_hold(&g, true);
+  run_exact(&g, ncclInt32, ncclSum, 100003, 91);
+  (void)run_quant(&g, ncclBfloat16, AGOQ_FORMAT_INT8, 64 << 10, 300001, 92, false);
+  engines_hold(&g, false);
+  run_exact(&g, ncclInt32, ncclSum, 5000, 93); /* and the engine takes over again */
+  group_close(&g);
+}
+
+/* With AGOQ_COLLNET_ASSIST=0 test() runs no pass: while the engines are held nothing
+ * completes, however often it is called; released, the engines complete everything. */
+static void test_no_assist_leaves_the_pipeline_to_the_engine(void** state) {
+  (void)state;
+  setenv("AGOQ_COLLNET_ASSIST", "0", 1);
+  env_set("int8", "64K", "64K");
+  group g;
+  group_open(&g, 3);
+  engines_hold(&g, true);
+  bufs b;
+  size_t count = 200001;
+  bufs_alloc(&b, 3, count * 2);
+  void* reqs[MAXR];
+  for (int r = 0; r < 3; r++) {
+    gen_normal(ncclBfloat16, b.send[r], count, (uint64_t)(95 + r));
+    post_allreduce(&g, r, b.send[r], b.recv[r], count, ncclBfloat16, ncclSum, &reqs[r]);
+  }
+  for (int pass = 0; pass < 2000; pass++) {
+    for (int r = 0; r < 3; r++) {
+      int done = -1, size = -1;
+      assert_int_equal(agoq_coll_test(reqs[r], &done, &size), ncclSuccess);
+      if (done) fail_msg("rank %d: a request completed through test() with AGOQ_COLLNET_ASSIST=0 and the engine held", r);
+    }
+  }
+  engines_hold(&g, false);
+  int sizes[MAXR];
+  wait_all(reqs, 3, sizes, NULL, 60);
+  check_identical(&g, &b, count * 2);
+  ref_quant_allreduce(ncclBfloat16, AGOQ_FORMAT_INT8, 128, 64 << 10, b.send, 3, count, b.ref);
+  assert_memory_equal(b.recv[0], b.ref, count * 2);
+  bufs_free(&b, 3);
+  group_close(&g);
+  unsetenv("AGOQ_COLLNET_ASSIST");
+  agoq_params_reset();
+}
+
 static void test_requests_in_flight(void** state) {
   (void)state;
   env_set("int8", "64K", "64K");
@@ -1181,6 +1238,8 @@ int main(void) {
       cmocka_unit_test(test_quantized_non_finite),
       cmocka_unit_test(test_overflow_is_inf),
       cmocka_unit_test(test_requests_in_flight),
+      cmocka_unit_test(test_test_alone_moves_the_pipeline),
+      cmocka_unit_test(test_no_assist_leaves_the_pipeline_to_the_engine),
       cmocka_unit_test(test_in_place),
       cmocka_unit_test(test_reducescatter),
       cmocka_unit_test(test_allgather),
