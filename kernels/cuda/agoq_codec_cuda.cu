@@ -844,12 +844,32 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
 
 /* ---- host side ---------------------------------------------------------------------------------- */
 
+#if defined(AGOQ_CUDA_EMULATION)
+/* Where the kernels' argument structs keep pointers: the emulation moves each one onto the
+ * device's view of memory at launch (a pointer left out would fault in the kernel). */
+inline void agoq_emu_rebase(Layout& L, bool& ok) { agoq_emu::rebase_ptr(L.body, ok); }
+inline void agoq_emu_rebase(QuantArgs& a, bool& ok) {
+  agoq_emu_rebase(a.L, ok);
+  agoq_emu::rebase_ptr(a.src, ok);
+}
+inline void agoq_emu_rebase(ScanArgs& a, bool& ok) {
+  agoq_emu_rebase(a.L, ok);
+  agoq_emu::rebase_ptr(a.ws, ok);
+  agoq_emu::rebase_ptr(a.result, ok);
+  agoq_emu::rebase_ptr(a.header, ok);
+}
+inline void agoq_emu_rebase(DecodeArgs& a, bool& ok) {
+  agoq_emu_rebase(a.L, ok);
+  agoq_emu::rebase_ptr(a.ws, ok);
+  agoq_emu::rebase_ptr(a.dst, ok);
+}
+#endif
+
 /* kernel<<<grid, block, 0, st>>>(args), or its emulation. */
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), unsigned grid, unsigned block, cudaStream_t st, A... args) {
 #if defined(AGOQ_CUDA_EMULATION)
-  (void)st;
-  agoq_emu::launch(kernel, grid, block, static_cast<P>(args)...);
+  agoq_emu::launch(st, kernel, grid, block, static_cast<P>(args)...);
 #else
   kernel<<<grid, block, 0, st>>>(static_cast<P>(args)...);
 #endif

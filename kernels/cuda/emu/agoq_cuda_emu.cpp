@@ -1,7 +1,10 @@
 /*
- * The CPU emulation behind agoq_cuda_emu.h and emu/include/cuda_runtime_api.h: a fiber
- * scheduler for the threads of one CTA, the barriers, and the runtime API calls the codec
- * and its check make, on host memory. Single-threaded: everything runs on the caller.
+ * The CPU emulation of the execution model behind agoq_cuda_emu.h: a fiber scheduler for
+ * the threads of one CTA and the barriers. The runtime API (memory, streams, events, the
+ * launch queue) is agoq_cuda_emu_runtime.cpp, which runs kernels one at a time under its
+ * device lock, on whichever thread makes the device progress: the scheduler's own state is
+ * used by one thread at a time, and only what belongs to the calling thread's stack is
+ * thread-local.
  *
  * Fibers switch with a few instructions on x86-64 (the codec's kernels switch at every
  * shuffle, millions of times per check), each switch announced to AddressSanitizer when it
@@ -97,14 +100,14 @@ unsigned nthreads, cur, alive, waiting;
 void (*job_fn)(void*);
 void* job_ctx;
 #if defined(AGOQ_EMU_UCONTEXT)
-ucontext_t main_ctx;
+thread_local ucontext_t main_ctx;
 #else
-void* main_sp;
-void* dead_sp; /* where a finished fiber's last switch saves what nobody resumes */
+thread_local void* main_sp;
+thread_local void* dead_sp; /* where a finished fiber's last switch saves what nobody resumes */
 #endif
 #if defined(AGOQ_EMU_ASAN)
-const void* main_stack_bottom; /* the caller's stack, learnt at the first switch */
-size_t main_stack_size;
+thread_local const void* main_stack_bottom; /* the caller's stack, learnt at its first switch */
+thread_local size_t main_stack_size;
 #endif
 
 /* Tell ASan which stack runs next (target == nthreads: the caller's), and, once resumed,
@@ -294,132 +297,3 @@ void run_cta(unsigned threads, void (*fn)(void*), void* ctx) {
 }
 
 }  // namespace agoq_emu
-
-/* ---- runtime API ------------------------------------------------------------------------------- */
-
-namespace {
-cudaError_t last_error = cudaSuccess;
-
-cudaError_t fail(cudaError_t e) {
-  last_error = e;
-  return e;
-}
-
-struct EmuEvent {
-  double t;
-};
-
-double now_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-}  // namespace
-
-struct agoq_emu_event : EmuEvent {};
-
-extern "C" {
-
-cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
-  return cudaSuccess;
-}
-
-cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : fail(cudaErrorInvalidValue); }
-
-cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev) {
-  if (dev != 0) return fail(cudaErrorInvalidValue);
-  memset(prop, 0, sizeof *prop);
-  snprintf(prop->name, sizeof prop->name, "agoq CPU emulation");
-  prop->totalGlobalMem = (size_t)1 << 30;
-  prop->major = 0;
-  prop->minor = 0;
-  prop->multiProcessorCount = 1;
-  return cudaSuccess;
-}
-
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = malloc(bytes ? bytes : 1);
-  return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
-}
-
-cudaError_t cudaFree(void* p) {
-  free(p);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
-
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
-  (void)kind;
-  if (bytes) memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-  (void)stream;
-  return cudaMemcpy(dst, src, bytes, kind);
-}
-
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  if (bytes) memset(p, value, bytes);
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-
-cudaError_t cudaGetLastError(void) {
-  cudaError_t e = last_error;
-  last_error = cudaSuccess;
-  return e;
-}
-
-const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-  }
-  return "cudaErrorUnknown";
-}
-
-const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
-
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new agoq_emu_event();
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete e;
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
-  (void)stream;
-  e->t = now_s();
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  (void)e;
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  *ms = (float)((end->t - start->t) * 1e3);
-  return cudaSuccess;
-}
-
-/* agoq_cuda_probe.h: one emulated device. */
-int agoq_cuda_device_count(void) { return 1; }
-
-int agoq_cuda_pci_bus_id(int dev, char* buf, int len) {
-  if (buf == NULL || len < 13 || dev != 0) return -1;
-  snprintf(buf, (size_t)len, "0000:00:00.0");
-  return 0;
-}
-
-}  // extern "C"

@@ -2,8 +2,10 @@
  * A CPU emulation of the part of the CUDA execution model that agoq_codec_cuda.cu uses, so
  * that its kernels run, unchanged, in tests on machines without a GPU (and under ASan).
  *
- * A launch runs its CTAs one after another; the threads of a CTA are fibers on the calling
- * thread, switched only at __syncthreads, __syncthreads_or and warp shuffles, which are real
+ * A launch is queued on its stream with its arguments moved onto the device's view of memory
+ * (emu/include/cuda_runtime_api.h says how strict that is); when the device runs it, its CTAs
+ * run one after another; the threads of a CTA are fibers on the running thread, switched only
+ * at __syncthreads, __syncthreads_or and warp shuffles, which are real
  * barriers (a shuffle: every lane of the warp deposits its value, all wait, each reads its
  * source lane, all wait). __shared__ variables are function statics: one CTA at a time uses
  * them. Device code sees the host arithmetic of agoq_codec_cuda_math.cuh (__CUDA_ARCH__ is
@@ -20,6 +22,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <tuple>
+#include <type_traits>
 
 #include "cuda_runtime_api.h"
 
@@ -77,15 +82,78 @@ void invoke(void* f) {
   (*static_cast<F*>(f))();
 }
 
-template <typename... P, typename... A>
-void launch(void (*kernel)(P...), unsigned grid, unsigned block, A... args) {
-  g_grid_dim = {grid, 1, 1};
-  g_block_dim = {block, 1, 1};
-  auto body = [&]() { kernel(args...); };
-  for (unsigned b = 0; b < grid; b++) {
-    g_block_idx = {b, 0, 0};
-    run_cta(block, &invoke<decltype(body)>, &body);
+/* ---- launches: queued on a stream, arguments moved onto the device's view of memory ---- */
+
+/* p (device or pinned memory, or NULL) as a kernel reaches it; false for anything else
+ * (pageable host memory: a real kernel would fault on it). */
+bool device_view(const void* p, void** out);
+/* Queues fn on stream st (0: the legacy default stream, run at once after all queued work). */
+void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*));
+/* A launch whose arguments the device cannot address: the launch error, and a line saying which. */
+void launch_refused(const void* p);
+
+template <typename T>
+void rebase_arg(T& v, bool& ok);
+
+/* The .cu says where the pointers of each argument struct are, with agoq_emu_rebase(S&, bool&)
+ * (found by argument-dependent lookup); a struct without one does not compile. */
+template <typename T>
+void rebase_ptr(T*& p, bool& ok) {
+  void* v = nullptr;
+  if (!device_view(p, &v)) {
+    if (ok) launch_refused(p);
+    ok = false;
+    return;
   }
+  p = static_cast<T*>(v);
+}
+
+template <typename T>
+void rebase_arg(T& v, bool& ok) {
+  if constexpr (std::is_pointer_v<T>)
+    rebase_ptr(v, ok);
+  else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>)
+    (void)ok;
+  else
+    agoq_emu_rebase(v, ok);
+}
+
+template <typename K, typename Tuple>
+struct LaunchJob {
+  K kernel;
+  unsigned grid, block;
+  Tuple args;
+};
+
+template <typename J>
+void run_job(void* p) {
+  J* j = static_cast<J*>(p);
+  g_grid_dim = {j->grid, 1, 1};
+  g_block_dim = {j->block, 1, 1};
+  auto body = [j]() { std::apply(j->kernel, j->args); };
+  for (unsigned b = 0; b < j->grid; b++) {
+    g_block_idx = {b, 0, 0};
+    run_cta(j->block, &invoke<decltype(body)>, &body);
+  }
+}
+
+template <typename J>
+void drop_job(void* p) {
+  delete static_cast<J*>(p);
+}
+
+template <typename... P, typename... A>
+void launch(cudaStream_t st, void (*kernel)(P...), unsigned grid, unsigned block, A... args) {
+  using Tuple = std::tuple<std::decay_t<P>...>;
+  using Job = LaunchJob<void (*)(P...), Tuple>;
+  Job* j = new Job{kernel, grid, block, Tuple(static_cast<std::decay_t<P>>(args)...)};
+  bool ok = true;
+  std::apply([&ok](auto&... a) { (rebase_arg(a, ok), ...); }, j->args);
+  if (!ok) {
+    delete j;
+    return;
+  }
+  enqueue(st, &run_job<Job>, j, &drop_job<Job>);
 }
 
 }  // namespace agoq_emu

@@ -1,8 +1,16 @@
 /*
- * The part of the CUDA runtime API that agoq_codec_cuda.cu and tools/gpu/codec_gpu_check.c
- * use, for the CPU emulation (agoq_cuda_emu.cpp): "device" memory is host memory, copies are
- * memcpy, streams are synchronous, and kernels run on the emulated execution model. Only
- * the emulation targets have this directory on their include path.
+ * The part of the CUDA runtime API that agoq uses, for the CPU emulation
+ * (agoq_cuda_emu_runtime.cpp). Strict where the hardware is:
+ *  - device memory (cudaMalloc) is not host memory: the pointer the host gets is mapped
+ *    without access, so a host read or write of it faults; kernels and copies reach the
+ *    bytes through a second mapping of the same pages;
+ *  - a kernel argument must point into device memory or pinned host memory (cudaMallocHost,
+ *    cudaHostAlloc), never into pageable memory;
+ *  - a copy's direction must match where its pointers are;
+ *  - work on a stream runs later, in order: it makes progress only when the host asks
+ *    (a query runs at most one queued operation before it answers; a synchronize runs
+ *    them all), so a result is visible only after its event or stream says so.
+ * Only the emulation targets have this directory on their include path.
  */
 #ifndef AGOQ_EMU_CUDA_RUNTIME_API_H
 #define AGOQ_EMU_CUDA_RUNTIME_API_H
@@ -13,10 +21,18 @@
 extern "C" {
 #endif
 
+/* The runtime's own numbers. */
 typedef enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
 } cudaError_t;
 
 enum cudaMemcpyKind {
@@ -26,6 +42,28 @@ enum cudaMemcpyKind {
   cudaMemcpyDeviceToDevice = 3,
   cudaMemcpyDefault = 4,
 };
+
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+
+struct cudaPointerAttributes {
+  enum cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
+
+#define cudaStreamDefault 0x0u
+#define cudaStreamNonBlocking 0x1u
+#define cudaEventDefault 0x0u
+#define cudaEventBlockingSync 0x1u
+#define cudaEventDisableTiming 0x2u
+#define cudaHostAllocDefault 0x0u
+#define cudaHostAllocPortable 0x1u
 
 typedef struct agoq_emu_stream* cudaStream_t;
 typedef struct agoq_emu_event* cudaEvent_t;
@@ -40,24 +78,48 @@ struct cudaDeviceProp {
 
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int* dev);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev);
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* p);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream);
 cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest);
 cudaError_t cudaGetLastError(void);
 const char* cudaGetErrorName(cudaError_t e);
 const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int priority);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream);
+cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+/* Not CUDA: what the emulation saw, for tests of code that must never use the legacy
+ * default stream or block (NCCL's proxy thread). */
+typedef struct {
+  unsigned long long legacy_stream_ops; /* work queued on stream 0 (the legacy default stream) */
+  unsigned long long sync_calls;        /* cudaMemcpy, cudaMemset, cudaDeviceSynchronize */
+  unsigned long long ops_run;           /* queued operations the device has completed */
+  unsigned long long device_allocs;     /* live cudaMalloc allocations */
+  unsigned long long pinned_allocs;     /* live cudaMallocHost / cudaHostAlloc allocations */
+} agoq_emu_counters;
+void agoq_emu_counters_get(agoq_emu_counters* c);
 
 #ifdef __cplusplus
 }
