@@ -9,15 +9,19 @@
  * past its buffer faults too. Pinned host memory (cudaMallocHost, cudaHostAlloc) is host
  * memory both sides reach. Nothing else is reachable from a kernel.
  *
- * Work. Copies, memsets, launches and event records on a stream go into one queue in the
- * order they were issued (so each stream's order holds, and streams are serialised more
- * than a GPU would). The device runs queued work only when the host asks: cudaEventQuery
- * and cudaStreamQuery run at most one queued operation before they answer, the
- * synchronising calls run everything up to what they wait for. Code that reads a result
- * before its event says so therefore reads it before it is there, every time. Work on the
- * legacy default stream (stream 0) and the synchronous calls first run everything queued,
- * then act at once; they are counted (agoq_emu_counters_get) so that tests can show the
- * plugin never uses them. Everything runs under one device lock, on the thread that asked.
+ * Work. Copies, memsets, launches, event records and waits go into their stream's queue,
+ * in order; streams are independent, except where cudaStreamWaitEvent joins them. The
+ * device runs queued work only when the host asks, and only the work that what it asks
+ * about depends on: cudaEventQuery and cudaStreamQuery run at most one operation of that
+ * event's or stream's queue (or, when that operation waits on an event of another stream,
+ * one operation of that stream) before they answer; the synchronising calls run everything
+ * up to what they wait for. Code that reads a result before its event says so therefore
+ * reads it before it is there, and code that polls the wrong stream never sees it done,
+ * every time. Work on the legacy default stream (stream 0) first runs everything queued on
+ * blocking streams (not on cudaStreamNonBlocking ones, as on a GPU), then runs at once; the
+ * synchronous calls run everything first. Both are counted (agoq_emu_counters_get) so that
+ * tests can show the plugin never uses them. Everything runs under one device lock, on the
+ * thread that asked.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -31,22 +35,40 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "agoq_cuda_emu.h"
 #include "agoq_cuda_probe.h"
 
+namespace agoq_emu {
+namespace {
+struct Op {
+  uint64_t seq;
+  void (*run)(void*);
+  void* ctx;
+  void (*drop)(void*);
+  agoq_emu_stream* wait; /* a cudaStreamWaitEvent: runs once wait has run operation wait_seq */
+  uint64_t wait_seq;
+};
+}  // namespace
+}  // namespace agoq_emu
+
 struct agoq_emu_stream {
   unsigned flags = 0;
   int priority = 0;
-  uint64_t last_seq = 0; /* newest operation queued on it */
-  unsigned queued = 0;   /* its operations not yet run */
-  bool destroyed = false;
+  std::deque<agoq_emu::Op> ops; /* queued, not run */
+  uint64_t last_seq = 0;        /* newest operation queued on it */
+  uint64_t done_seq = 0;        /* newest operation run */
+  bool destroyed = false;       /* kept (a wait may still name it), never handed out again */
 };
 
 struct agoq_emu_event {
   unsigned flags = 0;
-  uint64_t seq = 0; /* the record operation; 0: never recorded */
-  double t = 0;     /* when the device ran the record */
+  agoq_emu_stream* stream = nullptr; /* of the newest record */
+  uint64_t seq = 0;                  /* the newest record operation; 0: never recorded */
+  uint64_t done_seq = 0;             /* the newest record the device has run */
+  unsigned pending = 0;              /* records queued, not run */
+  double t = 0;                      /* when the newest one ran */
 };
 
 namespace agoq_emu {
@@ -63,18 +85,10 @@ struct Alloc {
   bool device;
 };
 
-struct Op {
-  uint64_t seq;
-  agoq_emu_stream* stream; /* nullptr: legacy or a marker that needs no stream */
-  void (*run)(void*);
-  void* ctx;
-  void (*drop)(void*);
-};
-
-std::recursive_mutex dev_mu;       /* the device: the queue, the allocations, running work */
+std::recursive_mutex dev_mu;       /* the device: the queues, the allocations, running work */
 std::map<uintptr_t, Alloc> allocs; /* by the address the host sees */
-std::deque<Op> queue;
-uint64_t next_seq = 1, done_seq = 0;
+std::vector<agoq_emu_stream*> streams; /* every stream created (destroyed ones stay, empty) */
+uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
 std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0};
 int current_device = 0;
@@ -121,36 +135,56 @@ char* reach(const void* p, size_t len) {
   return a->shadow + (reinterpret_cast<uintptr_t>(p) - base);
 }
 
-void run_one() {
-  Op op = queue.front();
-  queue.pop_front();
+bool event_done(const agoq_emu_event* e, uint64_t seq) { return e->done_seq >= seq; }
+
+/* Runs one operation of s, or, when s's next one waits on another stream's event, one
+ * operation toward that event. false: s has nothing queued. */
+bool run_one(agoq_emu_stream* s) {
+  if (s->ops.empty()) return false;
+  Op& head = s->ops.front();
+  if (head.wait != nullptr && head.wait->done_seq < head.wait_seq) return run_one(head.wait);
+  Op op = head;
+  s->ops.pop_front();
   if (op.run) op.run(op.ctx);
   if (op.drop) op.drop(op.ctx);
-  done_seq = op.seq;
+  s->done_seq = op.seq;
   n_run++;
-  if (op.stream != nullptr && --op.stream->queued == 0 && op.stream->destroyed) delete op.stream;
+  return true;
 }
 
-void run_until(uint64_t seq) {
-  while (done_seq < seq && !queue.empty()) run_one();
+void stream_drain(agoq_emu_stream* s, uint64_t seq) {
+  while (s->done_seq < seq && run_one(s)) {
+  }
+}
+
+/* Everything queued (blocking_only: on the streams the legacy stream synchronises with). */
+void drain_all(bool blocking_only) {
+  for (bool ran = true; ran;) {
+    ran = false;
+    for (agoq_emu_stream* s : streams)
+      if (!(blocking_only && (s->flags & cudaStreamNonBlocking)) && !s->ops.empty()) {
+        stream_drain(s, s->last_seq);
+        ran = true;
+      }
+  }
 }
 
 /* sync: a synchronous call (counted as such), not work queued on the legacy stream. */
-void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*), bool sync = false) {
-  Op op{next_seq++, s, run, ctx, drop};
+void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*), bool sync = false,
+          agoq_emu_stream* wait = nullptr, uint64_t wait_seq = 0) {
+  Op op{next_seq++, run, ctx, drop, wait, wait_seq};
   if (s == nullptr) {
-    /* The legacy default stream: after everything queued, at once. */
+    /* The legacy default stream: after the blocking streams' work (everything, for a
+     * synchronous call), at once. */
     if (!sync) n_legacy++; /* a synchronous call counted itself */
-    run_until(next_seq);
+    drain_all(!sync);
     if (run) run(ctx);
     if (drop) drop(ctx);
-    done_seq = op.seq;
     n_run++;
     return;
   }
   s->last_seq = op.seq;
-  s->queued++;
-  queue.push_back(op);
+  s->ops.push_back(op);
 }
 
 struct CopyJob {
@@ -175,7 +209,18 @@ void set_run(void* p) {
 }
 void set_drop(void* p) { delete static_cast<SetJob*>(p); }
 
-void record_run(void* p) { static_cast<agoq_emu_event*>(p)->t = now_s(); }
+struct RecordJob {
+  agoq_emu_event* e;
+  uint64_t seq;
+};
+void record_run(void* p) {
+  RecordJob* j = static_cast<RecordJob*>(p);
+  j->e->pending--;
+  if (j->seq < j->e->done_seq) return; /* a newer record, on another stream, ran first */
+  j->e->t = now_s();
+  j->e->done_seq = j->seq;
+}
+void record_drop(void* p) { delete static_cast<RecordJob*>(p); }
 
 /* The copy's kind must match where its pointers are (cudaMemcpyDefault: any). */
 cudaError_t copy_check(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -301,7 +346,7 @@ cudaError_t cudaFree(void* p) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || !it->second.device) return fail(cudaErrorInvalidDevicePointer);
-  run_until(next_seq); /* cudaFree synchronises: no queued work may still use it */
+  drain_all(false); /* cudaFree synchronises: no queued work may still use it */
   munmap(it->second.map_host, it->second.map_size);
   munmap(it->second.map_dev, it->second.map_size);
   allocs.erase(it);
@@ -327,7 +372,7 @@ cudaError_t cudaFreeHost(void* p) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || it->second.device) return fail(cudaErrorInvalidValue);
-  run_until(next_seq);
+  drain_all(false);
   munmap(it->second.map_host, it->second.map_size);
   allocs.erase(it);
   return cudaSuccess;
@@ -391,7 +436,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) { return set_issue(p, v
 cudaError_t cudaDeviceSynchronize(void) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   n_sync++;
-  run_until(next_seq);
+  drain_all(false);
   return cudaSuccess;
 }
 
@@ -431,6 +476,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int pr
   *s = new agoq_emu_stream();
   (*s)->flags = flags;
   (*s)->priority = priority;
+  streams.push_back(*s);
   return cudaSuccess;
 }
 
@@ -441,31 +487,37 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   if (s == nullptr || s->destroyed) return fail(cudaErrorInvalidResourceHandle);
-  /* As on a GPU: queued work still runs; the stream goes with its last operation. */
+  /* As on a GPU: queued work still runs. The object stays (a wait may still name it), empty
+   * once its work has run: a few dozen bytes per stream a test process ever destroyed. */
   s->destroyed = true;
-  if (s->queued == 0) delete s;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  uint64_t want = s ? s->last_seq : next_seq - 1;
-  if (done_seq < want && !queue.empty()) run_one();
-  return done_seq >= want ? cudaSuccess : cudaErrorNotReady;
+  if (s == nullptr) return cudaSuccess; /* legacy work ran when it was issued */
+  if (s->done_seq < s->last_seq) run_one(s);
+  return s->done_seq >= s->last_seq ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  run_until(s ? s->last_seq : next_seq - 1);
+  if (s != nullptr) stream_drain(s, s->last_seq);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   if (!stream_ok(s) || e == nullptr || flags != 0) return fail(cudaErrorInvalidValue);
-  /* One queue runs in issue order: whatever e waits for runs before s's next work. */
+  /* s's later work waits for e's newest record at this call (none: nothing to wait for). */
+  if (e->seq == 0 || event_done(e, e->seq)) return cudaSuccess;
+  if (s == nullptr) {
+    stream_drain(e->stream, e->seq);
+    return cudaSuccess;
+  }
+  push(s, nullptr, nullptr, nullptr, false, e->stream, e->seq);
   return cudaSuccess;
 }
 
@@ -482,7 +534,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
-  run_until(e->seq); /* a pending record still writes into it */
+  if (e->pending > 0) drain_all(false); /* a queued record still writes into it */
   delete e;
   return cudaSuccess;
 }
@@ -491,22 +543,25 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
-  e->seq = next_seq;
-  push(stream, &record_run, e, nullptr);
+  uint64_t seq = next_seq;
+  e->seq = seq;
+  e->stream = stream;
+  e->pending++;
+  push(stream, &record_run, new RecordJob{e, seq}, &record_drop);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
-  if (done_seq < e->seq && !queue.empty()) run_one();
-  return done_seq >= e->seq ? cudaSuccess : cudaErrorNotReady;
+  if (!event_done(e, e->seq)) run_one(e->stream);
+  return event_done(e, e->seq) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
-  run_until(e->seq);
+  if (!event_done(e, e->seq)) stream_drain(e->stream, e->seq);
   return cudaSuccess;
 }
 
@@ -514,7 +569,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::recursive_mutex> lk(dev_mu);
   if ((start->flags | end->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
-  if (done_seq < start->seq || done_seq < end->seq) return fail(cudaErrorNotReady);
+  if (!event_done(start, start->seq) || !event_done(end, end->seq)) return fail(cudaErrorNotReady);
   *ms = (float)((end->t - start->t) * 1e3);
   return cudaSuccess;
 }

@@ -169,6 +169,59 @@ static void test_work_is_done_only_when_its_event_says_so(void** state) {
   cudaFreeHost(h_out);
 }
 
+/* Streams are independent: polling one never runs another's work, a wait joins them, and
+ * the legacy stream does not wait for non-blocking streams. */
+static void test_streams_are_independent(void** state) {
+  (void)state;
+  enum { N = 4096 };
+  uint8_t *h_in = NULL, *h_out = NULL, *h_out2 = NULL;
+  void* d = NULL;
+  assert_int_equal(cudaMallocHost((void**)&h_in, N), cudaSuccess);
+  assert_int_equal(cudaMallocHost((void**)&h_out, N), cudaSuccess);
+  assert_int_equal(cudaMallocHost((void**)&h_out2, N), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d, N), cudaSuccess);
+  for (int i = 0; i < N; i++) h_in[i] = (uint8_t)(i * 13 + 5);
+  memset(h_out, 0, N);
+  memset(h_out2, 0, N);
+  cudaStream_t a, b;
+  cudaEvent_t ea, eb;
+  assert_int_equal(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&ea, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&eb, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(d, h_in, N, cudaMemcpyHostToDevice, a), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(h_out, d, N, cudaMemcpyDeviceToHost, a), cudaSuccess);
+  assert_int_equal(cudaEventRecord(ea, a), cudaSuccess);
+  for (int i = 0; i < 100; i++) assert_int_equal(cudaStreamQuery(b), cudaSuccess); /* the wrong stream */
+  assert_int_equal(cudaEventQuery(eb), cudaSuccess);                                /* never recorded */
+  assert_int_equal(h_out[0], 0);
+  /* Work on the legacy stream does not wait for a non-blocking stream. */
+  uint8_t* h_legacy = NULL;
+  assert_int_equal(cudaMallocHost((void**)&h_legacy, 1), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(h_legacy, h_in, 1, cudaMemcpyHostToHost, NULL), cudaSuccess);
+  assert_int_equal(h_legacy[0], h_in[0]);
+  assert_int_equal(h_out[0], 0);
+  /* b waits for ea: its copy runs after a's, and synchronizing b runs a's work first. */
+  assert_int_equal(cudaStreamWaitEvent(b, ea, 0), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(h_out2, d, N, cudaMemcpyDeviceToHost, b), cudaSuccess);
+  assert_int_equal(cudaEventRecord(eb, b), cudaSuccess);
+  assert_int_equal(cudaEventSynchronize(eb), cudaSuccess);
+  assert_memory_equal(h_out2, h_in, N);
+  assert_memory_equal(h_out, h_in, N);
+  assert_int_equal(cudaEventQuery(ea), cudaSuccess);
+  assert_int_equal(cudaEventDestroy(ea), cudaSuccess);
+  assert_int_equal(cudaEventDestroy(eb), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(a), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(b), cudaSuccess);
+  assert_int_equal(cudaStreamQuery(a), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  cudaFree(d);
+  cudaFreeHost(h_in);
+  cudaFreeHost(h_out);
+  cudaFreeHost(h_out2);
+  cudaFreeHost(h_legacy);
+}
+
 static void test_legacy_stream_and_sync_calls_are_counted(void** state) {
   (void)state;
   void *d = NULL, *h = NULL;
@@ -253,6 +306,7 @@ int main(void) {
       cmocka_unit_test(test_pointer_attributes),
       cmocka_unit_test(test_copy_directions),
       cmocka_unit_test(test_work_is_done_only_when_its_event_says_so),
+      cmocka_unit_test(test_streams_are_independent),
       cmocka_unit_test(test_legacy_stream_and_sync_calls_are_counted),
       cmocka_unit_test(test_kernels_reach_only_device_and_pinned_memory),
   };

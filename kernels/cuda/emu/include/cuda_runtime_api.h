@@ -8,8 +8,9 @@
  *    cudaHostAlloc), never into pageable memory;
  *  - a copy's direction must match where its pointers are;
  *  - work on a stream runs later, in order: it makes progress only when the host asks
- *    (a query runs at most one queued operation before it answers; a synchronize runs
- *    them all), so a result is visible only after its event or stream says so.
+ *    about it (a query runs at most one queued operation of its event's or stream's queue
+ *    before it answers; a synchronize runs what it waits for), so a result is visible only
+ *    after its event or stream says so; streams are joined only by cudaStreamWaitEvent.
  * Only the emulation targets have this directory on their include path.
  */
 #ifndef AGOQ_EMU_CUDA_RUNTIME_API_H
