@@ -59,7 +59,8 @@ struct agoq_emu_stream {
   std::deque<agoq_emu::Op> ops; /* queued, not run */
   uint64_t last_seq = 0;        /* newest operation queued on it */
   uint64_t done_seq = 0;        /* newest operation run */
-  bool destroyed = false;       /* kept (a wait may still name it), never handed out again */
+  unsigned waiters = 0;         /* queued waits (of other streams) that name it */
+  bool destroyed = false;       /* freed once its work ran and no wait names it (reap) */
 };
 
 struct agoq_emu_event {
@@ -87,7 +88,7 @@ struct Alloc {
 
 std::recursive_mutex dev_mu;       /* the device: the queues, the allocations, running work */
 std::map<uintptr_t, Alloc> allocs; /* by the address the host sees */
-std::vector<agoq_emu_stream*> streams; /* every stream created (destroyed ones stay, empty) */
+std::vector<agoq_emu_stream*> streams; /* every stream created and not yet freed */
 uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
 std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0};
@@ -145,6 +146,7 @@ bool run_one(agoq_emu_stream* s) {
   if (head.wait != nullptr && head.wait->done_seq < head.wait_seq) return run_one(head.wait);
   Op op = head;
   s->ops.pop_front();
+  if (op.wait != nullptr) op.wait->waiters--;
   if (op.run) op.run(op.ctx);
   if (op.drop) op.drop(op.ctx);
   s->done_seq = op.seq;
@@ -159,20 +161,39 @@ void stream_drain(agoq_emu_stream* s, uint64_t seq) {
 
 /* Everything queued (blocking_only: on the streams the legacy stream synchronises with). */
 void drain_all(bool blocking_only) {
-  for (bool ran = true; ran;) {
-    ran = false;
-    for (agoq_emu_stream* s : streams)
-      if (!(blocking_only && (s->flags & cudaStreamNonBlocking)) && !s->ops.empty()) {
-        stream_drain(s, s->last_seq);
-        ran = true;
-      }
+  for (size_t i = 0; i < streams.size(); i++) {
+    agoq_emu_stream* s = streams[i];
+    if (blocking_only && (s->flags & cudaStreamNonBlocking)) continue;
+    stream_drain(s, s->last_seq);
   }
 }
+
+/* Frees the destroyed streams whose work has run and that no queued wait names. Called
+ * at the end of the calls that run work, never while work runs. */
+void reap() {
+  for (size_t i = 0; i < streams.size();) {
+    agoq_emu_stream* s = streams[i];
+    if (s->destroyed && s->ops.empty() && s->waiters == 0) {
+      streams.erase(streams.begin() + (long)i);
+      delete s;
+    } else {
+      i++;
+    }
+  }
+}
+
+/* The device lock for a call that may run work: frees what that work left behind on the
+ * way out. */
+struct Session {
+  std::lock_guard<std::recursive_mutex> lk{dev_mu};
+  ~Session() { reap(); }
+};
 
 /* sync: a synchronous call (counted as such), not work queued on the legacy stream. */
 void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*), bool sync = false,
           agoq_emu_stream* wait = nullptr, uint64_t wait_seq = 0) {
   Op op{next_seq++, run, ctx, drop, wait, wait_seq};
+  if (wait != nullptr) wait->waiters++;
   if (s == nullptr) {
     /* The legacy default stream: after the blocking streams' work (everything, for a
      * synchronous call), at once. */
@@ -245,7 +266,7 @@ bool stream_ok(cudaStream_t s) { return s == nullptr || !s->destroyed; }
 }  // namespace
 
 bool device_view(const void* p, void** out) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (p == nullptr) {
     *out = nullptr;
     return true;
@@ -265,7 +286,7 @@ void launch_refused(const void* p) {
 }
 
 void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*)) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!stream_ok(st)) {
     if (drop) drop(ctx);
     fail(cudaErrorInvalidResourceHandle);
@@ -335,7 +356,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   }
   /* As close to the guard page as the alignment allows. */
   size_t off = (body - (bytes ? bytes : 1)) / kAlign * kAlign;
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   allocs[reinterpret_cast<uintptr_t>(host + off)] = Alloc{bytes, dev + off, host, dev, map, true};
   *p = host + off;
   return cudaSuccess;
@@ -343,7 +364,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || !it->second.device) return fail(cudaErrorInvalidDevicePointer);
   drain_all(false); /* cudaFree synchronises: no queued work may still use it */
@@ -359,7 +380,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) {
   size_t map = ((bytes ? bytes : 1) + page_size() - 1) / page_size() * page_size();
   char* h = static_cast<char*>(mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (h == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   allocs[reinterpret_cast<uintptr_t>(h)] = Alloc{bytes, h, h, nullptr, map, false};
   *p = h;
   return cudaSuccess;
@@ -369,7 +390,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || it->second.device) return fail(cudaErrorInvalidValue);
   drain_all(false);
@@ -380,7 +401,7 @@ cudaError_t cudaFreeHost(void* p) {
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* p) {
   if (attr == nullptr) return fail(cudaErrorInvalidValue);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   memset(attr, 0, sizeof *attr);
   attr->device = -2;
   const Alloc* a = p ? find(p, 0, nullptr) : nullptr;
@@ -397,7 +418,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const v
 
 namespace {
 cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream, bool sync) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (sync) n_sync++;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
   cudaError_t e = copy_check(dst, src, bytes, kind);
@@ -408,7 +429,7 @@ cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 }
 
 cudaError_t set_issue(void* p, int value, size_t bytes, cudaStream_t stream, bool sync) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (sync) n_sync++;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
@@ -434,7 +455,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 cudaError_t cudaMemset(void* p, int value, size_t bytes) { return set_issue(p, value, bytes, nullptr, true); }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   n_sync++;
   drain_all(false);
   return cudaSuccess;
@@ -472,7 +493,7 @@ const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int priority) {
   if (s == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return fail(cudaErrorInvalidValue);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   *s = new agoq_emu_stream();
   (*s)->flags = flags;
   (*s)->priority = priority;
@@ -485,16 +506,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (s == nullptr || s->destroyed) return fail(cudaErrorInvalidResourceHandle);
-  /* As on a GPU: queued work still runs. The object stays (a wait may still name it), empty
-   * once its work has run: a few dozen bytes per stream a test process ever destroyed. */
+  /* As on a GPU: queued work still runs; the object goes once it has (reap). */
   s->destroyed = true;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (s == nullptr) return cudaSuccess; /* legacy work ran when it was issued */
   if (s->done_seq < s->last_seq) run_one(s);
@@ -502,14 +522,14 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (s != nullptr) stream_drain(s, s->last_seq);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!stream_ok(s) || e == nullptr || flags != 0) return fail(cudaErrorInvalidValue);
   /* s's later work waits for e's newest record at this call (none: nothing to wait for). */
   if (e->seq == 0 || event_done(e, e->seq)) return cudaSuccess;
@@ -533,7 +553,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (e->pending > 0) drain_all(false); /* a queued record still writes into it */
   delete e;
   return cudaSuccess;
@@ -541,7 +561,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
   uint64_t seq = next_seq;
   e->seq = seq;
@@ -553,21 +573,21 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!event_done(e, e->seq)) run_one(e->stream);
   return event_done(e, e->seq) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if (!event_done(e, e->seq)) stream_drain(e->stream, e->seq);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   if ((start->flags | end->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
   if (!event_done(start, start->seq) || !event_done(end, end->seq)) return fail(cudaErrorNotReady);
   *ms = (float)((end->t - start->t) * 1e3);
@@ -575,7 +595,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 void agoq_emu_counters_get(agoq_emu_counters* c) {
-  std::lock_guard<std::recursive_mutex> lk(dev_mu);
+  Session lk;
   memset(c, 0, sizeof *c);
   c->legacy_stream_ops = n_legacy;
   c->sync_calls = n_sync;
