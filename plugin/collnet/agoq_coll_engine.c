@@ -196,6 +196,15 @@ static void agoq_engine_complete(agoq_coll_comm* g, agoq_coll_req* r) {
   agoq_coll_req_finish(r, ncclSuccess);
 }
 
+/* Everything queued by the proxy thread since the last look, in order. */
+static agoq_coll_req* agoq_engine_dequeue(agoq_coll_comm* g) {
+  pthread_mutex_lock(&g->mu);
+  agoq_coll_req* list = g->q_head;
+  g->q_head = g->q_tail = NULL;
+  pthread_mutex_unlock(&g->mu);
+  return list;
+}
+
 static void agoq_engine_take(agoq_coll_comm* g, agoq_coll_req* list) {
   while (list != NULL) {
     agoq_coll_req* r = list;
@@ -374,10 +383,7 @@ static void agoq_engine_abort(agoq_coll_comm* g, ncclResult_t res) {
     g->slots[i].req = NULL;
   }
   for (int i = 0; i < g->nranks * AGOQ_CQ_COUNT; i++) g->cq[i].count = 0;
-  pthread_mutex_lock(&g->mu);
-  agoq_coll_req* queued = g->q_head;
-  g->q_head = g->q_tail = NULL;
-  pthread_mutex_unlock(&g->mu);
+  agoq_coll_req* queued = agoq_engine_dequeue(g);
   agoq_coll_req* lists[2] = {g->act_head, queued};
   g->act_head = g->act_tail = g->admit = NULL;
   for (int l = 0; l < 2; l++) {
@@ -454,10 +460,7 @@ static void agoq_engine_account(agoq_coll_comm* g, bool progressed) {
 /* One pass: take queued requests, admit chunks, test pending operations, reduce, retire.
  * Called under step_mu, by the engine or by test(). */
 static ncclResult_t agoq_engine_step(agoq_coll_comm* g, bool* progressed) {
-  pthread_mutex_lock(&g->mu);
-  agoq_coll_req* taken = g->q_head;
-  g->q_head = g->q_tail = NULL;
-  pthread_mutex_unlock(&g->mu);
+  agoq_coll_req* taken = agoq_engine_dequeue(g);
   *progressed = taken != NULL;
   agoq_engine_take(g, taken);
   ncclResult_t res = (ncclResult_t)atomic_load(&g->error);
@@ -508,11 +511,7 @@ static void* agoq_coll_engine_main(void* arg) {
       continue;
     }
     if (stop) {
-      pthread_mutex_lock(&g->mu);
-      agoq_coll_req* taken = g->q_head;
-      g->q_head = g->q_tail = NULL;
-      pthread_mutex_unlock(&g->mu);
-      agoq_engine_take(g, taken);
+      agoq_engine_take(g, agoq_engine_dequeue(g));
       if (g->act_head != NULL)
         AGOQ_INFO(NCCL_NET, "CollNet rank %d: group stopped with requests in flight; they fail", g->rank);
       agoq_engine_abort(g, ncclInternalError);

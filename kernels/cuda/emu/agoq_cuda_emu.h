@@ -92,9 +92,6 @@ void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*)
 /* A launch whose arguments the device cannot address: the launch error, and a line saying which. */
 void launch_refused(const void* p);
 
-template <typename T>
-void rebase_arg(T& v, bool& ok);
-
 /* The .cu says where the pointers of each argument struct are, with agoq_emu_rebase(S&, bool&)
  * (found by argument-dependent lookup); a struct without one does not compile. */
 template <typename T>

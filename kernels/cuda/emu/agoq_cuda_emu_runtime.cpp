@@ -127,6 +127,9 @@ bool is_device(const void* p, size_t len) {
   return a != nullptr && a->device;
 }
 
+/* [p, p + len) starts in a device allocation but runs past its end: no valid buffer. */
+bool runs_past_device(const void* p, size_t len) { return !is_device(p, len) && is_device(p, 1); }
+
 /* Where a copy or memset on the device reaches [p, p + len): the device's view of device
  * memory, the pointer itself for host memory. */
 char* reach(const void* p, size_t len) {
@@ -247,10 +250,8 @@ void record_drop(void* p) { delete static_cast<RecordJob*>(p); }
 cudaError_t copy_check(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  if (runs_past_device(dst, bytes) || runs_past_device(src, bytes)) return cudaErrorInvalidValue;
   bool d_dev = is_device(dst, bytes), s_dev = is_device(src, bytes);
-  /* A range that starts in an allocation but runs past it is no valid buffer at all. */
-  if (!d_dev && find(dst, 1, nullptr) != nullptr && find(dst, 1, nullptr)->device) return cudaErrorInvalidValue;
-  if (!s_dev && find(src, 1, nullptr) != nullptr && find(src, 1, nullptr)->device) return cudaErrorInvalidValue;
   switch (kind) {
     case cudaMemcpyHostToHost: return !d_dev && !s_dev ? cudaSuccess : cudaErrorInvalidValue;
     case cudaMemcpyHostToDevice: return d_dev && !s_dev ? cudaSuccess : cudaErrorInvalidValue;
