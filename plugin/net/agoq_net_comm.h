@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/agoq_stats.h"
+#include "gpu/agoq_gpu.h"
 #include "net/agoq_net.h"
 #include "net/agoq_request.h"
 #include "net/agoq_typed.h"
@@ -37,7 +38,8 @@ extern const agoq_transport* agoq_net_tp;
 
 typedef struct {
   uint32_t magic;
-  int type;
+  int type;   /* NCCL_PTR_HOST or NCCL_PTR_CUDA */
+  int device; /* NCCL_PTR_CUDA: the CUDA ordinal holding it; else -1 */
   void* addr;
   size_t size;
 } agoq_mr;
@@ -61,6 +63,12 @@ typedef struct agoq_comm {
   agoq_stage_cache stage;
   agoq_typed_stats typed_stats;
   agoq_stats_entry* st; /* AGOQ_STATS: the context's p2p send or receive entry, else NULL */
+  /* Device buffers (agoq_net_device.c): the link is created by the first regMr of device
+   * memory; sends whose copy into the staging is queued wait here, oldest first, so that
+   * they reach the transport in NCCL's order. */
+  agoq_gpu_link* gpu;
+  uint32_t dev_fifo[AGOQ_REQUESTS_PER_COMM];
+  uint32_t dev_first, dev_count;
 } agoq_comm;
 
 /* Wraps a new transport connection (takes it over; closes it on failure). */
@@ -69,5 +77,35 @@ void agoq_comm_destroy(agoq_comm* comm);
 const char* agoq_comm_peer(const agoq_comm* comm);
 /* The receive side's agoq_tp_match_fn (arg: the comm): NCCL's matching rules. */
 ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot, uint8_t** dst);
+
+
+/* ---- device buffers (agoq_net_device.c) ---- */
+
+/* regMr of NCCL_PTR_CUDA memory: checks the range with the runtime, creates the comm's GPU
+ * link on first use, fills mr. */
+ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr);
+/* The registered handle says device memory, and [data, data+size) lies inside it (an
+ * error result otherwise). */
+ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device);
+/* Sender, after the request is allocated: stages NCCL's device buffer (queues the copy).
+ * *again: the staging is full now; release the request and let NCCL retry. */
+ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* phandle,
+                                 bool* again);
+/* Receiver: reserves the staging for the buffers in req->dev_mask; *again as above. */
+ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again);
+/* Hands sends whose copy finished to the transport, in posting order. */
+ncclResult_t agoq_dev_advance(agoq_comm* comm);
+/* Receiver: the bytes are in the staging (frames decoded there): queues the copies into
+ * NCCL's buffers. */
+ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req);
+/* The request's copy is done (only queries the event). */
+ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done);
+/* Gives back the request's staging. */
+void agoq_dev_release(agoq_comm* comm, agoq_request* req);
+/* Close: logs what the link moved and frees it (waits for its queued copies). */
+void agoq_dev_close(agoq_comm* comm);
+/* Fills the transfer and the statistics of a send from `src` (NCCL's host buffer, or the
+ * staging of a device one), deciding whether it goes as a frame (agoq_net_data.c). */
+void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* phandle);
 
 #endif

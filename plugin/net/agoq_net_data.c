@@ -23,15 +23,20 @@ ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void
     AGOQ_WARN("regMr: invalid comm %p", comm);
     return ncclInternalError;
   }
-  if (type != NCCL_PTR_HOST) {
-    /* We advertise host memory only; NCCL's user-buffer registration probes device
-     * memory and falls back to its own staging buffers when we refuse. */
-    AGOQ_INFO(NCCL_NET | NCCL_REG, "regMr: memory type %d not supported (host memory only)", type);
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "regMr: memory type %d not supported (host and CUDA memory only)", type);
     return ncclInternalError;
   }
   agoq_mr* mr = calloc(1, sizeof *mr);
   if (mr == NULL) return ncclSystemError;
-  *mr = (agoq_mr){.magic = AGOQ_MR_MAGIC, .type = type, .addr = data, .size = size};
+  *mr = (agoq_mr){.magic = AGOQ_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
+  if (type == NCCL_PTR_CUDA) {
+    ncclResult_t res = agoq_dev_reg(c, data, size, mr);
+    if (res != ncclSuccess) {
+      free(mr);
+      return res;
+    }
+  }
   *mhandle = mr;
   return ncclSuccess;
 }
@@ -60,26 +65,13 @@ ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle) {
 
 /* ---- send side ------------------------------------------------------------------------ */
 
-ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
-                            void** request) {
-  (void)mhandle;
-  agoq_comm* comm = agoq_comm_from(send_comm, AGOQ_SEND_MAGIC);
-  if (comm == NULL || request == NULL || (data == NULL && size > 0)) {
-    AGOQ_WARN("isend: invalid arguments (comm %p, data %p, size %zu)", send_comm, data, size);
-    return ncclInternalError;
-  }
-  *request = NULL;
-  ncclResult_t err = agoq_net_tp->error(comm->tp);
-  if (err != ncclSuccess) return err;
-  agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_SEND, comm);
-  if (req == NULL) return ncclSuccess; /* all requests busy: NCCL retries */
-
+void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* phandle) {
   /* A p2p float payload whose type the profiler chain established travels as a frame
    * (agoq_typed.h); everything else exactly as NCCL handed it over. */
   size_t wire_size = size;
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
   uint64_t codec0 = comm->typed_stats.codec_ns, crc0 = agoq_frame_crc_ns();
-  if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, data, size,
+  if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, src, size,
                                             &req->stage[0], &wire_size, &why)) {
     comm->typed_stats.exact_msgs++;
     comm->typed_stats.exact_bytes += size;
@@ -94,15 +86,44 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
     agoq_stats_add(&comm->st->path[path].codec_ns, comm->typed_stats.codec_ns - codec0);
     agoq_stats_add(&comm->st->path[path].crc_ns, agoq_frame_crc_ns() - crc0);
   }
+  req->xfer.data[0] = req->stage[0] >= 0 ? agoq_stage_ptr(&comm->stage, req->stage[0]) : (uint8_t*)src;
+  req->xfer.size[0] = wire_size;
+  req->xfer.flags = req->stage[0] >= 0 ? AGOQ_XFER_FRAME : 0;
+}
+
+ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                            void** request) {
+  agoq_comm* comm = agoq_comm_from(send_comm, AGOQ_SEND_MAGIC);
+  if (comm == NULL || request == NULL || (data == NULL && size > 0)) {
+    AGOQ_WARN("isend: invalid arguments (comm %p, data %p, size %zu)", send_comm, data, size);
+    return ncclInternalError;
+  }
+  *request = NULL;
+  ncclResult_t err = agoq_net_tp->error(comm->tp);
+  if (err != ncclSuccess) return err;
+  bool on_device = false;
+  err = agoq_dev_is_device(mhandle, data, size, &on_device);
+  if (err != ncclSuccess) return err;
+  agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_SEND, comm);
+  if (req == NULL) return ncclSuccess; /* all requests busy: NCCL retries */
   req->xfer.n = 1;
   req->n_bufs = 1;
   req->data[0] = data;
   req->posted[0] = size;
   req->tags[0] = tag;
-  req->xfer.data[0] = req->stage[0] >= 0 ? agoq_stage_ptr(&comm->stage, req->stage[0]) : data;
-  req->xfer.size[0] = wire_size;
   req->xfer.tag = tag;
-  req->xfer.flags = req->stage[0] >= 0 ? AGOQ_XFER_FRAME : 0;
+  if (on_device) {
+    /* The bytes go to the transport once they are in the staging (agoq_dev_advance). */
+    bool again = false;
+    err = agoq_dev_send_start(comm, req, data, size, phandle, &again);
+    if (err != ncclSuccess || again) {
+      agoq_request_release(&comm->pool, req);
+      return err;
+    }
+    *request = req;
+    return agoq_dev_advance(comm);
+  }
+  agoq_send_prepare(comm, req, data, size, phandle);
   err = agoq_net_tp->post_send(comm->tp, &req->xfer);
   if (err != ncclSuccess) {
     if (req->stage[0] >= 0) agoq_stage_put(&comm->stage, req->stage[0]);
@@ -156,7 +177,7 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
     comm->typed_stats.exact_bytes += size;
     agoq_stats_count(comm->st, AGOQ_STATS_EXACT, size);
     agoq_stats_wire(comm->st, AGOQ_STATS_EXACT, size, size);
-    *dst = req->data[slot];
+    *dst = (req->dev_mask & (1u << slot)) ? req->host[slot] : req->data[slot];
   }
   *slot_out = slot;
   return ncclSuccess;
@@ -164,7 +185,6 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
 
 ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
                             void** phandles, void** request) {
-  (void)mhandles;
   (void)phandles;
   agoq_comm* comm = agoq_comm_from(recv_comm, AGOQ_RECV_MAGIC);
   if (comm == NULL || request == NULL || n < 1 || n > AGOQ_NET_MAX_RECVS || data == NULL || sizes == NULL) {
@@ -176,11 +196,16 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
   *request = NULL;
   ncclResult_t err = agoq_net_tp->error(comm->tp);
   if (err != ncclSuccess) return err;
+  uint8_t dev_mask = 0;
   for (int i = 0; i < n; i++) {
     if (data[i] == NULL && sizes[i] > 0) {
       AGOQ_WARN("irecv: NULL buffer %d with size %zu", i, sizes[i]);
       return ncclInternalError;
     }
+    bool on_device = false;
+    err = agoq_dev_is_device(mhandles != NULL ? mhandles[i] : NULL, data[i], sizes[i], &on_device);
+    if (err != ncclSuccess) return err;
+    if (on_device) dev_mask |= (uint8_t)(1u << i);
   }
   agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_RECV, comm);
   if (req == NULL) return ncclSuccess;
@@ -191,9 +216,19 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     req->posted[i] = sizes[i];
     req->tags[i] = tags != NULL ? tags[i] : 0;
   }
+  req->dev_mask = dev_mask;
+  if (dev_mask != 0) {
+    bool again = false;
+    err = agoq_dev_recv_start(comm, req, &again);
+    if (err != ncclSuccess || again) {
+      agoq_request_release(&comm->pool, req);
+      return err;
+    }
+  }
   if (comm->st != NULL) req->post_ns = agoq_stats_clock_ns();
   err = agoq_net_tp->post_recv(comm->tp, &req->xfer);
   if (err != ncclSuccess) {
+    agoq_dev_release(comm, req);
     agoq_request_release(&comm->pool, req);
     return err;
   }
@@ -202,16 +237,19 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
 }
 
 ncclResult_t agoq_net_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
-  (void)recv_comm;
   (void)n;
   (void)data;
   (void)sizes;
   (void)mhandles;
-  (void)request;
-  /* Only needed after GPUDirect receives into device memory, which a host-memory
-   * transport never does; NCCL does not call it for us. */
-  AGOQ_WARN("iflush called, but the transport receives into host memory only");
-  return ncclInternalError;
+  if (agoq_comm_from(recv_comm, AGOQ_RECV_MAGIC) == NULL || request == NULL) {
+    AGOQ_WARN("iflush: invalid arguments (comm %p)", recv_comm);
+    return ncclInternalError;
+  }
+  /* A receive into device memory is done only once the plugin's copy into NCCL's buffer
+   * has completed (agoq_net_device.c), so the bytes are visible to the GPU already: a NULL
+   * request is NCCL's "nothing left to wait for", forced flushes included. */
+  *request = NULL;
+  return ncclSuccess;
 }
 
 /* ---- completion ------------------------------------------------------------------------ */
@@ -230,7 +268,8 @@ static ncclResult_t agoq_recv_decode(agoq_comm* comm, agoq_request* req, size_t*
     ncclResult_t r = res;
     if (r == ncclSuccess)
       r = agoq_typed_decode(&comm->typed_stats, agoq_stage_ptr(&comm->stage, req->stage[i]), req->xfer.size[i],
-                            req->data[i], req->posted[i], &decoded, agoq_comm_peer(comm));
+                            (req->dev_mask & (1u << i)) ? req->host[i] : req->data[i], req->posted[i], &decoded,
+                            agoq_comm_peer(comm));
     if (r == ncclSuccess && comm->st != NULL) {
       req->quantized = true;
       agoq_stats_count(comm->st, AGOQ_STATS_QUANT, decoded);
@@ -246,6 +285,28 @@ static ncclResult_t agoq_recv_decode(agoq_comm* comm, agoq_request* req, size_t*
   return res;
 }
 
+/* The request is complete: sizes for NCCL, statistics, the request back to its pool. */
+static void agoq_request_finish(agoq_comm* comm, agoq_request* req, const size_t* actual, int* sizes) {
+  if (sizes != NULL)
+    for (int i = 0; i < req->n_bufs; i++) sizes[i] = agoq_size_to_int(actual[i]);
+  if (comm->st != NULL)
+    agoq_stats_add(&comm->st->path[req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT].wire_ns,
+                   (uint64_t)(agoq_stats_clock_ns() - req->post_ns));
+  agoq_dev_release(comm, req);
+  agoq_request_release(&comm->pool, req);
+}
+
+/* A failure of the device path: the connection is unusable (NCCL aborts on it). */
+static ncclResult_t agoq_dev_failed(agoq_comm* comm, ncclResult_t res) {
+  if (!comm->error_reported) {
+    comm->error_reported = true;
+    AGOQ_WARN("%s %s: the device path failed (error %d); pending requests on this connection fail",
+              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), res);
+  }
+  agoq_net_tp->fail(comm->tp, res);
+  return res;
+}
+
 ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   agoq_request* req = request;
   if (req == NULL || done == NULL || req->magic != AGOQ_REQUEST_MAGIC || req->comm == NULL) {
@@ -254,6 +315,24 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   }
   agoq_comm* comm = req->comm;
   *done = 0;
+  if (comm->dev_count > 0) {
+    ncclResult_t r = agoq_dev_advance(comm);
+    if (r != ncclSuccess) return agoq_dev_failed(comm, r);
+  }
+  if (req->phase == AGOQ_DEV_COPY_IN) {
+    /* Not with the transport yet; keep the others moving. */
+    return agoq_net_tp->progress(comm->tp, NULL);
+  }
+  if (req->phase == AGOQ_DEV_COPY_OUT) {
+    bool copied = false;
+    ncclResult_t r = agoq_dev_copied(comm, req, &copied);
+    if (r != ncclSuccess) return agoq_dev_failed(comm, r);
+    if (copied) {
+      agoq_request_finish(comm, req, req->actual, sizes);
+      *done = 1;
+    }
+    return ncclSuccess;
+  }
   ncclResult_t err = agoq_net_tp->progress(comm->tp, &req->xfer);
   if (agoq_net_tp->done(comm->tp, &req->xfer)) {
     size_t actual[AGOQ_NET_MAX_RECVS] = {0};
@@ -269,13 +348,15 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
         comm->error_reported = true;
         return res;
       }
+      if (req->dev_mask != 0) {
+        /* In the staging: done once the copy into NCCL's device buffer is. */
+        memcpy(req->actual, actual, sizeof req->actual);
+        ncclResult_t r = agoq_dev_recv_copy_out(comm, req);
+        if (r != ncclSuccess) return agoq_dev_failed(comm, r);
+        return ncclSuccess;
+      }
     }
-    if (sizes != NULL)
-      for (int i = 0; i < req->n_bufs; i++) sizes[i] = agoq_size_to_int(actual[i]);
-    if (comm->st != NULL)
-      agoq_stats_add(&comm->st->path[req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT].wire_ns,
-                     (uint64_t)(agoq_stats_clock_ns() - req->post_ns));
-    agoq_request_release(&comm->pool, req);
+    agoq_request_finish(comm, req, actual, sizes);
     *done = 1;
     return ncclSuccess;
   }

@@ -8,6 +8,7 @@
 
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
+#include "gpu/agoq_gpu.h"
 #include "net/agoq_net_comm.h"
 #include "agoq_codec.h"
 
@@ -25,6 +26,7 @@ static ncclResult_t agoq_config_load(void) {
   /* One transport today; the verbs transport joins through the same table. */
   const agoq_transport* tp = &agoq_transport_tcp;
   AGOQ_CHECK(tp->init());
+  AGOQ_CHECK(agoq_gpu_init());
   agoq_net_tp = tp;
   agoq_typed_policy_load();
   return ncclSuccess;

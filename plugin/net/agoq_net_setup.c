@@ -41,6 +41,8 @@ void agoq_comm_destroy(agoq_comm* comm) {
     /* After this no helper thread touches a posted buffer, staging included. */
     agoq_net_tp->close(comm->tp);
   }
+  /* After the transport: no helper thread writes into the pinned staging any more. */
+  agoq_dev_close(comm);
   agoq_stage_fini(&comm->stage);
   agoq_request_pool_fini(&comm->pool);
   comm->magic = 0;

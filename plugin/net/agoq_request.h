@@ -23,6 +23,13 @@ struct agoq_comm;
 
 typedef enum { AGOQ_REQ_FREE = 0, AGOQ_REQ_SEND, AGOQ_REQ_RECV } agoq_request_kind;
 
+/* Where a request with device buffers is (agoq_net_device.c); host requests stay at WIRE. */
+typedef enum {
+  AGOQ_DEV_WIRE = 0,  /* with the transport */
+  AGOQ_DEV_COPY_IN,   /* send: NCCL's device buffer is being copied into the staging */
+  AGOQ_DEV_COPY_OUT   /* receive: the staging is being copied into NCCL's device buffer */
+} agoq_dev_phase;
+
 typedef struct agoq_request {
   uint32_t magic;              /* AGOQ_REQUEST_MAGIC while in use: catches stale pointers */
   agoq_request_kind kind;
@@ -37,6 +44,14 @@ typedef struct agoq_request {
   /* Typed payloads: the staging buffer holding the frame (sender: [0]; receiver: per
    * buffer), -1 when the bytes go straight from / into NCCL's buffer. */
   int stage[AGOQ_NET_MAX_RECVS];
+  /* Device buffers (agoq_net_device.c): bit i set when NCCL's buffer i is device memory;
+   * its bytes pass through host[i], pinned staging of the comm's GPU link. */
+  uint8_t dev_mask;
+  uint8_t* host[AGOQ_NET_MAX_RECVS];
+  int ring_id;                         /* the staging allocation, -1 none */
+  agoq_dev_phase phase;
+  void* phandle;                       /* sender: NCCL's profiler handle, for the frame decision */
+  size_t actual[AGOQ_NET_MAX_RECVS];   /* receiver: sizes to report once copied out */
   int64_t post_ns;             /* AGOQ_STATS: when isend/irecv posted it */
   bool quantized;              /* AGOQ_STATS: a frame went or came (wire time per path) */
   uint32_t pool_index;

@@ -604,6 +604,13 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   for (const auto& kv : allocs) (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
 }
 
+int agoq_emu_peek(void* host, const void* dev, size_t bytes) {
+  Session lk;
+  if (host == nullptr || !is_device(dev, bytes)) return -1;
+  if (bytes > 0) memcpy(host, reach(dev, bytes), bytes);
+  return 0;
+}
+
 /* agoq_cuda_probe.h: one emulated device. */
 int agoq_cuda_device_count(void) { return 1; }
 

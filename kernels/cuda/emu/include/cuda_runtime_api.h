@@ -121,6 +121,10 @@ typedef struct {
   unsigned long long pinned_allocs;     /* live cudaMallocHost / cudaHostAlloc allocations */
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
+/* Not CUDA: copies device memory as it is now, running none of the queued work (a test's
+ * look at what the plugin claims is already there). -1 unless [dev, dev + bytes) is device
+ * memory. */
+int agoq_emu_peek(void* host, const void* dev, size_t bytes);
 
 #ifdef __cplusplus
 }

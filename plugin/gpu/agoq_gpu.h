@@ -1,0 +1,75 @@
+/*
+ * The GPU layer: what the net core and CollNet need of a CUDA device, behind types that
+ * name nothing of CUDA, so that their callers compile once. This folder's C sources are
+ * compiled against the toolkit's runtime with the static cudart (the shipped plugin, which
+ * keeps no link-time dependency on CUDA), against the CPU emulation's runtime
+ * (kernels/cuda/emu: the test-only plugin libnccl-net-agoq-emu.so), or replaced by
+ * agoq_gpu_none.c where CUDA is not built. Knows the CUDA runtime, not NCCL's tables.
+ *
+ * Rules (ARCHITECTURE.md section 4, shared/reference/gpu-data-path.md): every resource is
+ * created at setup (init, regMr, connect), never in isend/irecv/test; work goes on the
+ * link's own non-blocking stream, never the legacy default stream; the data path only
+ * queues copies and queries events, it never waits for the device.
+ */
+#ifndef AGOQ_GPU_H
+#define AGOQ_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "abi/agoq_nccl_common.h"
+#include "gpu/agoq_gpu_ring.h"
+
+/* ---- the process --------------------------------------------------------------------- */
+
+/* AGOQ_GPU's choices, in the parameter table's order. */
+enum { AGOQ_GPU_MODE_AUTO = 0, AGOQ_GPU_MODE_ON = 1, AGOQ_GPU_MODE_OFF = 2 };
+
+/* Once per process, after the parameters are loaded: applies AGOQ_GPU (auto: on where the
+ * runtime finds a device; on: no device fails with the reason; off: host only). Logs the
+ * outcome once. Idempotent. */
+ncclResult_t agoq_gpu_init(void);
+/* Device memory can be registered (init succeeded with a device). */
+bool agoq_gpu_active(void);
+/* One line for logs and agoq-info: "on: 1 device (agoq CPU emulation)" or "off: why". */
+const char* agoq_gpu_describe(void);
+/* Which implementation this build carries: "cuda", "emulation" or "none". */
+const char* agoq_gpu_backend(void);
+
+/* [p, p + size) lies in one device allocation of this process: *device receives its
+ * ordinal. A range the runtime does not know as device memory, or that runs past it, is
+ * ncclInvalidUsage with the reason in why. */
+ncclResult_t agoq_gpu_range_check(const void* p, size_t size, int* device, char* why, size_t why_len);
+
+/* ---- one connection -------------------------------------------------------------------- */
+
+/* A connection's device resources: a stream, one event per request slot, a pinned host
+ * staging ring. What the link copied is counted for the statistics. */
+typedef struct agoq_gpu_link agoq_gpu_link;
+
+typedef struct {
+  uint64_t d2h_bytes, h2d_bytes; /* copied between NCCL's device buffers and the staging */
+  uint64_t d2h_copies, h2d_copies;
+} agoq_gpu_link_stats;
+
+/* Creates the stream (non-blocking, the greatest priority), `slots` events and a pinned
+ * ring of `staging` bytes, on `device`. Setup only. */
+ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, agoq_gpu_link** out);
+/* Waits for the link's queued work (close only: NCCL's buffers may be gone after it), then
+ * frees everything. NULL is a no-op. */
+void agoq_gpu_link_destroy(agoq_gpu_link* l);
+int agoq_gpu_link_device(const agoq_gpu_link* l);
+agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l);
+const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l);
+
+/* Queue work on the link's stream (never blocks). dst/src: a device buffer on the link's
+ * device and pinned staging of this link. */
+ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, size_t size);
+ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, size_t size);
+/* Records slot's event behind everything queued so far. */
+ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot);
+/* *done = the work queued before slot's mark has completed. Only queries the event. */
+ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done);
+
+#endif

@@ -1,0 +1,65 @@
+/* The GPU layer of a build without CUDA (AGOQ_CUDA=OFF or no toolkit): AGOQ_GPU=on fails
+ * init with the reason, auto and off keep the host path. Every link call is unreachable
+ * (no device memory is ever registered) and fails loudly if reached. */
+#include <stdio.h>
+
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+#include "gpu/agoq_gpu.h"
+
+static const char agoq_gpu_none_why[] = "off: this build of agoq has no CUDA support (built without the toolkit)";
+
+const char* agoq_gpu_backend(void) { return "none"; }
+
+ncclResult_t agoq_gpu_init(void) {
+  if (agoq_param_int(AGOQ_PARAM_GPU) == AGOQ_GPU_MODE_ON) {
+    AGOQ_WARN("AGOQ_GPU=on but the GPU data path cannot start: %s", agoq_gpu_none_why + 5);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+bool agoq_gpu_active(void) { return false; }
+const char* agoq_gpu_describe(void) { return agoq_gpu_none_why; }
+
+ncclResult_t agoq_gpu_range_check(const void* p, size_t size, int* device, char* why, size_t why_len) {
+  (void)p;
+  (void)size;
+  *device = -1;
+  snprintf(why, why_len, "%s", agoq_gpu_none_why + 5);
+  return ncclInvalidUsage;
+}
+
+static ncclResult_t agoq_gpu_none_call(const char* what) {
+  AGOQ_WARN("%s called in a build without CUDA", what);
+  return ncclInternalError;
+}
+
+ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, agoq_gpu_link** out) {
+  (void)device;
+  (void)staging;
+  (void)slots;
+  *out = NULL;
+  return agoq_gpu_none_call("agoq_gpu_link_create");
+}
+void agoq_gpu_link_destroy(agoq_gpu_link* l) { (void)l; }
+int agoq_gpu_link_device(const agoq_gpu_link* l) { (void)l; return -1; }
+agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l) { (void)l; return NULL; }
+const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l) { (void)l; return NULL; }
+ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, size_t size) {
+  (void)l; (void)host; (void)dev; (void)size;
+  return agoq_gpu_none_call("agoq_gpu_copy_d2h");
+}
+ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, size_t size) {
+  (void)l; (void)host; (void)dev; (void)size;
+  return agoq_gpu_none_call("agoq_gpu_copy_h2d");
+}
+ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
+  (void)l; (void)slot;
+  return agoq_gpu_none_call("agoq_gpu_mark");
+}
+ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
+  (void)l; (void)slot;
+  *done = false;
+  return agoq_gpu_none_call("agoq_gpu_poll");
+}

@@ -1,0 +1,129 @@
+/* The process's view of the CUDA runtime: AGOQ_GPU, device discovery, device-memory
+ * checks. Compiled against whichever cuda_runtime_api.h the build gives it (the toolkit's
+ * or the emulation's, agoq_gpu.h). */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+#include "gpu/agoq_gpu.h"
+#include "gpu/agoq_gpu_internal.h"
+
+static struct {
+  pthread_mutex_t mu;
+  bool done;
+  ncclResult_t res;
+  bool active;
+  char describe[192];
+} agoq_gpu_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+const char* agoq_gpu_backend(void) { return AGOQ_GPU_BACKEND; }
+
+ncclResult_t agoq_gpu_cuda_error(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ncclSuccess;
+  AGOQ_WARN("%s failed: %s (%s, %d)", what, cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+  (void)cudaGetLastError(); /* runtime errors are sticky per thread until read */
+  return ncclUnhandledCudaError;
+}
+
+static ncclResult_t agoq_gpu_probe_locked(void) {
+  int64_t mode = agoq_param_int(AGOQ_PARAM_GPU);
+  if (mode == AGOQ_GPU_MODE_OFF) {
+    snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "off: AGOQ_GPU=off");
+    return ncclSuccess;
+  }
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count <= 0) {
+    /* No driver, no device, or a driver older than the runtime: the host path still works. */
+    snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "off: %s",
+             e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+    (void)cudaGetLastError();
+    if (mode == AGOQ_GPU_MODE_ON) {
+      AGOQ_WARN("AGOQ_GPU=on but the GPU data path cannot start: %s (backend %s)", agoq_gpu_state.describe + 5,
+                AGOQ_GPU_BACKEND);
+      return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+  }
+  struct cudaDeviceProp prop;
+  memset(&prop, 0, sizeof prop);
+  int dev = 0;
+  (void)cudaGetDevice(&dev);
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(prop.name, sizeof prop.name, "device %d", dev);
+  }
+  agoq_gpu_state.active = true;
+  snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "on: %d device%s (%.100s), backend %s", count,
+           count == 1 ? "" : "s", prop.name, AGOQ_GPU_BACKEND);
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_gpu_init(void) {
+  pthread_mutex_lock(&agoq_gpu_state.mu);
+  if (!agoq_gpu_state.done) {
+    agoq_gpu_state.res = agoq_gpu_probe_locked();
+    agoq_gpu_state.done = true;
+    if (agoq_gpu_state.res == ncclSuccess)
+      AGOQ_INFO(NCCL_INIT | NCCL_NET, "GPU data path %s", agoq_gpu_state.describe);
+  }
+  ncclResult_t res = agoq_gpu_state.res;
+  pthread_mutex_unlock(&agoq_gpu_state.mu);
+  return res;
+}
+
+bool agoq_gpu_active(void) {
+  pthread_mutex_lock(&agoq_gpu_state.mu);
+  bool on = agoq_gpu_state.done && agoq_gpu_state.active;
+  pthread_mutex_unlock(&agoq_gpu_state.mu);
+  return on;
+}
+
+const char* agoq_gpu_describe(void) {
+  return agoq_gpu_state.done ? agoq_gpu_state.describe : "off: not initialized";
+}
+
+/* Device memory at p, else why not. */
+static bool agoq_gpu_is_device(const void* p, int* device, char* why, size_t why_len, const char* which) {
+  struct cudaPointerAttributes attr;
+  memset(&attr, 0, sizeof attr);
+  cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) {
+    snprintf(why, why_len, "the runtime does not know the %s byte %p: %s", which, p, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (attr.type != cudaMemoryTypeDevice) {
+    snprintf(why, why_len, "the %s byte %p is not device memory (memory type %d)", which, p, (int)attr.type);
+    return false;
+  }
+  *device = attr.device;
+  return true;
+}
+
+ncclResult_t agoq_gpu_range_check(const void* p, size_t size, int* device, char* why, size_t why_len) {
+  if (!agoq_gpu_active()) {
+    snprintf(why, why_len, "the GPU data path is %s", agoq_gpu_describe());
+    return ncclInvalidUsage;
+  }
+  if (p == NULL) {
+    snprintf(why, why_len, "a NULL device pointer");
+    return ncclInvalidUsage;
+  }
+  int first = -1, last = -1;
+  if (!agoq_gpu_is_device(p, &first, why, why_len, "first")) return ncclInvalidUsage;
+  /* Both ends in device memory of one device. The runtime API has no allocation bounds
+   * query; an end byte past the allocation is unmapped or another allocation's, which a
+   * copy would fault on or corrupt, so the ends are what can be checked without the
+   * driver API. */
+  if (size > 1 && !agoq_gpu_is_device((const char*)p + size - 1, &last, why, why_len, "last")) return ncclInvalidUsage;
+  if (size > 1 && last != first) {
+    snprintf(why, why_len, "the range spans devices %d and %d", first, last);
+    return ncclInvalidUsage;
+  }
+  *device = first;
+  return ncclSuccess;
+}

@@ -1,0 +1,167 @@
+/* NCCL's buffers in device memory (NCCL_PTR_CUDA) on the net path. The transport moves
+ * host bytes only, so each request's bytes pass through pinned staging of the comm's GPU
+ * link (plugin/gpu):
+ *  - send: isend queues the copy of NCCL's buffer into the staging and an event; once the
+ *    event is done the staging goes to the transport (as a frame when the payload is typed,
+ *    encoded from the staging), in posting order; the request is done when the transport
+ *    has sent it. NCCL's buffer was read by then.
+ *  - receive: irecv reserves the staging; the transport fills it (a frame is decoded into
+ *    it); then the copy into NCCL's buffer and an event are queued; test says done only
+ *    when that event is, so the bytes are in NCCL's buffer when NCCL's kernel looks, and
+ *    iflush has nothing left to do.
+ * Nothing here waits for the device: test only queries events. Copies of one connection
+ * run in order on its stream; NCCL keeps several steps in flight per connection, so the
+ * copy of one step overlaps the wire time of the others. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+#include "net/agoq_net_comm.h"
+
+ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr) {
+  char why[224];
+  int device = -1;
+  if (agoq_gpu_range_check(data, size, &device, why, sizeof why) != ncclSuccess) {
+    AGOQ_WARN("regMr: device memory %p (%zu bytes) refused: %s", data, size, why);
+    return ncclInvalidUsage;
+  }
+  if (comm->gpu == NULL) {
+    size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
+    AGOQ_CHECK(agoq_gpu_link_create(device, staging, AGOQ_REQUESTS_PER_COMM, &comm->gpu));
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
+              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
+  } else if (agoq_gpu_link_device(comm->gpu) != device) {
+    AGOQ_WARN("regMr: device memory of GPU %d on a connection that carries GPU %d's", device,
+              agoq_gpu_link_device(comm->gpu));
+    return ncclInvalidUsage;
+  }
+  mr->device = device;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device) {
+  const agoq_mr* mr = mhandle;
+  *device = false;
+  if (mr == NULL || mr->magic != AGOQ_MR_MAGIC || mr->type != NCCL_PTR_CUDA) return ncclSuccess;
+  const uint8_t* p = data;
+  const uint8_t* lo = mr->addr;
+  if (p < lo || (size_t)(p - lo) > mr->size || size > mr->size - (size_t)(p - lo)) {
+    AGOQ_WARN("device buffer %p (%zu bytes) lies outside its registration %p (%zu bytes)", data, size, mr->addr,
+              mr->size);
+    return ncclInvalidUsage;
+  }
+  *device = true;
+  return ncclSuccess;
+}
+
+/* A request whose bytes can never fit is an error now rather than a retry forever. */
+static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
+  if (agoq_gpu_ring_fits(agoq_gpu_link_ring(comm->gpu), need)) return ncclSuccess;
+  AGOQ_WARN("%s %s: a device message of %zu bytes exceeds the connection's staging (AGOQ_GPU_STAGING=%lld): raise it",
+            comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), need,
+            (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+  return ncclInvalidUsage;
+}
+
+ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* phandle,
+                                 bool* again) {
+  *again = false;
+  if (comm->gpu == NULL) {
+    AGOQ_WARN("isend: device buffer on a connection without registered device memory");
+    return ncclInternalError;
+  }
+  AGOQ_CHECK(agoq_dev_fits(comm, size));
+  uint8_t* host = NULL;
+  int id = agoq_gpu_ring_get(agoq_gpu_link_ring(comm->gpu), size, &host);
+  if (id < 0) {
+    *again = true;
+    return ncclSuccess;
+  }
+  ncclResult_t res = ncclSuccess;
+  AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(comm->gpu, host, data, size), res, fail);
+  AGOQ_CHECK_GOTO(agoq_gpu_mark(comm->gpu, req->pool_index), res, fail);
+  req->ring_id = id;
+  req->dev_mask = 1;
+  req->host[0] = host;
+  req->phandle = phandle;
+  req->phase = AGOQ_DEV_COPY_IN;
+  comm->dev_fifo[(comm->dev_first + comm->dev_count) % AGOQ_REQUESTS_PER_COMM] = req->pool_index;
+  comm->dev_count++;
+  return ncclSuccess;
+fail:
+  agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), id);
+  return res;
+}
+
+ncclResult_t agoq_dev_advance(agoq_comm* comm) {
+  while (comm->dev_count > 0) {
+    agoq_request* req = &comm->pool.slots[comm->dev_fifo[comm->dev_first]];
+    bool done = false;
+    AGOQ_CHECK(agoq_gpu_poll(comm->gpu, req->pool_index, &done));
+    if (!done) return ncclSuccess; /* the later ones are behind it on the stream */
+    comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
+    comm->dev_count--;
+    agoq_send_prepare(comm, req, req->host[0], req->posted[0], req->phandle);
+    /* A failed post leaves it out of the transport (COPY_IN): its test reports the
+     * connection's error, never a completion. */
+    AGOQ_CHECK(agoq_net_tp->post_send(comm->tp, &req->xfer));
+    req->phase = AGOQ_DEV_WIRE;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again) {
+  *again = false;
+  if (comm->gpu == NULL) {
+    AGOQ_WARN("irecv: device buffer on a connection without registered device memory");
+    return ncclInternalError;
+  }
+  /* One allocation for all device buffers of a grouped receive, each on the ring's
+   * alignment. */
+  size_t off[AGOQ_NET_MAX_RECVS] = {0}, total = 0;
+  for (int i = 0; i < req->n_bufs; i++) {
+    if (!(req->dev_mask & (1u << i))) continue;
+    off[i] = total;
+    total += (req->posted[i] + AGOQ_GPU_RING_ALIGN - 1) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+  }
+  AGOQ_CHECK(agoq_dev_fits(comm, total));
+  uint8_t* base = NULL;
+  int id = agoq_gpu_ring_get(agoq_gpu_link_ring(comm->gpu), total, &base);
+  if (id < 0) {
+    *again = true;
+    return ncclSuccess;
+  }
+  req->ring_id = id;
+  for (int i = 0; i < req->n_bufs; i++)
+    if (req->dev_mask & (1u << i)) req->host[i] = base + off[i];
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req) {
+  for (int i = 0; i < req->n_bufs; i++)
+    if (req->dev_mask & (1u << i)) AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i], req->host[i], req->actual[i]));
+  AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
+  req->phase = AGOQ_DEV_COPY_OUT;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done) {
+  return agoq_gpu_poll(comm->gpu, req->pool_index, done);
+}
+
+void agoq_dev_release(agoq_comm* comm, agoq_request* req) {
+  if (req->ring_id >= 0 && comm->gpu != NULL) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->ring_id);
+  req->ring_id = -1;
+}
+
+void agoq_dev_close(agoq_comm* comm) {
+  if (comm->gpu == NULL) return;
+  const agoq_gpu_link_stats* st = agoq_gpu_link_stats_get(comm->gpu);
+  AGOQ_INFO(NCCL_NET, "%s %s: device path copied %llu bytes D2H in %llu copies, %llu bytes H2D in %llu copies",
+            comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), (unsigned long long)st->d2h_bytes,
+            (unsigned long long)st->d2h_copies, (unsigned long long)st->h2d_bytes,
+            (unsigned long long)st->h2d_copies);
+  agoq_gpu_link_destroy(comm->gpu);
+  comm->gpu = NULL;
+}

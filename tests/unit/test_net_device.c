@@ -1,0 +1,352 @@
+/* NCCL's buffers in device memory on the net path, in one process, over the CUDA emulation
+ * (kernels/cuda/emu): its device memory faults when host code touches it, its copies run
+ * only when an event or stream is queried, and it counts legacy-stream work, synchronous
+ * calls and allocations. So a plugin that reads a device buffer from the host, reports a
+ * receive done before the copy into NCCL's buffer completed, waits for the device on the
+ * data path or allocates there fails here.
+ *
+ * Run twice by CTest: as is (AGOQ_GPU=auto finds the emulated device), and with
+ * AGOQ_GPU=off, where device memory must be refused with the reason. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "agoq_codec.h"
+#include "core/agoq_params.h"
+#include "gpu/agoq_gpu.h"
+#include "net/agoq_net.h"
+#include "net/agoq_net_comm.h"
+#include "profiler/agoq_oracle.h"
+
+#define COMM_ID 0x7e7e7e7e00000d01ull
+
+#include "net_pair.h"
+
+static void fill(uint8_t* p, size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    p[i] = (uint8_t)x;
+  }
+}
+
+/* A device buffer holding `host`'s bytes (the test's own synchronous copy). */
+static void* dev_from(const void* host, size_t n) {
+  void* d = NULL;
+  assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
+  if (n > 0) assert_int_equal(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+static void dev_to(void* host, const void* d, size_t n) {
+  if (n > 0) assert_int_equal(cudaMemcpy(host, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+typedef struct {
+  void* buf;
+  size_t size;
+  bool device;
+  void* mh;
+} endpoint;
+
+static void ep_reg(void* comm, endpoint* e) {
+  assert_int_equal(agoq_net_reg_mr(comm, e->buf, e->size ? e->size : 1, e->device ? NCCL_PTR_CUDA : NCCL_PTR_HOST,
+                                   &e->mh),
+                   ncclSuccess);
+}
+
+/* One message of n bytes from s to r (each host or device memory) with `step` as the
+ * profiler handle; returns what the receive reported and checks the plugin made no
+ * legacy-stream work, synchronous call or allocation meanwhile. When the receive says done
+ * into device memory, *landed gets the device buffer's first n bytes as they are at that
+ * moment (no queued copy run), for the caller to compare. */
+static int transfer_peek(pair* p, endpoint* s, endpoint* r, size_t n, fake_step* step, uint8_t* landed) {
+  agoq_emu_counters c0, c1;
+  agoq_emu_counters_get(&c0);
+  void *sreq = NULL, *rreq = NULL;
+  int tag = 3;
+  double deadline = now_s() + 30;
+  while (rreq == NULL && now_s() < deadline)
+    assert_int_equal(agoq_net_irecv(p->recv, 1, &r->buf, &r->size, &tag, &r->mh, NULL, &rreq), ncclSuccess);
+  while (sreq == NULL && now_s() < deadline)
+    assert_int_equal(agoq_net_isend(p->send, s->buf, n, tag, s->mh, step, &sreq), ncclSuccess);
+  assert_non_null(sreq);
+  assert_non_null(rreq);
+  int sdone = 0, rdone = 0, ssize = -1, rsize = -1;
+  while ((!sdone || !rdone) && now_s() < deadline) {
+    if (!sdone) assert_int_equal(agoq_net_test(sreq, &sdone, &ssize), ncclSuccess);
+    if (!rdone) {
+      assert_int_equal(agoq_net_test(rreq, &rdone, &rsize), ncclSuccess);
+      if (rdone && r->device && landed != NULL) assert_int_equal(agoq_emu_peek(landed, r->buf, n), 0);
+    }
+  }
+  assert_true(sdone && rdone);
+  assert_int_equal(ssize, (int)n);
+  agoq_emu_counters_get(&c1);
+  assert_int_equal(c1.legacy_stream_ops, c0.legacy_stream_ops);
+  assert_int_equal(c1.sync_calls, c0.sync_calls);
+  assert_int_equal(c1.device_allocs, c0.device_allocs);
+  assert_int_equal(c1.pinned_allocs, c0.pinned_allocs);
+  return rsize;
+}
+
+static int transfer(pair* p, endpoint* s, endpoint* r, size_t n, fake_step* step) {
+  return transfer_peek(p, s, r, n, step, NULL);
+}
+
+static const size_t sizes[] = {0, 1, 255, 4099, 65536, 1u << 20, (5u << 20) + 17};
+
+/* Every combination of host and device at both ends, exact bytes at every size; the
+ * receive buffer's bytes past the message stay as they were. */
+static void test_exact_every_memory_pair(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID, NULL);
+  size_t cap = (6u << 20);
+  uint8_t* src = malloc(cap);
+  uint8_t* got = malloc(cap);
+  uint8_t* canary = malloc(cap);
+  memset(canary, 0x5c, cap);
+  for (int mode = 0; mode < 4; mode++) {
+    bool sdev = mode & 1, rdev = mode & 2;
+    endpoint s = {.size = cap, .device = sdev}, r = {.size = cap, .device = rdev};
+    fill(src, cap, 100 + (uint32_t)mode);
+    s.buf = sdev ? dev_from(src, cap) : src;
+    r.buf = rdev ? dev_from(canary, cap) : malloc(cap);
+    if (!rdev) memcpy(r.buf, canary, cap);
+    ep_reg(p.send, &s);
+    ep_reg(p.recv, &r);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+      size_t n = sizes[i];
+      int rsize = transfer_peek(&p, &s, &r, n, NULL, got);
+      assert_int_equal(rsize, (int)n);
+      /* Done means in NCCL's buffer already, not once the test's own copy drained the
+       * stream. */
+      if (rdev) assert_memory_equal(got, src, n);
+      if (rdev) dev_to(got, r.buf, cap);
+      else memcpy(got, r.buf, cap);
+      assert_memory_equal(got, src, n);
+      assert_memory_equal(got + n, canary + n, cap - n);
+      /* Next size: a fresh canary over what this one wrote. */
+      if (rdev) assert_int_equal(cudaMemcpy(r.buf, canary, cap, cudaMemcpyHostToDevice), cudaSuccess);
+      else memcpy(r.buf, canary, cap);
+    }
+    assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+    assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+    if (sdev) cudaFree(s.buf);
+    if (rdev) cudaFree(r.buf);
+    else free(r.buf);
+  }
+  const agoq_gpu_link_stats* st = agoq_gpu_link_stats_get(((agoq_comm*)p.recv)->gpu);
+  assert_non_null(st);
+  assert_true(st->h2d_bytes > 0);
+  assert_int_equal(st->d2h_bytes, 0);
+  pair_close(&p);
+  free(src);
+  free(got);
+  free(canary);
+}
+
+/* Many sends in flight from one device buffer into several device buffers: they arrive in
+ * order and whole, although the staging holds only some of them at once. */
+static void test_inflight_in_order(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 1, NULL);
+  enum { N = 24 };
+  size_t each = 1u << 20; /* 24 MiB in flight against 8 MiB of staging */
+  uint8_t* src = malloc(each * N);
+  fill(src, each * N, 7);
+  endpoint s = {.buf = dev_from(src, each * N), .size = each * N, .device = true};
+  endpoint r = {.size = each * N, .device = true};
+  assert_int_equal(cudaMalloc(&r.buf, each * N), cudaSuccess);
+  ep_reg(p.send, &s);
+  ep_reg(p.recv, &r);
+  void* sreq[N] = {0};
+  void* rreq[N] = {0};
+  int posted_s = 0, posted_r = 0, done_s = 0, done_r = 0, tag = 1;
+  double deadline = now_s() + 60;
+  while ((done_s < N || done_r < N) && now_s() < deadline) {
+    if (posted_r < N && posted_r - done_r < 8) {
+      void* dst = (uint8_t*)r.buf + (size_t)posted_r * each;
+      size_t sz = each;
+      assert_int_equal(agoq_net_irecv(p.recv, 1, &dst, &sz, &tag, &r.mh, NULL, &rreq[posted_r]), ncclSuccess);
+      if (rreq[posted_r] != NULL) posted_r++;
+    }
+    if (posted_s < N) {
+      assert_int_equal(agoq_net_isend(p.send, (uint8_t*)s.buf + (size_t)posted_s * each, each, tag, s.mh, NULL,
+                                      &sreq[posted_s]),
+                       ncclSuccess);
+      if (sreq[posted_s] != NULL) posted_s++;
+    }
+    int d = 0, sz = 0;
+    if (done_s < posted_s) {
+      assert_int_equal(agoq_net_test(sreq[done_s], &d, &sz), ncclSuccess);
+      if (d) done_s++;
+    }
+    if (done_r < posted_r) {
+      assert_int_equal(agoq_net_test(rreq[done_r], &d, &sz), ncclSuccess);
+      if (d) {
+        assert_int_equal(sz, (int)each);
+        done_r++;
+      }
+    }
+  }
+  assert_int_equal(done_s, N);
+  assert_int_equal(done_r, N);
+  uint8_t* got = malloc(each * N);
+  dev_to(got, r.buf, each * N);
+  assert_memory_equal(got, src, each * N);
+  agoq_net_dereg_mr(p.send, s.mh);
+  agoq_net_dereg_mr(p.recv, r.mh);
+  cudaFree(s.buf);
+  cudaFree(r.buf);
+  pair_close(&p);
+  free(src);
+  free(got);
+}
+
+/* A typed float payload from device memory is sent as a frame, and the receiver's decoded
+ * bits are exactly those of the same message sent host to host. */
+static void test_typed_bits_equal_host_path(void** state) {
+  (void)state;
+  starts = stops = 0;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 2, fake_prof);
+  size_t n = 256u << 10;
+  float* src = malloc(n);
+  for (size_t i = 0; i < n / 4; i++) src[i] = sinf((float)i * 0.01f) * (float)(1 + i % 7);
+  uint8_t* host_got = malloc(n);
+  uint8_t* dev_got = malloc(n);
+  fake_step step = step_of(AGOQ_XFER_P2P, ncclFloat32, AGOQ_XFER_PROTO_SIMPLE, 1);
+
+  endpoint hs = {.buf = src, .size = n}, hr = {.buf = host_got, .size = n};
+  ep_reg(p.send, &hs);
+  ep_reg(p.recv, &hr);
+  assert_int_equal(transfer(&p, &hs, &hr, n, &step), (int)n);
+  uint64_t frames_host = ((agoq_comm*)p.send)->typed_stats.frames;
+  assert_int_equal(frames_host, 1);
+
+  endpoint ds = {.buf = dev_from(src, n), .size = n, .device = true}, dr = {.size = n, .device = true};
+  assert_int_equal(cudaMalloc(&dr.buf, n), cudaSuccess);
+  ep_reg(p.send, &ds);
+  ep_reg(p.recv, &dr);
+  assert_int_equal(transfer(&p, &ds, &dr, n, &step), (int)n);
+  assert_int_equal(((agoq_comm*)p.send)->typed_stats.frames, 2);
+  dev_to(dev_got, dr.buf, n);
+  assert_memory_equal(dev_got, host_got, n);
+  /* Quantized, so not the input bits. */
+  assert_true(memcmp(host_got, src, n) != 0);
+  /* Only the frame was copied out of the GPU? Not yet: the CPU codec encodes from the
+   * staging, so the whole payload went D2H (the CUDA codec's step is next). */
+  assert_int_equal(agoq_gpu_link_stats_get(((agoq_comm*)p.send)->gpu)->d2h_bytes, n);
+  for (int i = 0; i < 2; i++) {
+    agoq_net_dereg_mr(p.send, i ? ds.mh : hs.mh);
+    agoq_net_dereg_mr(p.recv, i ? dr.mh : hr.mh);
+  }
+  cudaFree(ds.buf);
+  cudaFree(dr.buf);
+  pair_close(&p);
+  free(src);
+  free(host_got);
+  free(dev_got);
+}
+
+/* regMr refuses what is not device memory, and ranges running past an allocation; the data
+ * path refuses a buffer outside its registration and a message larger than the staging. */
+static void test_bad_device_buffers(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 3, NULL);
+  void* mh = NULL;
+  uint8_t* host = malloc(4096);
+  assert_int_equal(agoq_net_reg_mr(p.send, host, 4096, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
+  assert_null(mh);
+  void* d = NULL;
+  assert_int_equal(cudaMalloc(&d, 4096), cudaSuccess);
+  assert_int_equal(agoq_net_reg_mr(p.send, d, 8192, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
+  assert_int_equal(agoq_net_reg_mr(p.send, d, 4096, NCCL_PTR_CUDA, &mh), ncclSuccess);
+  void* req = NULL;
+  assert_int_equal(agoq_net_isend(p.send, (uint8_t*)d + 1024, 4096, 1, mh, NULL, &req), ncclInvalidUsage);
+  assert_null(req);
+  agoq_net_dereg_mr(p.send, mh);
+  cudaFree(d);
+
+  size_t big = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING) + 4096;
+  assert_int_equal(cudaMalloc(&d, big), cudaSuccess);
+  assert_int_equal(agoq_net_reg_mr(p.send, d, big, NCCL_PTR_CUDA, &mh), ncclSuccess);
+  assert_int_equal(agoq_net_isend(p.send, d, big, 1, mh, NULL, &req), ncclInvalidUsage);
+  assert_null(req);
+  size_t sz = big;
+  int tag = 1;
+  void* rmh = NULL;
+  assert_int_equal(agoq_net_reg_mr(p.recv, d, big, NCCL_PTR_CUDA, &rmh), ncclSuccess);
+  assert_int_equal(agoq_net_irecv(p.recv, 1, &d, &sz, &tag, &rmh, NULL, &req), ncclInvalidUsage);
+  assert_null(req);
+  /* iflush: nothing is left to wait for once a device receive tested done. */
+  req = (void*)1;
+  assert_int_equal(agoq_net_iflush(p.recv, 1, &d, (int[]){16}, &rmh, &req), ncclSuccess);
+  assert_null(req);
+  agoq_net_dereg_mr(p.send, mh);
+  agoq_net_dereg_mr(p.recv, rmh);
+  cudaFree(d);
+  pair_close(&p);
+  free(host);
+}
+
+static void test_backend_is_the_emulation(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 4, NULL);
+  assert_true(agoq_gpu_active());
+  assert_string_equal(agoq_gpu_backend(), "emulation");
+  assert_non_null(strstr(agoq_gpu_describe(), "on: 1 device"));
+  pair_close(&p);
+}
+
+/* AGOQ_GPU=off: the host path only; device memory is refused, naming the setting. */
+static void test_off_refuses_device_memory(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 5, NULL);
+  assert_false(agoq_gpu_active());
+  assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=off"));
+  void* d = NULL;
+  void* mh = NULL;
+  assert_int_equal(cudaMalloc(&d, 4096), cudaSuccess);
+  assert_int_equal(agoq_net_reg_mr(p.send, d, 4096, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
+  assert_null(mh);
+  cudaFree(d);
+  pair_close(&p);
+}
+
+int main(void) {
+  setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
+  setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
+  setenv("AGOQ_P2P_FORMAT", "int8", 1);
+  setenv("AGOQ_MIN_BYTES", "64K", 1);
+  const char* mode = getenv("AGOQ_GPU");
+  if (mode != NULL && strcmp(mode, "off") == 0) {
+    const struct CMUnitTest off[] = {cmocka_unit_test(test_off_refuses_device_memory)};
+    return cmocka_run_group_tests(off, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_backend_is_the_emulation),
+      cmocka_unit_test(test_exact_every_memory_pair),
+      cmocka_unit_test(test_inflight_in_order),
+      cmocka_unit_test(test_typed_bits_equal_host_path),
+      cmocka_unit_test(test_bad_device_buffers),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
