@@ -2,7 +2,8 @@
  * Which NIC serves each GPU. On rail-optimised nodes (HGX/DGX) every PCIe switch holds as
  * many NICs as GPUs and traffic should stay on its rail: GPU i of a switch uses NIC i of
  * the same switch. Elsewhere (fewer NICs than GPUs, flat VMs) each GPU takes its nearest
- * NIC, several GPUs sharing one.
+ * NIC, several GPUs sharing one. With NVLink facts, "nearest" counts a NIC reached through
+ * an NVLink peer GPU (PXN) as nearer than one behind the CPU, because NCCL routes it so.
  */
 #include <string.h>
 
@@ -11,6 +12,7 @@
 typedef struct {
   agoq_topo_path_type type[AGOQ_TOPO_MAX_GPUS][AGOQ_TOPO_MAX_NICS];
   int hops[AGOQ_TOPO_MAX_GPUS][AGOQ_TOPO_MAX_NICS];
+  int via[AGOQ_TOPO_MAX_GPUS][AGOQ_TOPO_MAX_NICS];
 } agoq_topo_matrix;
 
 /* True when (type a, hops a) is strictly better than (type b, hops b). */
@@ -23,7 +25,8 @@ static int agoq_topo_uf_find(int* parent, int x) {
   return x;
 }
 
-/* Groups of GPUs and NICs joined by paths that stay below the host bridge. Node ids:
+/* Groups of GPUs and NICs joined by paths that stay below the host bridge (a PXN path
+ * crosses to another GPU's switch, so it joins nothing). Node ids:
  * GPUs 0..ngpus-1, NICs ngpus... True when every group with a GPU has as many NICs. */
 static bool agoq_topo_rail_groups(const agoq_topo* t, const agoq_topo_matrix* m, int* group) {
   int parent[AGOQ_TOPO_MAX_GPUS + AGOQ_TOPO_MAX_NICS];
@@ -54,10 +57,12 @@ void agoq_topo_choose(const agoq_topo* t, agoq_topo_choice* out) {
   for (int g = 0; g < AGOQ_TOPO_MAX_GPUS; g++) {
     out->nic[g] = -1;
     out->path[g] = AGOQ_TOPO_PATH_SYS;
+    out->via[g] = -1;
   }
   if (t->ngpus == 0 || t->nnics == 0) return;
   for (int g = 0; g < t->ngpus; g++)
-    for (int k = 0; k < t->nnics; k++) m.type[g][k] = agoq_topo_gpu_nic_path(t, g, k, &m.hops[g][k]);
+    for (int k = 0; k < t->nnics; k++)
+      m.type[g][k] = agoq_topo_gpu_nic_route(t, g, k, &m.hops[g][k], &m.via[g][k]);
 
   int group[AGOQ_TOPO_MAX_GPUS + AGOQ_TOPO_MAX_NICS];
   out->rail_aligned = agoq_topo_rail_groups(t, &m, group);
@@ -80,6 +85,7 @@ void agoq_topo_choose(const agoq_topo* t, agoq_topo_choice* out) {
       if (bg < 0) break;
       out->nic[bg] = bk;
       out->path[bg] = m.type[bg][bk];
+      out->via[bg] = m.via[bg][bk];
       nic_used[bk] = true;
     }
     return;
@@ -90,5 +96,6 @@ void agoq_topo_choose(const agoq_topo* t, agoq_topo_choice* out) {
       if (agoq_topo_better(m.type[g][k], m.hops[g][k], m.type[g][best], m.hops[g][best])) best = k;
     out->nic[g] = best;
     out->path[g] = m.type[g][best];
+    out->via[g] = m.via[g][best];
   }
 }

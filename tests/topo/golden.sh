@@ -1,16 +1,18 @@
 #!/bin/sh
 # Golden test: agoq-topo on one hwloc XML fixture must print exactly the expected file.
-#   golden.sh AGOQ_TOPO FIXTURE.xml EXPECTED json|text
+#   golden.sh AGOQ_TOPO FIXTURE.xml EXPECTED json|text [AGOQ_TOPO OPTIONS...]
+# (the options, e.g. --nvml FAKE_LIB, go to agoq-topo after --xml FIXTURE)
 # AGOQ_UPDATE_GOLDEN=1 rewrites EXPECTED from the current output instead of comparing
 # (then review the diff with git before committing it).
 set -eu
-[ $# -eq 4 ] || { echo "usage: $0 AGOQ_TOPO FIXTURE EXPECTED json|text" >&2; exit 2; }
+[ $# -ge 4 ] || { echo "usage: $0 AGOQ_TOPO FIXTURE EXPECTED json|text [OPTIONS...]" >&2; exit 2; }
 tool=$1 fixture=$2 expected=$3 mode=$4
+shift 4
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 case $mode in
-json) "$tool" --xml "$fixture" --json >"$tmp" ;;
-text) "$tool" --xml "$fixture" >"$tmp" ;;
+json) "$tool" --xml "$fixture" "$@" --json >"$tmp" ;;
+text) "$tool" --xml "$fixture" "$@" >"$tmp" ;;
 *) echo "golden.sh: mode must be json or text" >&2; exit 2 ;;
 esac
 if [ "${AGOQ_UPDATE_GOLDEN:-0}" = 1 ]; then

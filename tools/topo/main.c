@@ -138,40 +138,53 @@ static int agoq_topo_cli_load_xml(const char* path, agoq_topo* t) {
 }
 
 static void agoq_topo_usage(FILE* out) {
-  fputs("usage: agoq-topo [--xml FILE | --sysfs [DIR]] [--json]\n"
+  fputs("usage: agoq-topo [--xml FILE | --sysfs [DIR]] [--nvml LIB] [--json]\n"
         "       (an option's value may follow it or an '=': --xml FILE, --xml=FILE)\n"
         "\n"
         "Prints the GPUs, NICs and NUMA nodes of this machine (hwloc when it can be loaded,\n"
-        "else sysfs), the GPU x NIC path matrix in NCCL's terms (PIX, PXB, PHB, SYS), and\n"
-        "the NIC and CPUs chosen for each GPU.\n"
+        "else sysfs), the GPU x NIC path matrix in NCCL's terms (NVL, PIX, PXB, PXN, PHB, SYS),\n"
+        "and the NIC and CPUs chosen for each GPU. With NVML, each GPU's NVLinks and the\n"
+        "GPU x GPU / GPU x NIC matrix in nvidia-smi topo -m terms (X, NV#, PIX, PXB, PHB, NODE, SYS).\n"
         "\n"
         "  --xml FILE     read an hwloc XML topology instead of this machine (an error if\n"
         "                 the file is missing, fails agoq's strict XML check, or hwloc\n"
         "                 rejects it or crashes on it; never this machine)\n"
         "  --sysfs [DIR]  skip hwloc and read sysfs below DIR (default /sys; an error if DIR\n"
         "                 has neither class/net nor bus/pci)\n"
+        "  --nvml LIB     NVLink facts from the NVML library LIB (default for this machine:\n"
+        "                 libnvidia-ml.so.1; with --xml or --sysfs NVML is asked only with\n"
+        "                 this option, so that output for a file does not depend on the host)\n"
         "  --json         print JSON instead of text\n"
         "  -h, --help     this text\n",
         out);
 }
 
 int main(int argc, char** argv) {
-  enum { OPT_XML = 256, OPT_JSON, OPT_SYSFS };
+  enum { OPT_XML = 256, OPT_JSON, OPT_SYSFS, OPT_NVML };
   static const struct option options[] = {
       {"xml", required_argument, NULL, OPT_XML},
       {"json", no_argument, NULL, OPT_JSON},
       {"sysfs", optional_argument, NULL, OPT_SYSFS},
+      {"nvml", required_argument, NULL, OPT_NVML},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
   const char* xml = NULL;
   const char* sysfs = NULL;
+  const char* nvml = NULL;
   bool json = false;
   int opt;
   while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
     switch (opt) {
       case OPT_XML: xml = optarg; break;
       case OPT_JSON: json = true; break;
+      case OPT_NVML:
+        if (optarg[0] == '\0') {
+          fputs("agoq-topo: --nvml: empty library name\n", stderr);
+          return 2;
+        }
+        nvml = optarg;
+        break;
       case OPT_SYSFS:
         /* getopt's optional argument takes only --sysfs=DIR; the documented --sysfs DIR
          * takes the next word when it is not an option. */
@@ -224,10 +237,19 @@ int main(int argc, char** argv) {
     free(t);
     return 1;
   }
+  /* NVLink: this machine's NVML when discovering this machine; for a file (--xml, --sysfs)
+   * only the library named by --nvml (a fake one in the golden tests), since this host's
+   * NVML knows nothing of the file's GPUs. */
+  if (nvml != NULL || (xml == NULL && sysfs == NULL)) {
+    agoq_topo_nvml_annotate(t, nvml);
+    /* GPU-NIC NVLinks (a NIC at the far end of a GPU's link) through the path hook. */
+    if (t->nvml_state == AGOQ_TOPO_NVML_LOADED) agoq_topo_set_nvl_hook(agoq_topo_nvml_nvl_hook, t);
+  }
   agoq_topo_choice choice;
   agoq_topo_choose(t, &choice);
   if (json) agoq_topo_print_json(stdout, t, &choice);
   else agoq_topo_print_text(stdout, t, &choice);
+  agoq_topo_set_nvl_hook(NULL, NULL);
   free(t);
   return ferror(stdout) ? 1 : 0;
 }
