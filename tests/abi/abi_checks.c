@@ -91,10 +91,16 @@ int abi_buf_alloc(abi_buf* b, size_t size) {
   b->size = size;
   memset(b->base, ABI_GUARD_BYTE, ABI_GUARD_SIZE);
   memset(b->data + size, ABI_GUARD_BYTE, ABI_GUARD_SIZE);
+  if (abi_device_mode() && abi_device_alloc(b) != 0) {
+    free(b->base);
+    memset(b, 0, sizeof(*b));
+    return -1;
+  }
   return 0;
 }
 
 void abi_buf_free(abi_buf* b) {
+  if (b->base != NULL && abi_device_mode()) abi_device_free(b);
   free(b->base);
   memset(b, 0, sizeof(*b));
 }
@@ -253,9 +259,11 @@ fail:
 
 int abi_reg(abi_worker* w, void* comm, void* data, size_t size, void** mhandle) {
   *mhandle = NULL;
-  ncclResult_t r = agoq_view_reg_mr(&w->view, comm, data, size, NCCL_PTR_HOST, mhandle);
-  ABI_REQUIRE(w, r == ncclSuccess, "regMr(%zu B, NCCL_PTR_HOST) returned %s", size,
-              abi_result_str(r));
+  void* p = abi_device_ptr(data);
+  int type = p != data ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  ncclResult_t r = agoq_view_reg_mr(&w->view, comm, p, size, type, mhandle);
+  ABI_REQUIRE(w, r == ncclSuccess, "regMr(%zu B, %s) returned %s", size,
+              type == NCCL_PTR_CUDA ? "NCCL_PTR_CUDA" : "NCCL_PTR_HOST", abi_result_str(r));
   return 0;
 fail:
   return -1;
@@ -293,13 +301,41 @@ void abi_close_listen(abi_worker* w, void** comm) {
 
 /* ---- data path ---- */
 
+ncclResult_t abi_net_isend(abi_worker* w, void* comm, void* data, size_t size, int tag, void* mh, void** req) {
+  if (abi_device_push(data, size) != 0) {
+    abi_fail(w, __FILE__, __LINE__, "copying %zu B to the device buffer failed", size);
+    return ncclInternalError;
+  }
+  return agoq_view_isend(&w->view, comm, abi_device_ptr(data), size, tag, mh, req);
+}
+
+ncclResult_t abi_net_irecv(abi_worker* w, void* comm, int n, void** data, size_t* sizes, int* tags, void** mhs,
+                           void** req) {
+  void* dev[ABI_MAX_RECVS];
+  for (int i = 0; i < n && i < ABI_MAX_RECVS; i++) {
+    /* The canary the scenario wrote goes to the device too: bytes past the message must
+     * still hold it when the receive is done. */
+    if (abi_device_push(data[i], sizes[i]) != 0) {
+      abi_fail(w, __FILE__, __LINE__, "copying %zu B to the device buffer failed", sizes[i]);
+      return ncclInternalError;
+    }
+    dev[i] = abi_device_ptr(data[i]);
+  }
+  ncclResult_t r = agoq_view_irecv(&w->view, comm, n, n <= ABI_MAX_RECVS ? dev : data, sizes, tags, mhs, req);
+  if (r == ncclSuccess && *req != NULL && abi_device_mode() && abi_device_track_recv(*req, n, data, sizes) != 0) {
+    abi_fail(w, __FILE__, __LINE__, "too many device receives in flight for the harness");
+    return ncclInternalError;
+  }
+  return r;
+}
+
 int abi_isend(abi_worker* w, void* comm, void* data, size_t size, int tag, void* mh, void** req,
               int timeout_ms) {
   int64_t deadline = abi_now_ms() + timeout_ms;
   unsigned idle = 0;
   for (;;) {
     *req = NULL;
-    ncclResult_t r = agoq_view_isend(&w->view, comm, data, size, tag, mh, req);
+    ncclResult_t r = abi_net_isend(w, comm, data, size, tag, mh, req);
     ABI_REQUIRE(w, r == ncclSuccess, "isend(%zu B, tag %d) returned %s", size, tag,
                 abi_result_str(r));
     if (*req != NULL) return 0;
@@ -317,7 +353,7 @@ int abi_irecv(abi_worker* w, void* comm, int n, void** data, size_t* sizes, int*
   unsigned idle = 0;
   for (;;) {
     *req = NULL;
-    ncclResult_t r = agoq_view_irecv(&w->view, comm, n, data, sizes, tags, mhs, req);
+    ncclResult_t r = abi_net_irecv(w, comm, n, data, sizes, tags, mhs, req);
     ABI_REQUIRE(w, r == ncclSuccess, "irecv(n=%d, %zu B) returned %s", n, sizes[0],
                 abi_result_str(r));
     if (*req != NULL) return 0;
@@ -333,6 +369,7 @@ int abi_test_once(abi_worker* w, void* req, int* sizes) {
   int done = 0;
   ncclResult_t r = agoq_view_test(&w->view, req, &done, sizes);
   if (r != ncclSuccess) return -(int)r;
+  if (done && abi_device_recv_done(req) != 0) return -(int)ncclInternalError;
   return done ? 1 : 0;
 }
 

@@ -138,6 +138,29 @@ void abi_buf_free(abi_buf* b);
 /* 0 if both guards are intact, else -1 with the first overwritten byte described. */
 int abi_buf_guard_check(const abi_buf* b, char* what, size_t cap);
 
+/* ---- device buffers (abi_device.c; --device) ---- */
+/* The workers run with NCCL's buffers in (emulated) device memory. */
+bool abi_device_mode(void);
+/* The device twin of b (same layout, guards included). */
+int abi_device_alloc(abi_buf* b);
+void abi_device_free(abi_buf* b);
+/* The twin's address for a host address inside an abi_buf; others unchanged. */
+void* abi_device_ptr(void* host);
+/* Host bytes [host, host + n) and the twin's guards to the device; 0 ok. */
+int abi_device_push(const void* host, size_t n);
+/* A receive's buffers, copied back (with the guards) when test() says it is done. */
+int abi_device_track_recv(void* req, int n, void** host, const size_t* sizes);
+int abi_device_recv_done(void* req);
+/* The largest message the plugin takes from device memory (AGOQ_GPU_STAGING); SIZE_MAX in
+ * host mode. */
+size_t abi_device_max_message(void);
+
+/* One isend / irecv attempt as NCCL makes it (*req NULL: try again), host pointers
+ * translated to device ones in device mode. */
+ncclResult_t abi_net_isend(abi_worker* w, void* comm, void* data, size_t size, int tag, void* mh, void** req);
+ncclResult_t abi_net_irecv(abi_worker* w, void* comm, int n, void** data, size_t* sizes, int* tags, void** mhs,
+                           void** req);
+
 /* ---- driving the plugin like NCCL's proxy (abi_checks.c) ---- */
 int abi_worker_setup(abi_worker* w, const char* lib_path, int version);
 void abi_worker_teardown(abi_worker* w);

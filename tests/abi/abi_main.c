@@ -3,7 +3,7 @@
  * drives them, two processes per connection over loopback.
  *
  *   agoq-abi-harness [--lib PATH] [--version N]... [--scenario NAME]... [--list]
- *                    [--timeout-s SECONDS]
+ *                    [--timeout-s SECONDS] [--device]
  *
  * Without --version every exported net version runs; without --scenario every scenario.
  * Prints one PASS/FAIL line per (version, scenario) and exits 1 if anything failed, 2 on a
@@ -79,7 +79,7 @@ static int abi_worker_main(const abi_worker_args* a) {
 static void abi_usage(FILE* f) {
   fprintf(f,
           "usage: agoq-abi-harness [--lib PATH] [--version N]... [--scenario NAME]...\n"
-          "                        [--timeout-s SECONDS] [--list]\n"
+          "                        [--timeout-s SECONDS] [--list] [--device]\n"
           "Drives every exported ncclNetPlugin_vN of the plugin as NCCL's proxy does, across\n"
           "two processes over loopback. Default library: $AGOQ_PLUGIN_PATH, else\n"
           "<exe dir>/../lib/libnccl-net-agoq.so.\n");
@@ -114,6 +114,14 @@ int main(int argc, char** argv) {
       list = true;
     } else if (strcmp(opt, "--newest") == 0) {
       wa.newest = true;
+    } else if (strcmp(opt, "--device") == 0) {
+#ifdef ABI_HAVE_DEVICE
+      /* The workers inherit it (abi_device.c). */
+      setenv("AGOQ_ABI_DEVICE", "1", 1);
+#else
+      fprintf(stderr, "agoq-abi-harness: --device needs the CUDA emulation, which this build lacks\n");
+      return 2;
+#endif
     } else if (strcmp(opt, "-h") == 0 || strcmp(opt, "--help") == 0) {
       abi_usage(stdout);
       return 0;

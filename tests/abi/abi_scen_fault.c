@@ -95,7 +95,7 @@ static int abi_truncation_receiver(abi_worker* w, void* comm, const abi_trunc_ca
 
   /* The connection is now broken: a further receive must fail, not hang or succeed. */
   void* req2 = NULL;
-  ncclResult_t r = agoq_view_irecv(&w->view, comm, 1, data, sizes, tags, &mh, &req2);
+  ncclResult_t r = abi_net_irecv(w, comm, 1, data, sizes, tags, &mh, &req2);
   if (r == ncclSuccess && req2 != NULL) {
     deadline = abi_now_ms() + 3000;
     while ((rc = abi_test_once(w, req2, got)) == 0) {

@@ -19,7 +19,8 @@
  * reads it before it is there, and code that polls the wrong stream never sees it done,
  * every time. Work on the legacy default stream (stream 0) first runs everything queued on
  * blocking streams (not on cudaStreamNonBlocking ones, as on a GPU), then runs at once; the
- * synchronous calls run everything first. Both are counted (agoq_emu_counters_get) so that
+ * synchronous calls (cudaMemcpy, cudaMemset) likewise; cudaDeviceSynchronize, cudaFree and
+ * cudaFreeHost run everything. Both are counted (agoq_emu_counters_get) so that
  * tests can show the plugin never uses them. Everything runs under one device lock, on the
  * thread that asked.
  */
@@ -198,10 +199,12 @@ void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*)
   Op op{next_seq++, run, ctx, drop, wait, wait_seq};
   if (wait != nullptr) wait->waiters++;
   if (s == nullptr) {
-    /* The legacy default stream: after the blocking streams' work (everything, for a
-     * synchronous call), at once. */
+    /* The legacy default stream, synchronous calls included (cudaMemcpy, cudaMemset):
+     * after the blocking streams' work, at once. Never after a cudaStreamNonBlocking
+     * stream's: on a GPU a synchronous copy does not wait for those either, so a test's
+     * own cudaMemcpy does not finish the plugin's copies for it. */
     if (!sync) n_legacy++; /* a synchronous call counted itself */
-    drain_all(!sync);
+    drain_all(true);
     if (run) run(ctx);
     if (drop) drop(ctx);
     n_run++;
