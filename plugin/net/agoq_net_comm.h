@@ -102,7 +102,9 @@ ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req);
 ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done);
 /* Gives back the request's staging. */
 void agoq_dev_release(agoq_comm* comm, agoq_request* req);
-/* Close: logs what the link moved and frees it (waits for its queued copies). */
+/* Close: what the link moved, at INFO (while the transport can still name the peer). */
+void agoq_dev_log(agoq_comm* comm);
+/* Close, after the transport: frees the link (waits for its queued copies). */
 void agoq_dev_close(agoq_comm* comm);
 /* Fills the transfer and the statistics of a send from `src` (NCCL's host buffer, or the
  * staging of a device one), deciding whether it goes as a frame (agoq_net_data.c). */

@@ -155,13 +155,16 @@ void agoq_dev_release(agoq_comm* comm, agoq_request* req) {
   req->ring_id = -1;
 }
 
-void agoq_dev_close(agoq_comm* comm) {
+void agoq_dev_log(agoq_comm* comm) {
   if (comm->gpu == NULL) return;
   const agoq_gpu_link_stats* st = agoq_gpu_link_stats_get(comm->gpu);
   AGOQ_INFO(NCCL_NET, "%s %s: device path copied %llu bytes D2H in %llu copies, %llu bytes H2D in %llu copies",
             comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), (unsigned long long)st->d2h_bytes,
             (unsigned long long)st->d2h_copies, (unsigned long long)st->h2d_bytes,
             (unsigned long long)st->h2d_copies);
+}
+
+void agoq_dev_close(agoq_comm* comm) {
   agoq_gpu_link_destroy(comm->gpu);
   comm->gpu = NULL;
 }

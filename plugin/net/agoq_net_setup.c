@@ -38,6 +38,7 @@ void agoq_comm_destroy(agoq_comm* comm) {
   if (comm->tp != NULL) {
     if (comm->typed_stats.frames > 0 || comm->typed_stats.unknown_type > 0)
       agoq_typed_stats_log(&comm->typed_stats, comm->is_send, agoq_comm_peer(comm));
+    agoq_dev_log(comm);
     /* After this no helper thread touches a posted buffer, staging included. */
     agoq_net_tp->close(comm->tp);
   }
