@@ -174,14 +174,26 @@ static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 /* ---- taking requests and admitting chunks -------------------------------------------------- */
 
-static void agoq_engine_complete(agoq_coll_comm* g, agoq_coll_req* r) {
-  if (r->kind == AGOQ_COLL_ALLGATHER && r->nparts > 1) {
-    size_t off = 0;
-    for (int i = 0; i < r->nparts; i++) {
-      memcpy(r->parts[i].address, r->flat + off, r->parts[i].size);
-      off += r->parts[i].size;
+/* Multi-part calls: the host parts between the engine's flat buffer and NCCL's (parts in
+ * device memory are copied by agoq_coll_device.c). */
+static void agoq_engine_join(agoq_coll_req* r, bool gather) {
+  size_t off = 0;
+  for (int i = 0; i < r->nparts; i++) {
+    if (!(r->dev_parts & (1u << i))) {
+      if (gather) memcpy(r->joined + off, r->parts[i].address, r->parts[i].size);
+      else memcpy(r->parts[i].address, r->joined + off, r->parts[i].size);
     }
+    off += r->parts[i].size;
   }
+}
+
+/* The host result is complete: published done, or, bound for device memory, once its copy
+ * there is queued (test() then waits for that copy). A failure leaves the request active,
+ * for the abort to end. */
+static ncclResult_t agoq_engine_complete(agoq_coll_comm* g, agoq_coll_req* r) {
+  if (r->kind == AGOQ_COLL_ALLGATHER && r->nparts > 1) agoq_engine_join(r, false);
+  bool copying = false;
+  AGOQ_CHECK(agoq_coll_dev_copy_out(g, r, &copying));
   /* Unlink from the active list (requests can complete out of order). */
   for (agoq_coll_req** pp = &g->act_head; *pp != NULL; pp = &(*pp)->next) {
     if (*pp != r) continue;
@@ -193,7 +205,9 @@ static void agoq_engine_complete(agoq_coll_comm* g, agoq_coll_req* r) {
     break;
   }
   if (g->admit == r) g->admit = r->next;
-  agoq_coll_req_finish(r, ncclSuccess);
+  if (copying) atomic_store_explicit(&r->state, AGOQ_COLL_REQ_COPY_OUT, memory_order_release);
+  else agoq_coll_req_finish(r, ncclSuccess);
+  return ncclSuccess;
 }
 
 /* Everything queued by the proxy thread since the last look, in order. */
@@ -213,13 +227,6 @@ static void agoq_engine_take(agoq_coll_comm* g, agoq_coll_req* list) {
     agoq_stats_count(g->st, r->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT,
                      r->kind == AGOQ_COLL_ALLREDUCE ? r->result_bytes : r->count * r->esz);
     if (!r->quantized) agoq_stats_exact(g->st, (agoq_exact_reason)r->exact_reason);
-    if (r->kind == AGOQ_COLL_REDUCESCATTER && r->nparts > 1) {
-      size_t off = 0;
-      for (int i = 0; i < r->nparts; i++) {
-        memcpy(r->flat + off, r->parts[i].address, r->parts[i].size);
-        off += r->parts[i].size;
-      }
-    }
     if (r->nchunks == 0) {
       agoq_coll_req_finish(r, ncclSuccess);
       continue;
@@ -249,6 +256,14 @@ static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
     if (r == NULL) return ncclSuccess;
     agoq_coll_slot* s = agoq_slot_of(g, g->next_seq);
     if (s->stage != AGOQ_SLOT_FREE) return ncclSuccess;
+    if (r->chunks_admitted == 0) {
+      /* Its input must be in host memory first: copied from the device (the later requests
+       * wait behind it, as every rank admits in call order), its host parts joined. */
+      bool ready = false;
+      AGOQ_CHECK(agoq_coll_dev_input_ready(g, r, &ready));
+      if (!ready) return ncclSuccess;
+      if (r->kind == AGOQ_COLL_REDUCESCATTER && r->nparts > 1) agoq_engine_join(r, true);
+    }
     AGOQ_CHECK(agoq_slot_setup(g, s, r, r->chunks_admitted));
     r->chunks_admitted++;
     g->next_seq++;
@@ -360,7 +375,7 @@ static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
   return ncclSuccess;
 }
 
-static void agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
+static ncclResult_t agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
     agoq_coll_slot* s = &g->slots[i];
     if (s->stage != AGOQ_SLOT_WAIT_ALL || s->pend_p1s > 0 || s->pend_p2s > 0 || s->pend_p2r > 0) continue;
@@ -368,8 +383,9 @@ static void agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
     s->stage = AGOQ_SLOT_FREE;
     s->req = NULL;
     *progressed = true;
-    if (++r->chunks_done == r->nchunks) agoq_engine_complete(g, r);
+    if (++r->chunks_done == r->nchunks) AGOQ_CHECK(agoq_engine_complete(g, r));
   }
+  return ncclSuccess;
 }
 
 /* ---- failure and the thread ---------------------------------------------------------------- */
@@ -428,6 +444,8 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
       np += agoq_net_wait_fds(comm, g->pfds + np, g->pfds_cap - np, &hidden);
     }
   }
+  /* A device copy announces its end on no descriptor: poll it again soon. */
+  if (g->admit != NULL && g->admit->in_copy) hidden = true;
   atomic_store(&g->sleeping, true);
   /* A pass from test() that moved something before `sleeping` was set is seen here; one
    * after it writes the eventfd. */
@@ -467,7 +485,7 @@ static ncclResult_t agoq_engine_step(agoq_coll_comm* g, bool* progressed) {
   if (res == ncclSuccess) res = agoq_engine_admit(g, progressed);
   if (res == ncclSuccess) res = agoq_engine_poll(g, progressed);
   if (res == ncclSuccess) res = agoq_engine_reduce(g, progressed);
-  if (res == ncclSuccess) agoq_engine_retire(g, progressed);
+  if (res == ncclSuccess) res = agoq_engine_retire(g, progressed);
   if (res == ncclSuccess) agoq_engine_account(g, *progressed);
   return res;
 }
@@ -601,6 +619,7 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   g->wake_fd = -1; /* closed by agoq_coll_engine_free only once created */
   pthread_mutex_init(&g->mu, NULL);
   pthread_mutex_init(&g->step_mu, NULL);
+  pthread_mutex_init(&g->gpu_mu, NULL);
   pthread_cond_init(&g->cv, NULL);
   pthread_cond_init(&g->parked_cv, NULL);
   AGOQ_CHECK_GOTO(agoq_coll_pool_init(g), res, fail);
@@ -688,9 +707,12 @@ void agoq_coll_engine_free(agoq_coll_comm* g) {
   g->pfds = NULL;
   if (g->wake_fd >= 0) close(g->wake_fd);
   g->wake_fd = -1;
+  /* After the engine and the connections: no pass or progress thread uses the staging. */
+  agoq_coll_dev_close(g);
   agoq_coll_pool_fini(g);
   pthread_cond_destroy(&g->cv);
   pthread_cond_destroy(&g->parked_cv);
   pthread_mutex_destroy(&g->step_mu);
+  pthread_mutex_destroy(&g->gpu_mu);
   pthread_mutex_destroy(&g->mu);
 }

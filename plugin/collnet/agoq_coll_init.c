@@ -159,22 +159,26 @@ static bool agoq_coll_comm_ok(void* coll_comm) {
 }
 
 ncclResult_t agoq_coll_reg_mr(void* coll_comm, void* data, size_t size, int type, void** mhandle) {
-  (void)data;
-  (void)size;
+  ncclResult_t res = ncclSuccess;
+  agoq_coll_mr* mr = NULL;
   if (!agoq_coll_comm_ok(coll_comm) || mhandle == NULL) {
     AGOQ_WARN("CollNet regMr: invalid arguments (comm %p)", coll_comm);
     return ncclInternalError;
   }
-  if (type != NCCL_PTR_HOST) {
-    /* Host memory only, as the net path: NCCL falls back to its own host buffers. */
-    AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMr: memory type %d not supported (host memory only)", type);
+  *mhandle = NULL;
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMr: memory type %d not supported (host or CUDA memory only)", type);
     return ncclInternalError;
   }
-  agoq_coll_mr* mr = calloc(1, sizeof *mr);
-  if (mr == NULL) return ncclSystemError;
-  *mr = (agoq_coll_mr){.magic = AGOQ_COLL_MR_MAGIC, .type = type};
+  AGOQ_CALLOC_GOTO(mr, 1, res, fail);
+  *mr = (agoq_coll_mr){.magic = AGOQ_COLL_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
+  /* The memory type is the handle's: the calls stage the buffers it covers. */
+  if (type == NCCL_PTR_CUDA) AGOQ_CHECK_GOTO(agoq_coll_dev_reg(coll_comm, data, size, mr), res, fail);
   *mhandle = mr;
   return ncclSuccess;
+fail:
+  free(mr);
+  return res;
 }
 
 ncclResult_t agoq_coll_reg_mr_dmabuf(void* coll_comm, void* data, size_t size, int type,
@@ -182,7 +186,8 @@ ncclResult_t agoq_coll_reg_mr_dmabuf(void* coll_comm, void* data, size_t size, i
   (void)offset;
   (void)fd;
   if (type == NCCL_PTR_HOST) return agoq_coll_reg_mr(coll_comm, data, size, type, mhandle);
-  AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMrDmaBuf: DMA-BUF is not supported (host memory only)");
+  AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMrDmaBuf: DMA-BUF is not supported (host memory, or CUDA memory "
+            "through regMr)");
   return ncclInternalError;
 }
 
@@ -200,15 +205,21 @@ ncclResult_t agoq_coll_dereg_mr(void* coll_comm, void* mhandle) {
 }
 
 ncclResult_t agoq_coll_iflush(void* coll_comm, void* data, int size, void* mhandle, void** request) {
-  (void)coll_comm;
-  (void)data;
-  (void)size;
-  (void)mhandle;
-  (void)request;
-  /* NCCL flushes only after GPUDirect receives (coll_net.cc: useGdr && needFlush); a
-   * host-memory CollNet never gets one. */
-  AGOQ_WARN("CollNet iflush called, but agoq receives into host memory only");
-  return ncclInternalError;
+  bool device = false;
+  if (!agoq_coll_comm_ok(coll_comm) || request == NULL || size < 0) {
+    AGOQ_WARN("CollNet iflush: invalid arguments (comm %p, size %d)", coll_comm, size);
+    return ncclInternalError;
+  }
+  AGOQ_CHECK(agoq_coll_dev_is_device(mhandle, data, (size_t)size, &device));
+  if (!device) {
+    /* NCCL flushes only after GPUDirect receives (coll_net.cc: useGdr && needFlush). */
+    AGOQ_WARN("CollNet iflush of %p: not in a device registration (handle %p)", data, mhandle);
+    return ncclInternalError;
+  }
+  /* test() said done only once the copy into this buffer had completed: the bytes are
+   * visible to the GPU already, and NCCL takes a NULL request as done. */
+  *request = NULL;
+  return ncclSuccess;
 }
 
 /* Without finalize (v6..v10) groups NCCL never closed would keep their engine threads

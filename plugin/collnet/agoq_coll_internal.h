@@ -15,6 +15,7 @@
 #include "agoq_codec.h"
 #include "collnet/agoq_collnet.h"
 #include "core/agoq_stats.h"
+#include "gpu/agoq_gpu.h"
 
 #define AGOQ_COLL_CTX_MAGIC 0x58434341u    /* "ACCX" */
 #define AGOQ_COLL_LISTEN_MAGIC 0x4c434341u /* "ACCL" */
@@ -56,7 +57,14 @@ typedef struct {
 } agoq_coll_listen_comm;
 
 typedef enum { AGOQ_COLL_ALLREDUCE = 0, AGOQ_COLL_REDUCESCATTER, AGOQ_COLL_ALLGATHER } agoq_coll_kind;
-typedef enum { AGOQ_COLL_REQ_PENDING = 0, AGOQ_COLL_REQ_DONE, AGOQ_COLL_REQ_FAILED } agoq_coll_req_state;
+/* COPY_OUT: the host result is complete and its copies into NCCL's device buffers are
+ * queued; test() says done once their event is (agoq_coll_device.c). */
+typedef enum {
+  AGOQ_COLL_REQ_PENDING = 0,
+  AGOQ_COLL_REQ_DONE,
+  AGOQ_COLL_REQ_FAILED,
+  AGOQ_COLL_REQ_COPY_OUT
+} agoq_coll_req_state;
 
 /* Per-path statistics (AGOQ_STATS_EXACT, AGOQ_STATS_QUANT) in the group's stats entry:
  * relaxed atomics written by the engine, readable by the interval and exit printers. */
@@ -82,8 +90,15 @@ typedef struct agoq_coll_req {
   uint8_t* dst;           /* allreduce: receive buffer; RS: this rank's part; AG: window output */
   int nparts;             /* SGE parts when more than one: staged through `flat` */
   agoq_coll_sge parts[AGOQ_COLL_MAX_PARTS];
-  uint8_t* flat;
+  uint8_t* flat;          /* owned; host parts only: the parts concatenated */
+  uint8_t* joined;        /* nparts > 1 or staged parts: where the parts are concatenated */
   size_t result_bytes;
+  /* NCCL's buffers in device memory, staged through the group's GPU link
+   * (agoq_coll_device.c): src/dst then point into the link's pinned staging. */
+  int ring_id;            /* the staging allocation; -1 when nothing is staged */
+  bool in_copy;           /* the input's D2H copy is queued and not yet seen complete */
+  uint8_t* dev_dst;       /* allreduce/reducescatter: NCCL's receive buffer, in device memory */
+  uint32_t dev_parts;     /* bit i: parts[i] is in device memory */
   /* Engine-private progress. */
   size_t chunks_admitted, chunks_done;
   struct agoq_coll_req* next; /* queue / active list link */
@@ -184,12 +199,21 @@ typedef struct agoq_coll_comm {
   struct pollfd* pfds;    /* the engine's sleep: its connections' descriptors and wake_fd */
   int pfds_cap;
   agoq_stats_entry* st; /* never NULL once the engine runs (private when AGOQ_STATS=0) */
+  /* Device buffers: the GPU link, created by the first regMr(NCCL_PTR_CUDA). gpu_mu guards
+   * it (the pointer, its stream order, ring and counters): NCCL's proxy threads (regMr, the
+   * collective calls, test) and whichever thread runs a pass use it. A leaf lock: nothing
+   * else is taken while it is held, and only non-blocking calls run under it. */
+  pthread_mutex_t gpu_mu;
+  agoq_gpu_link* gpu;
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
 
 typedef struct {
   uint32_t magic;
-  int type;
+  int type;   /* NCCL_PTR_HOST or NCCL_PTR_CUDA */
+  int device; /* NCCL_PTR_CUDA: the GPU; -1 for host memory */
+  void* addr;
+  size_t size;
 } agoq_coll_mr;
 
 static inline bool agoq_coll_has_p1(const agoq_coll_req* r) { return r->kind != AGOQ_COLL_ALLGATHER; }
@@ -271,6 +295,29 @@ void agoq_coll_stats_print(agoq_coll_comm* comm);
 /* Once per process: a WARN when AGOQ_MIN_BYTES is above every call NCCL's staged CollNet
  * path makes, so compression would silently never happen. True when it warned now. */
 bool agoq_coll_min_bytes_check(uint64_t min_bytes);
+
+/* ---- agoq_coll_device.c: NCCL's buffers in device memory ---- */
+/* regMr(NCCL_PTR_CUDA): checks the range, creates the group's link on the first one. */
+ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_coll_mr* mr);
+/* *device = mhandle is a device registration; [data, data + size) must lie inside it. */
+ncclResult_t agoq_coll_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device);
+/* At the call: stages the request's device buffers (src/dst/joined point into the staging,
+ * the input's D2H copy is queued). *busy: the staging is full now (NCCL calls again).
+ * in_dev/out_dev: src (or some send part) / dst (or some receive part) in device memory;
+ * src/dst hold NCCL's pointers, result_bytes and the window are set. A failed copy fails
+ * the group. */
+ncclResult_t agoq_coll_dev_stage(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev, bool* busy);
+/* Under step_mu: *ready = the request's input is in host memory (its D2H copy is done). */
+ncclResult_t agoq_coll_dev_input_ready(agoq_coll_comm* g, agoq_coll_req* r, bool* ready);
+/* Under step_mu, once the host result is complete: queues its copies into NCCL's device
+ * buffers; *queued = there were some (the request then goes COPY_OUT, not DONE). */
+ncclResult_t agoq_coll_dev_copy_out(agoq_coll_comm* g, agoq_coll_req* r, bool* queued);
+/* test(): *done = the copies into NCCL's buffers have completed. */
+ncclResult_t agoq_coll_dev_copied(agoq_coll_comm* g, agoq_coll_req* r, bool* done);
+/* Gives the request's staging back (test, at release). */
+void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r);
+/* Close, after the engine stopped: waits for the link's copies, logs and frees it. */
+void agoq_coll_dev_close(agoq_coll_comm* g);
 
 /* ---- buffers ---- */
 ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size);

@@ -1,8 +1,9 @@
-/* Requests: the collective calls validate their arguments, pick the path and hand a request
- * to the group's engine; test() reads the state the engine published and, while a request
- * is not done, runs a pass of the pipeline itself when the engine is not running one
- * (AGOQ_COLLNET_ASSIST). Both run on NCCL's proxy thread and never wait: not on the
- * network, not on the engine. */
+/* Requests: the collective calls validate their arguments, pick the path, stage device
+ * buffers (agoq_coll_device.c) and hand a request to the group's engine; test() reads the
+ * state the engine published and, while a request is not done, runs a pass of the pipeline
+ * itself when the engine is not running one (AGOQ_COLLNET_ASSIST); a result bound for
+ * device memory is done once its copy there is. Both run on NCCL's proxy thread and never
+ * wait: not on the network, not on the engine, not on the device. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,7 @@ static agoq_coll_req* agoq_coll_req_alloc(agoq_coll_comm* g) {
   memset(r, 0, sizeof *r);
   r->flat = flat; /* a staging buffer is kept for the next multi-part request */
   r->magic = AGOQ_COLL_REQ_MAGIC;
+  r->ring_id = -1;
   r->comm = g;
   atomic_init(&r->state, AGOQ_COLL_REQ_PENDING);
   return r;
@@ -49,6 +51,7 @@ static agoq_coll_req* agoq_coll_req_alloc(agoq_coll_comm* g) {
 
 static void agoq_coll_req_release(agoq_coll_req* r) {
   agoq_coll_comm* g = r->comm;
+  agoq_coll_dev_release(g, r);
   r->magic = 0;
   pthread_mutex_lock(&g->mu);
   r->next = g->free_reqs;
@@ -73,6 +76,20 @@ static void agoq_coll_enqueue(agoq_coll_comm* g, agoq_coll_req* r) {
   pthread_cond_signal(&g->cv);
   pthread_mutex_unlock(&g->mu);
   agoq_coll_engine_wake(g);
+}
+
+/* Stages the request's device buffers, then hands it to the engine; a full staging makes
+ * the call return a NULL request (NCCL calls again). */
+static ncclResult_t agoq_coll_submit(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev, void** request) {
+  bool busy = false;
+  ncclResult_t res = agoq_coll_dev_stage(g, r, in_dev, out_dev, &busy);
+  if (res != ncclSuccess || busy) {
+    agoq_coll_req_release(r);
+    return res;
+  }
+  agoq_coll_enqueue(g, r);
+  *request = r;
+  return ncclSuccess;
 }
 
 /* Common checks; *g_out is the group, or the call fails. */
@@ -118,16 +135,19 @@ static bool agoq_coll_quantizable(const agoq_coll_comm* g, int dtype, int op, si
   return false;
 }
 
-ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_data, size_t count,
-                                  int data_type, int red_op, void** request) {
+ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_data, size_t count, int data_type,
+                                  int red_op, void* send_mhandle, void* recv_mhandle, void** request) {
   agoq_coll_comm* g = NULL;
   size_t esz;
+  bool in_dev = false, out_dev = false;
   AGOQ_CHECK(agoq_coll_call_begin(coll_comm, request, "iallreduce", &g));
   AGOQ_CHECK(agoq_coll_check_type_op("iallreduce", data_type, red_op, &esz));
   if (count > AGOQ_FRAME_MAX_COUNT || (count > 0 && (send_data == NULL || recv_data == NULL))) {
     AGOQ_WARN("CollNet iallreduce: invalid buffers (send %p, recv %p, count %zu)", send_data, recv_data, count);
     return ncclInvalidArgument;
   }
+  AGOQ_CHECK(agoq_coll_dev_is_device(send_mhandle, send_data, count * esz, &in_dev));
+  AGOQ_CHECK(agoq_coll_dev_is_device(recv_mhandle, recv_data, count * esz, &out_dev));
   agoq_coll_req* r = agoq_coll_req_alloc(g);
   if (r == NULL) return ncclSuccess; /* every request busy: NCCL calls again */
   r->kind = AGOQ_COLL_ALLREDUCE;
@@ -141,9 +161,7 @@ ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_d
   r->quantized = agoq_coll_quantizable(g, data_type, red_op, count * esz, &r->codec_dtype, &r->exact_reason);
   r->chunk_elems = agoq_coll_chunk_elems(g->cfg.chunk_bytes, esz, r->quantized ? g->cfg.block : 0);
   r->nchunks = (count + r->chunk_elems - 1) / r->chunk_elems;
-  agoq_coll_enqueue(g, r);
-  *request = r;
-  return ncclSuccess;
+  return agoq_coll_submit(g, r, in_dev, out_dev, request);
 }
 
 /* Window checks shared by reducescatter and allgather; fills the element space. */
@@ -159,6 +177,9 @@ static ncclResult_t agoq_coll_window(agoq_coll_comm* g, agoq_coll_req* r, const 
       AGOQ_WARN("CollNet %s: part %d has no address", what, i);
       return ncclInvalidArgument;
     }
+    bool dev = false;
+    AGOQ_CHECK(agoq_coll_dev_is_device(parts[i].mhandle, parts[i].address, parts[i].size, &dev));
+    if (dev) r->dev_parts |= 1u << i;
     total += parts[i].size;
     r->parts[i] = parts[i];
   }
@@ -185,22 +206,26 @@ static ncclResult_t agoq_coll_window(agoq_coll_comm* g, agoq_coll_req* r, const 
   size_t per_rank = g->cfg.chunk_bytes / (size_t)g->nranks;
   r->chunk_elems = agoq_coll_chunk_elems(per_rank, esz, r->quantized ? g->cfg.block : 0);
   r->nchunks = (maxlen + r->chunk_elems - 1) / r->chunk_elems;
-  if (nparts > 1) {
+  /* Parts in device memory are joined in the staging instead (agoq_coll_dev_stage). */
+  if (nparts > 1 && r->dev_parts == 0) {
     uint8_t* flat = realloc(r->flat, wb > 0 ? wb : 1);
     if (flat == NULL) {
       AGOQ_WARN("CollNet %s: out of memory staging %zu bytes of %d parts", what, wb, nparts);
       return ncclSystemError;
     }
     r->flat = flat;
+    r->joined = flat;
   }
   return ncclSuccess;
 }
 
 ncclResult_t agoq_coll_ireducescatter(void* coll_comm, int n_send_parts, const agoq_coll_sge* send_parts,
                                       void* recv_data, size_t bytes_per_rank, size_t window_offset,
-                                      size_t window_bytes, int data_type, int red_op, void** request) {
+                                      size_t window_bytes, int data_type, int red_op, void* recv_mhandle,
+                                      void** request) {
   agoq_coll_comm* g = NULL;
   size_t esz;
+  bool out_dev = false;
   AGOQ_CHECK(agoq_coll_call_begin(coll_comm, request, "ireducescatter", &g));
   AGOQ_CHECK(agoq_coll_check_type_op("ireducescatter", data_type, red_op, &esz));
   agoq_coll_req* r = agoq_coll_req_alloc(g);
@@ -220,21 +245,21 @@ ncclResult_t agoq_coll_ireducescatter(void* coll_comm, int n_send_parts, const a
     }
     r->result_bytes = mine * esz;
   }
+  if (res == ncclSuccess) res = agoq_coll_dev_is_device(recv_mhandle, recv_data, r->result_bytes, &out_dev);
   if (res != ncclSuccess) {
     agoq_coll_req_release(r);
     return res;
   }
-  r->src = n_send_parts > 1 ? r->flat : send_parts[0].address;
+  r->src = n_send_parts > 1 ? r->joined : send_parts[0].address;
   r->dst = recv_data;
-  agoq_coll_enqueue(g, r);
-  *request = r;
-  return ncclSuccess;
+  return agoq_coll_submit(g, r, r->dev_parts != 0, out_dev, request);
 }
 
-ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_parts,
-                                  const agoq_coll_sge* recv_parts, size_t bytes_per_rank,
-                                  size_t window_offset, size_t window_bytes, void** request) {
+ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_parts, const agoq_coll_sge* recv_parts,
+                                  size_t bytes_per_rank, size_t window_offset, size_t window_bytes,
+                                  void* send_mhandle, void** request) {
   agoq_coll_comm* g = NULL;
+  bool in_dev = false;
   AGOQ_CHECK(agoq_coll_call_begin(coll_comm, request, "iallgather", &g));
   agoq_coll_req* r = agoq_coll_req_alloc(g);
   if (r == NULL) return ncclSuccess;
@@ -249,16 +274,28 @@ ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_p
     AGOQ_WARN("CollNet iallgather: no send buffer for this rank's bytes");
     res = ncclInvalidArgument;
   }
+  if (res == ncclSuccess)
+    res = agoq_coll_dev_is_device(send_mhandle, send_data, agoq_coll_rank_begin(r, g->rank + 1) - r->my_begin, &in_dev);
   if (res != ncclSuccess) {
     agoq_coll_req_release(r);
     return res;
   }
   r->result_bytes = window_bytes;
   r->src = send_data;
-  r->dst = n_recv_parts > 1 ? r->flat : recv_parts[0].address;
-  agoq_coll_enqueue(g, r);
-  *request = r;
-  return ncclSuccess;
+  r->dst = n_recv_parts > 1 ? r->joined : recv_parts[0].address;
+  return agoq_coll_submit(g, r, in_dev, r->dev_parts != 0, request);
+}
+
+/* A result bound for device memory is done once its copy there is (agoq_coll_device.c). */
+static int agoq_coll_copy_state(agoq_coll_req* r) {
+  bool copied = false;
+  ncclResult_t res = agoq_coll_dev_copied(r->comm, r, &copied);
+  if (res == ncclSuccess) return copied ? AGOQ_COLL_REQ_DONE : AGOQ_COLL_REQ_COPY_OUT;
+  if (agoq_coll_fail(r->comm, res))
+    AGOQ_WARN("CollNet rank %d: copying a result into device memory failed (error %d); the group fails", r->comm->rank,
+              res);
+  r->error = res;
+  return AGOQ_COLL_REQ_FAILED;
 }
 
 ncclResult_t agoq_coll_test(void* request, int* done, int* size) {
@@ -273,7 +310,8 @@ ncclResult_t agoq_coll_test(void* request, int* done, int* size) {
     agoq_coll_engine_assist(r->comm);
     st = atomic_load_explicit(&r->state, memory_order_acquire);
   }
-  if (st == AGOQ_COLL_REQ_PENDING) return ncclSuccess;
+  if (st == AGOQ_COLL_REQ_COPY_OUT) st = agoq_coll_copy_state(r);
+  if (st == AGOQ_COLL_REQ_PENDING || st == AGOQ_COLL_REQ_COPY_OUT) return ncclSuccess;
   ncclResult_t res = st == AGOQ_COLL_REQ_DONE ? ncclSuccess : (ncclResult_t)r->error;
   if (res == ncclSuccess) {
     *done = 1;

@@ -35,10 +35,12 @@
 #define AGOQ_COLL_MAX_RANKS 1024 /* nodes in one group */
 #define AGOQ_COLL_MAX_PARTS 16   /* SGE parts per iallgather/ireducescatter (NCCL passes 1) */
 
-/* One scatter/gather element, as NCCL's ncclNetSGE_vN_t without the memory handle. */
+/* One scatter/gather element, as NCCL's ncclNetSGE_vN_t (its memory handle last, so that
+ * {address, size} initializers leave it NULL: host memory). */
 typedef struct {
   void* address;
   size_t size;
+  void* mhandle; /* regMr's handle, or NULL */
 } agoq_coll_sge;
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
@@ -75,31 +77,40 @@ ncclResult_t agoq_coll_close_coll(void* coll_comm);
 
 /* A pure function: all 12 NCCL types x Sum/Prod/Max/Min. */
 ncclResult_t agoq_coll_reduce_support(int data_type, int red_op, int* supported);
-/* Host memory only; other types are refused (NCCL then uses its own host buffers). */
+/* NCCL_PTR_HOST, and NCCL_PTR_CUDA where the GPU layer is active: the range must be device
+ * memory of one GPU (else ncclInvalidUsage with the reason), the same GPU for the whole
+ * group; the first one creates the group's GPU link (AGOQ_GPU_STAGING bytes of pinned
+ * staging). DMA-BUF is refused (NCCL then registers without it or uses its own buffers). */
 ncclResult_t agoq_coll_reg_mr(void* coll_comm, void* data, size_t size, int type, void** mhandle);
 ncclResult_t agoq_coll_reg_mr_dmabuf(void* coll_comm, void* data, size_t size, int type,
                                      uint64_t offset, int fd, void** mhandle);
 ncclResult_t agoq_coll_dereg_mr(void* coll_comm, void* mhandle);
 
 /* ---- collectives: enqueue only; *request NULL means "busy, call again" ----------------- */
+/* A buffer whose memory handle is a device registration (it must lie inside it) is staged
+ * through the group's pinned memory: its input is copied there at the call, its result
+ * copied back before test() says done; the bits are the host path's. A call needing more
+ * staging than AGOQ_GPU_STAGING is ncclInvalidUsage; a full staging is "busy". NULL or host
+ * handles: host memory. */
 
-ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_data, size_t count,
-                                  int data_type, int red_op, void** request);
+ncclResult_t agoq_coll_iallreduce(void* coll_comm, void* send_data, void* recv_data, size_t count, int data_type,
+                                  int red_op, void* send_mhandle, void* recv_mhandle, void** request);
 /* The global output is the concatenation of every rank's bytes_per_rank bytes; this call
  * covers [window_offset, window_offset + window_bytes) of it, received into recv_parts
  * (concatenated, window_bytes in total). send_data holds this rank's bytes of the window:
  * the global range [max(window_offset, rank * bpr), min(window end, (rank + 1) * bpr)). */
-ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_parts,
-                                  const agoq_coll_sge* recv_parts, size_t bytes_per_rank,
-                                  size_t window_offset, size_t window_bytes, void** request);
+ncclResult_t agoq_coll_iallgather(void* coll_comm, void* send_data, int n_recv_parts, const agoq_coll_sge* recv_parts,
+                                  size_t bytes_per_rank, size_t window_offset, size_t window_bytes,
+                                  void* send_mhandle, void** request);
 /* The mirror image: send_parts hold the window of the global input (every rank's
  * bytes_per_rank in rank order); recv_data receives this rank's part of the window, reduced. */
 ncclResult_t agoq_coll_ireducescatter(void* coll_comm, int n_send_parts,
                                       const agoq_coll_sge* send_parts, void* recv_data,
                                       size_t bytes_per_rank, size_t window_offset,
-                                      size_t window_bytes, int data_type, int red_op,
+                                      size_t window_bytes, int data_type, int red_op, void* recv_mhandle,
                                       void** request);
-/* Host memory never needs a flush; NCCL only asks after GPUDirect receives. */
+/* NCCL flushes only device receives (GPUDirect): their result was copied into NCCL's
+ * buffer before test() said done, so *request = NULL (done). Anything else is refused. */
 ncclResult_t agoq_coll_iflush(void* coll_comm, void* data, int size, void* mhandle, void** request);
 /* Non-blocking. On completion *done = 1 and *size = the bytes written into the receive
  * buffer(s) (allreduce: count x type size; allgather: window_bytes; reducescatter: this

@@ -49,6 +49,12 @@ typedef struct {
   atomic_uint_least64_t codec_ns;   /* quantize, decode, accumulate, exact reductions */
   atomic_uint_least64_t crc_ns;     /* of codec_ns: payload CRC32C computed and checked */
   atomic_uint_least64_t wire_ns;    /* CollNet: engine waiting on the network; p2p: post to completion */
+  /* NCCL's buffers in device memory (the GPU data path): how many of the calls or
+   * messages, and the bytes the plugin moved across PCIe for them (copies and the codec's
+   * reads and writes of pinned staging), GPU to host and host to GPU. */
+  atomic_uint_least64_t device_calls;
+  atomic_uint_least64_t pcie_d2h;
+  atomic_uint_least64_t pcie_h2d;
 } agoq_stats_path;
 
 typedef struct agoq_stats_entry {
@@ -82,6 +88,13 @@ static inline void agoq_stats_wire(agoq_stats_entry* e, int path, uint64_t raw, 
   if (e == NULL) return;
   agoq_stats_add(&e->path[path].wire_raw, raw);
   agoq_stats_add(&e->path[path].wire_bytes, wire);
+}
+/* One call or message on device buffers and the PCIe bytes the plugin moved for it. */
+static inline void agoq_stats_device(agoq_stats_entry* e, int path, uint64_t d2h, uint64_t h2d) {
+  if (e == NULL) return;
+  agoq_stats_add(&e->path[path].device_calls, 1);
+  agoq_stats_add(&e->path[path].pcie_d2h, d2h);
+  agoq_stats_add(&e->path[path].pcie_h2d, h2d);
 }
 static inline void agoq_stats_exact(agoq_stats_entry* e, agoq_exact_reason why) {
   if (e != NULL && (unsigned)why < AGOQ_EXACT_REASONS) agoq_stats_add(&e->exact[why], 1);

@@ -51,12 +51,13 @@ static ncclResult_t agoq_coll_reg_mr_int(void* coll_comm, void* data, int size, 
   return agoq_coll_reg_mr(coll_comm, data, bytes, type, mhandle);
 }
 
-/* ---- collectives: the memory handles are host registrations the core does not need ---- */
+/* ---- collectives: the memory handles tell the core which buffers are in device memory ---- */
 
 static ncclResult_t agoq_coll_iallreduce_size(void* coll_comm, void* send_data, void* recv_data, size_t count,
                                               ncclDataType_t data_type, ncclRedOp_t red_op, void* send_mhandle,
                                               void* recv_mhandle, void** request) {
-  return agoq_coll_iallreduce(coll_comm, send_data, recv_data, count, (int)data_type, (int)red_op, request);
+  return agoq_coll_iallreduce(coll_comm, send_data, recv_data, count, (int)data_type, (int)red_op, send_mhandle,
+                              recv_mhandle, request);
 }
 
 static ncclResult_t agoq_coll_iallreduce_int(void* coll_comm, void* send_data, void* recv_data, int count,
@@ -64,7 +65,8 @@ static ncclResult_t agoq_coll_iallreduce_int(void* coll_comm, void* send_data, v
                                              void* recv_mhandle, void** request) {
   size_t n;
   AGOQ_CHECK(agoq_coll_size_from_int("iallreduce", count, &n));
-  return agoq_coll_iallreduce(coll_comm, send_data, recv_data, n, (int)data_type, (int)red_op, request);
+  return agoq_coll_iallreduce(coll_comm, send_data, recv_data, n, (int)data_type, (int)red_op, send_mhandle,
+                              recv_mhandle, request);
 }
 
 /* SGE arrays differ only in the size member's width (uint32_t in v8, size_t from v9). */
@@ -77,6 +79,7 @@ static ncclResult_t agoq_coll_iallreduce_int(void* coll_comm, void* send_data, v
     for (int i_ = 0; i_ < (n); i_++) {                                           \
       (out)[i_].address = (parts)[i_].address;                                   \
       (out)[i_].size = (size_t)(parts)[i_].size;                                 \
+      (out)[i_].mhandle = (parts)[i_].mhandle;                                   \
     }                                                                            \
   } while (0)
 
@@ -87,7 +90,7 @@ static ncclResult_t agoq_coll_iallgather_v8(void* coll_comm, void* send_data, in
   agoq_coll_sge parts[AGOQ_COLL_MAX_PARTS];
   AGOQ_COLL_SGE_COPY(recv_parts, n_recv_parts, parts);
   return agoq_coll_iallgather(coll_comm, send_data, n_recv_parts, parts, bytes_per_rank, window_offset,
-                              window_bytes, request);
+                              window_bytes, send_mhandle, request);
 }
 
 static ncclResult_t agoq_coll_iallgather_v9(void* coll_comm, void* send_data, int n_recv_parts,
@@ -97,7 +100,7 @@ static ncclResult_t agoq_coll_iallgather_v9(void* coll_comm, void* send_data, in
   agoq_coll_sge parts[AGOQ_COLL_MAX_PARTS];
   AGOQ_COLL_SGE_COPY(recv_parts, n_recv_parts, parts);
   return agoq_coll_iallgather(coll_comm, send_data, n_recv_parts, parts, bytes_per_rank, window_offset,
-                              window_bytes, request);
+                              window_bytes, send_mhandle, request);
 }
 
 static ncclResult_t agoq_coll_ireducescatter_v8(void* coll_comm, int n_send_parts, ncclNetSGE_v8_t* send_parts,
@@ -107,7 +110,7 @@ static ncclResult_t agoq_coll_ireducescatter_v8(void* coll_comm, int n_send_part
   agoq_coll_sge parts[AGOQ_COLL_MAX_PARTS];
   AGOQ_COLL_SGE_COPY(send_parts, n_send_parts, parts);
   return agoq_coll_ireducescatter(coll_comm, n_send_parts, parts, recv_data, bytes_per_rank, window_offset,
-                                  window_bytes, (int)data_type, (int)red_op, request);
+                                  window_bytes, (int)data_type, (int)red_op, recv_mhandle, request);
 }
 
 static ncclResult_t agoq_coll_ireducescatter_v9(void* coll_comm, int n_send_parts, ncclNetSGE_v9_t* send_parts,
@@ -117,7 +120,7 @@ static ncclResult_t agoq_coll_ireducescatter_v9(void* coll_comm, int n_send_part
   agoq_coll_sge parts[AGOQ_COLL_MAX_PARTS];
   AGOQ_COLL_SGE_COPY(send_parts, n_send_parts, parts);
   return agoq_coll_ireducescatter(coll_comm, n_send_parts, parts, recv_data, bytes_per_rank, window_offset,
-                                  window_bytes, (int)data_type, (int)red_op, request);
+                                  window_bytes, (int)data_type, (int)red_op, recv_mhandle, request);
 }
 
 /* ---- the tables ---- */

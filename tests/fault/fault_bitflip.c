@@ -504,7 +504,7 @@ static int bc_rank(int fd, void* varg) {
     int64_t end = fault_now_ms() + 20000;
     while (reqs[k] == NULL && err == ncclSuccess) {
       err = agoq_coll_iallreduce(cc, send + (size_t)k * BC_COUNT, recv + (size_t)k * BC_COUNT, BC_COUNT,
-                                 ncclBfloat16, ncclSum, &reqs[k]);
+                                 ncclBfloat16, ncclSum, smh, rmh, &reqs[k]);
       if (fault_now_ms() > end) return fault_report_fail(fd, "call %d could not be posted in 20 s", k);
     }
   }

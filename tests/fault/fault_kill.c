@@ -275,7 +275,7 @@ static int kc_rank(int fd, void* varg) {
     while (posted - done < KC_INFLIGHT) {
       size_t off = (size_t)(posted % KC_INFLIGHT) * KC_CALL;
       void* req = NULL;
-      err = agoq_coll_iallreduce(cc, (uint8_t*)send + off, recv + off, KC_CALL / 2, ncclBfloat16, ncclSum, &req);
+      err = agoq_coll_iallreduce(cc, (uint8_t*)send + off, recv + off, KC_CALL / 2, ncclBfloat16, ncclSum, smh, rmh, &req);
       if (err != ncclSuccess || req == NULL) break;
       reqs[posted++ % KC_INFLIGHT] = req;
     }

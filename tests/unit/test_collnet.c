@@ -27,136 +27,9 @@
 #define COMM_ID 0xc011c011c011c011ull
 #define MAXR 4
 
+#include "collnet_group.h"
+
 static ref_format ref_bf16, ref_fp16, ref_e4m3, ref_e5m2;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- environment: the collnet settings are read per context, so tests change them ---- */
-
-static void env_set(const char* format, const char* min_bytes, const char* chunk) {
-  setenv("AGOQ_FORMAT", format, 1);
-  setenv("AGOQ_MIN_BYTES", min_bytes, 1);
-  setenv("AGOQ_COLLNET_CHUNK", chunk, 1);
-  agoq_params_reset();
-}
-
-/* ---- log capture (the logger is process-wide: tests restore it) ---- */
-
-static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-static char log_buf[16384];
-static int log_warns;
-
-static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt,
-                        ...) __attribute__((format(printf, 5, 6)));
-static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt,
-                        ...) {
-  (void)flags;
-  (void)file;
-  (void)line;
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  pthread_mutex_lock(&log_mu);
-  if (level == NCCL_LOG_WARN) log_warns++;
-  size_t used = strlen(log_buf);
-  snprintf(log_buf + used, sizeof log_buf - used, "%s\n", msg);
-  pthread_mutex_unlock(&log_mu);
-}
-
-static void capture_reset(void) {
-  pthread_mutex_lock(&log_mu);
-  log_buf[0] = '\0';
-  log_warns = 0;
-  pthread_mutex_unlock(&log_mu);
-}
-
-/* ---- a group of ranks ---- */
-
-typedef struct {
-  int n;
-  void* ctx[MAXR];
-  void* listen[MAXR];
-  void* comm[MAXR];
-  uint8_t handles[MAXR][NCCL_NET_HANDLE_MAXSIZE];
-  void* hptr[MAXR];
-  ncclResult_t res[MAXR];
-} group;
-
-typedef struct {
-  group* g;
-  int rank;
-} connect_arg;
-
-static void* connect_main(void* p) {
-  connect_arg* a = p;
-  group* g = a->g;
-  g->res[a->rank] = agoq_coll_connect(g->hptr, g->n, a->rank, g->listen[a->rank], &g->comm[a->rank]);
-  return NULL;
-}
-
-/* Creates contexts and listens; connects ranks [0, nconnect) from their own threads. */
-static void group_start(group* g, int n, int nconnect) {
-  memset(g, 0, sizeof *g);
-  g->n = n;
-  for (int r = 0; r < n; r++) {
-    assert_int_equal(agoq_coll_init(&g->ctx[r], COMM_ID, NULL), ncclSuccess);
-    assert_int_equal(agoq_coll_listen(g->ctx[r], 0, g->handles[r], &g->listen[r]), ncclSuccess);
-    g->hptr[r] = g->handles[r];
-  }
-  pthread_t th[MAXR];
-  connect_arg args[MAXR];
-  for (int r = 0; r < nconnect; r++) {
-    args[r] = (connect_arg){g, r};
-    assert_int_equal(pthread_create(&th[r], NULL, connect_main, &args[r]), 0);
-  }
-  for (int r = 0; r < nconnect; r++) pthread_join(th[r], NULL);
-}
-
-static void group_open(group* g, int n) {
-  group_start(g, n, n);
-  for (int r = 0; r < n; r++) {
-    assert_int_equal(g->res[r], ncclSuccess);
-    assert_non_null(g->comm[r]);
-    assert_int_equal(agoq_coll_close_listen(g->listen[r]), ncclSuccess);
-    g->listen[r] = NULL;
-  }
-}
-
-static void group_close(group* g) {
-  for (int r = 0; r < g->n; r++) {
-    assert_int_equal(agoq_coll_close_coll(g->comm[r]), ncclSuccess);
-    assert_int_equal(agoq_coll_close_listen(g->listen[r]), ncclSuccess);
-    assert_int_equal(agoq_coll_finalize(g->ctx[r]), ncclSuccess);
-  }
-}
-
-/* Polls until every request is done; results[i] gets the error of a failed one. */
-static void wait_all(void** reqs, int nreq, int* sizes, ncclResult_t* results, double timeout) {
-  int left = nreq;
-  bool done_flag[64] = {false};
-  double deadline = now_s() + timeout;
-  while (left > 0) {
-    for (int i = 0; i < nreq; i++) {
-      if (done_flag[i]) continue;
-      int done = 0, size = -1;
-      ncclResult_t res = agoq_coll_test(reqs[i], &done, &size);
-      if (res != ncclSuccess || done) {
-        done_flag[i] = true;
-        left--;
-        if (results != NULL) results[i] = res;
-        else assert_int_equal(res, ncclSuccess);
-        if (sizes != NULL) sizes[i] = size;
-      }
-    }
-    if (left > 0 && now_s() > deadline) fail_msg("%d of %d CollNet requests not done after %.0f s", left, nreq, timeout);
-  }
-}
 
 /* ---- data and the exact reference ---- */
 
@@ -352,7 +225,7 @@ static void post_allreduce(group* g, int rank, void* send, void* recv, size_t co
   *req = NULL;
   double deadline = now_s() + 10;
   while (*req == NULL) {
-    assert_int_equal(agoq_coll_iallreduce(g->comm[rank], send, recv, count, t, op, req), ncclSuccess);
+    assert_int_equal(agoq_coll_iallreduce(g->comm[rank], send, recv, count, t, op, NULL, NULL, req), ncclSuccess);
     assert_true(now_s() < deadline);
   }
 }
@@ -947,15 +820,15 @@ static void run_reducescatter(group* g, int t, int op, window w, int nparts, boo
   for (int r = 0; r < n; r++) {
     agoq_coll_sge parts[2];
     size_t split = nparts == 2 ? (w.wb / e / 3) * e : w.wb;
-    parts[0] = (agoq_coll_sge){global[r] + w.wo, split};
-    parts[1] = (agoq_coll_sge){global[r] + w.wo + split, w.wb - split};
+    parts[0] = (agoq_coll_sge){global[r] + w.wo, split, NULL};
+    parts[1] = (agoq_coll_sge){global[r] + w.wo + split, w.wb - split, NULL};
     /* recv_data is where this rank's part of the window starts (NCCL offsets it the same). */
     size_t mb = (size_t)r * w.bpr, me = mb + w.bpr;
     size_t lo = w.wo > mb ? w.wo : mb;
     uint8_t* dst = recv[r] + (lo < me ? lo - mb : 0);
     reqs[r] = NULL;
     while (reqs[r] == NULL)
-      assert_int_equal(agoq_coll_ireducescatter(g->comm[r], nparts, parts, dst, w.bpr, w.wo, w.wb, t, op, &reqs[r]),
+      assert_int_equal(agoq_coll_ireducescatter(g->comm[r], nparts, parts, dst, w.bpr, w.wo, w.wb, t, op, NULL, &reqs[r]),
                        ncclSuccess);
   }
   int sizes[MAXR];
@@ -1007,13 +880,13 @@ static void run_allgather(group* g, window w, int nparts, uint64_t seed) {
     agoq_coll_sge parts[2];
     size_t split = nparts == 2 ? w.wb / 2 + 1 : w.wb;
     if (split > w.wb) split = w.wb;
-    parts[0] = (agoq_coll_sge){out[r], split};
-    parts[1] = (agoq_coll_sge){out[r] + split, w.wb - split};
+    parts[0] = (agoq_coll_sge){out[r], split, NULL};
+    parts[1] = (agoq_coll_sge){out[r] + split, w.wb - split, NULL};
     size_t mb = (size_t)r * w.bpr;
     uint8_t* send = mine[r] + (w.wo > mb && w.wo < mb + w.bpr ? w.wo - mb : 0);
     reqs[r] = NULL;
     while (reqs[r] == NULL)
-      assert_int_equal(agoq_coll_iallgather(g->comm[r], send, nparts, parts, w.bpr, w.wo, w.wb, &reqs[r]),
+      assert_int_equal(agoq_coll_iallgather(g->comm[r], send, nparts, parts, w.bpr, w.wo, w.wb, NULL, &reqs[r]),
                        ncclSuccess);
   }
   int sizes[MAXR];
@@ -1088,7 +961,7 @@ static void test_peer_loss_fails_pending(void** state) {
   for (int r = 0; r < 2; r++) assert_int_not_equal(results[r], ncclSuccess);
   assert_true(took < 5);
   void* req = (void*)1;
-  assert_int_not_equal(agoq_coll_iallreduce(g.comm[0], b.send[0], b.recv[0], 10, ncclFloat32, ncclSum, &req), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iallreduce(g.comm[0], b.send[0], b.recv[0], 10, ncclFloat32, ncclSum, NULL, NULL, &req), ncclSuccess);
   bufs_free(&b, 3);
   group_close(&g);
 }
@@ -1190,10 +1063,10 @@ static void test_memory_and_flush(void** state) {
   void* req = NULL;
   assert_int_not_equal(agoq_coll_iflush(g.comm[0], buf, 8, NULL, &req), ncclSuccess);
   /* Arguments NCCL never passes are refused, not crashed on. */
-  assert_int_not_equal(agoq_coll_iallreduce(g.comm[0], buf, buf, 4, ncclNumTypes, ncclSum, &req), ncclSuccess);
-  assert_int_not_equal(agoq_coll_iallreduce(g.comm[0], buf, buf, 4, ncclInt8, ncclAvg, &req), ncclSuccess);
-  agoq_coll_sge part = {buf, 8};
-  assert_int_not_equal(agoq_coll_iallgather(g.comm[0], buf, 1, &part, 4, 0, 8, &req), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iallreduce(g.comm[0], buf, buf, 4, ncclNumTypes, ncclSum, NULL, NULL, &req), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iallreduce(g.comm[0], buf, buf, 4, ncclInt8, ncclAvg, NULL, NULL, &req), ncclSuccess);
+  agoq_coll_sge part = {buf, 8, NULL};
+  assert_int_not_equal(agoq_coll_iallgather(g.comm[0], buf, 1, &part, 4, 0, 8, NULL, &req), ncclSuccess);
   int done;
   assert_int_not_equal(agoq_coll_test(buf, &done, NULL), ncclSuccess);
   group_close(&g);

@@ -88,6 +88,7 @@ static void test_line_format(void** state) {
   agoq_stats_add(&e.path[AGOQ_STATS_QUANT].codec_ns, 2500000);
   agoq_stats_add(&e.path[AGOQ_STATS_QUANT].crc_ns, 250000);
   agoq_stats_add(&e.path[AGOQ_STATS_QUANT].wire_ns, 1000);
+  agoq_stats_device(&e, AGOQ_STATS_QUANT, 516, 0);
   agoq_stats_count(&e, AGOQ_STATS_EXACT, 10);
   agoq_stats_count(&e, AGOQ_STATS_EXACT, 20);
   agoq_stats_exact(&e, AGOQ_EXACT_SMALL);
@@ -99,7 +100,8 @@ static void test_line_format(void** state) {
   assert_string_equal(line,
                       "agoq-stats pid=99 host=h1 event=exit id=7 comm=0xabc0 kind=collnet rank=1 nranks=4 "
                       "path=quantized calls=1 bytes_in=1000 wire_raw=1000 wire_bytes=516 ratio=0.516 codec_ms=2.500 "
-                      "crc_ms=0.250 wire_ms=0.001 format=int8 block=128 min_bytes=65536\n");
+                      "crc_ms=0.250 wire_ms=0.001 device_calls=1 pcie_d2h=516 pcie_h2d=0 format=int8 block=128 "
+                      "min_bytes=65536\n");
   n = agoq_stats_format(&e, AGOQ_STATS_EXACT, "close", "h1", 99, line, sizeof line);
   assert_true(n > 0);
   assert_non_null(strstr(line, " path=exact calls=2 bytes_in=30 wire_raw=0 wire_bytes=0 ratio=1.000 "));
@@ -126,7 +128,7 @@ static void coll_env(const char* format, const char* min_bytes) {
 
 static void coll_call(agoq_coll_comm* g, void* send, void* recv, size_t count, int dtype, int op) {
   void* req = NULL;
-  while (req == NULL) assert_int_equal(agoq_coll_iallreduce(g, send, recv, count, dtype, op, &req), ncclSuccess);
+  while (req == NULL) assert_int_equal(agoq_coll_iallreduce(g, send, recv, count, dtype, op, NULL, NULL, &req), ncclSuccess);
   int done = 0, size = 0;
   double deadline = now_s() + 30;
   while (!done && now_s() < deadline) assert_int_equal(agoq_coll_test(req, &done, &size), ncclSuccess);

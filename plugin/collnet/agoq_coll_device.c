@@ -1,0 +1,242 @@
+/* NCCL's CollNet buffers in device memory (NCCL_PTR_CUDA), staged through pinned host memory
+ * of the group's GPU link (plugin/gpu): the host algorithm of the engine runs unchanged from
+ * and into the staging.
+ *  - the call (iallreduce / ireducescatter / iallgather, NCCL's proxy thread) reserves the
+ *    request's staging, queues the copy of its device input into it and records the
+ *    request's event: the copy starts at once, and a full staging is a NULL request now;
+ *  - the engine admits the request's first chunk only once that event is done (polled by
+ *    whichever thread runs the pass: the engine, or test() assisting). Admission is in call
+ *    order on every rank, so later requests wait behind it, as the wire order needs;
+ *  - when the host result is complete, the pass that retired the last chunk queues the copy
+ *    into NCCL's device buffers and records the event again (state COPY_OUT);
+ *  - test() says done only once that event is: the result is in NCCL's buffer when NCCL's
+ *    kernel looks (shared/reference/gpu-data-path.md 2.3), so iflush has nothing to do.
+ * Threads: the runtime is thread-safe, but the link is not: its ring and counters are plain
+ * bookkeeping, and an event marks "everything queued so far" only if no other thread
+ * queues in between. Both NCCL's proxy threads and the engine use it, so every call on it
+ * is made under gpu_mu, a leaf lock held only around non-blocking calls (copies queued,
+ * events recorded or queried). Nothing here waits for the device; the only wait is the
+ * link's destruction at close. Every byte crosses PCIe twice (input D2H, result H2D). */
+#include <string.h>
+
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+
+/* One event per request of the pool: a request uses its own slot for its input copy, then
+ * again for its result copy. */
+#define AGOQ_COLL_GPU_SLOTS AGOQ_COLL_MAX_REQUESTS
+
+static uint32_t agoq_dev_slot(const agoq_coll_comm* g, const agoq_coll_req* r) { return (uint32_t)(r - g->reqs); }
+
+static size_t agoq_dev_align(size_t n) { return (n + AGOQ_GPU_RING_ALIGN - 1) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN; }
+
+ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_coll_mr* mr) {
+  char why[224];
+  int device = -1;
+  ncclResult_t res = agoq_gpu_range_check(data, size, &device, why, sizeof why);
+  if (res != ncclSuccess) {
+    AGOQ_WARN("CollNet regMr: device memory %p (%zu bytes) refused: %s", data, size, why);
+    return ncclInvalidUsage;
+  }
+  pthread_mutex_lock(&g->gpu_mu);
+  if (g->gpu == NULL) {
+    /* Setup time (NCCL registers its buffers at connect): groups that only ever see host
+     * memory pin nothing. */
+    size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
+    res = agoq_gpu_link_create(device, staging, AGOQ_COLL_GPU_SLOTS, &g->gpu);
+    if (res == ncclSuccess)
+      AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet rank %d: device buffers of GPU %d staged through %zu bytes of pinned memory",
+                g->rank, device, staging);
+  } else if (agoq_gpu_link_device(g->gpu) != device) {
+    AGOQ_WARN("CollNet regMr: device memory of GPU %d on a group that carries GPU %d's", device,
+              agoq_gpu_link_device(g->gpu));
+    res = ncclInvalidUsage;
+  }
+  pthread_mutex_unlock(&g->gpu_mu);
+  AGOQ_CHECK(res);
+  mr->device = device;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device) {
+  const agoq_coll_mr* mr = mhandle;
+  *device = false;
+  if (mr == NULL || mr->magic != AGOQ_COLL_MR_MAGIC || mr->type != NCCL_PTR_CUDA) return ncclSuccess;
+  *device = true;
+  if (size == 0) return ncclSuccess; /* no byte is touched: any pointer will do (NULL too) */
+  const uint8_t* p = data;
+  const uint8_t* lo = mr->addr;
+  if (p < lo || (size_t)(p - lo) > mr->size || size > mr->size - (size_t)(p - lo)) {
+    AGOQ_WARN("CollNet: device buffer %p (%zu bytes) lies outside its registration %p (%zu bytes)", data, size,
+              mr->addr, mr->size);
+    *device = false;
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+/* The input bytes the engine reads: allreduce the send buffer, reducescatter the window,
+ * allgather this rank's bytes of it. */
+static size_t agoq_dev_in_bytes(const agoq_coll_req* r) {
+  if (r->kind == AGOQ_COLL_ALLGATHER) return agoq_coll_rank_begin(r, r->comm->rank + 1) - r->my_begin;
+  return r->count * r->esz;
+}
+
+/* The statistics line a request counts on. */
+static int agoq_dev_path(const agoq_coll_req* r) { return r->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT; }
+
+/* A request whose staging can never fit is an error now rather than a retry forever. */
+static ncclResult_t agoq_dev_fits(agoq_coll_comm* g, size_t need) {
+  if (agoq_gpu_ring_fits(agoq_gpu_link_ring(g->gpu), need)) return ncclSuccess;
+  AGOQ_WARN("CollNet rank %d: a device call needs %zu bytes of staging, more than the group's AGOQ_GPU_STAGING=%lld: "
+            "raise it", g->rank, need, (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+  return ncclInvalidUsage;
+}
+
+/* Queues the copies of the device input into the staging at `in` and the request's event. */
+static ncclResult_t agoq_dev_copy_in(agoq_coll_comm* g, agoq_coll_req* r, uint8_t* in, size_t in_bytes) {
+  if (r->kind != AGOQ_COLL_REDUCESCATTER) {
+    AGOQ_CHECK(agoq_gpu_copy_d2h(g->gpu, in, r->src, in_bytes));
+  } else {
+    /* The parts land concatenated; host parts are joined to them at admission. */
+    size_t off = 0;
+    for (int i = 0; i < r->nparts; i++) {
+      if (r->dev_parts & (1u << i)) AGOQ_CHECK(agoq_gpu_copy_d2h(g->gpu, in + off, r->parts[i].address, r->parts[i].size));
+      off += r->parts[i].size;
+    }
+  }
+  AGOQ_CHECK(agoq_gpu_mark(g->gpu, agoq_dev_slot(g, r)));
+  r->in_copy = true;
+  return ncclSuccess;
+}
+
+/* Points the request at its staging: the engine reads src and writes dst (joined for parts). */
+static void agoq_dev_redirect(agoq_coll_req* r, uint8_t* in, uint8_t* out) {
+  if (in != NULL) {
+    r->src = in;
+    if (r->kind == AGOQ_COLL_REDUCESCATTER) r->joined = in;
+  }
+  if (out != NULL) {
+    if (r->kind == AGOQ_COLL_ALLGATHER) r->joined = out;
+    else r->dev_dst = r->dst;
+    r->dst = out;
+  }
+}
+
+static ncclResult_t agoq_dev_stage_locked(agoq_coll_comm* g, agoq_coll_req* r, size_t in_bytes, size_t out_bytes,
+                                          bool alias, bool* busy) {
+  if (g->gpu == NULL) {
+    AGOQ_WARN("CollNet rank %d: a device buffer on a group without registered device memory", g->rank);
+    return ncclInternalError;
+  }
+  size_t total = agoq_dev_align(in_bytes) + (alias ? 0 : out_bytes);
+  AGOQ_CHECK(agoq_dev_fits(g, total));
+  uint8_t* base = NULL;
+  int id = agoq_gpu_ring_get(agoq_gpu_link_ring(g->gpu), total, &base);
+  if (id < 0) {
+    *busy = true;
+    return ncclSuccess;
+  }
+  uint8_t* in = in_bytes > 0 ? base : NULL;
+  uint8_t* out = out_bytes == 0 ? NULL : alias ? base : base + agoq_dev_align(in_bytes);
+  ncclResult_t res = ncclSuccess;
+  if (in != NULL) AGOQ_CHECK_GOTO(agoq_dev_copy_in(g, r, in, in_bytes), res, fail);
+  r->ring_id = id;
+  agoq_dev_redirect(r, in, out);
+  return ncclSuccess;
+fail:
+  /* Copies may be queued into the staging: the group stops here (its later calls fail), so
+   * nothing is staged into it again. */
+  if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: the device path failed (error %d); the group fails", g->rank, res);
+  agoq_gpu_ring_put(agoq_gpu_link_ring(g->gpu), id);
+  return res;
+}
+
+ncclResult_t agoq_coll_dev_stage(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev, bool* busy) {
+  *busy = false;
+  size_t in_bytes = in_dev ? agoq_dev_in_bytes(r) : 0;
+  size_t out_bytes = out_dev ? r->result_bytes : 0;
+  if (in_bytes == 0 && out_bytes == 0) return ncclSuccess; /* no byte to move: nothing is read or written */
+  /* Allreduce from and into device memory runs in place in the staging (the engine takes
+   * send == recv), so a call needs its payload once. */
+  bool alias = r->kind == AGOQ_COLL_ALLREDUCE && in_bytes > 0 && out_bytes > 0;
+  pthread_mutex_lock(&g->gpu_mu);
+  uint64_t d2h0 = agoq_gpu_link_stats_get(g->gpu)->d2h_bytes;
+  ncclResult_t res = agoq_dev_stage_locked(g, r, in_bytes, out_bytes, alias, busy);
+  uint64_t d2h = agoq_gpu_link_stats_get(g->gpu)->d2h_bytes - d2h0;
+  pthread_mutex_unlock(&g->gpu_mu);
+  /* AGOQ_STATS: the bytes the copies queued really move across PCIe. */
+  if (res == ncclSuccess && !*busy) agoq_stats_device(g->st, agoq_dev_path(r), d2h, 0);
+  return res;
+}
+
+ncclResult_t agoq_coll_dev_input_ready(agoq_coll_comm* g, agoq_coll_req* r, bool* ready) {
+  *ready = !r->in_copy;
+  if (*ready) return ncclSuccess;
+  pthread_mutex_lock(&g->gpu_mu);
+  ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_dev_slot(g, r), ready);
+  pthread_mutex_unlock(&g->gpu_mu);
+  if (*ready) r->in_copy = false;
+  return res;
+}
+
+static ncclResult_t agoq_dev_copy_out_locked(agoq_coll_comm* g, agoq_coll_req* r, bool* queued) {
+  if (r->kind != AGOQ_COLL_ALLGATHER) {
+    if (r->dev_dst == NULL) return ncclSuccess;
+    AGOQ_CHECK(agoq_gpu_copy_h2d(g->gpu, r->dev_dst, r->dst, r->result_bytes));
+  } else {
+    if (r->dev_parts == 0) return ncclSuccess;
+    size_t off = 0;
+    for (int i = 0; i < r->nparts; i++) {
+      if (r->dev_parts & (1u << i))
+        AGOQ_CHECK(agoq_gpu_copy_h2d(g->gpu, r->parts[i].address, r->joined + off, r->parts[i].size));
+      off += r->parts[i].size;
+    }
+  }
+  AGOQ_CHECK(agoq_gpu_mark(g->gpu, agoq_dev_slot(g, r)));
+  *queued = true;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_dev_copy_out(agoq_coll_comm* g, agoq_coll_req* r, bool* queued) {
+  *queued = false;
+  if (r->ring_id < 0) return ncclSuccess;
+  pthread_mutex_lock(&g->gpu_mu);
+  uint64_t h2d0 = agoq_gpu_link_stats_get(g->gpu)->h2d_bytes;
+  ncclResult_t res = agoq_dev_copy_out_locked(g, r, queued);
+  uint64_t h2d = agoq_gpu_link_stats_get(g->gpu)->h2d_bytes - h2d0;
+  pthread_mutex_unlock(&g->gpu_mu);
+  if (g->st != NULL && h2d > 0) agoq_stats_add(&g->st->path[agoq_dev_path(r)].pcie_h2d, h2d);
+  return res;
+}
+
+ncclResult_t agoq_coll_dev_copied(agoq_coll_comm* g, agoq_coll_req* r, bool* done) {
+  pthread_mutex_lock(&g->gpu_mu);
+  ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_dev_slot(g, r), done);
+  pthread_mutex_unlock(&g->gpu_mu);
+  return res;
+}
+
+void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r) {
+  if (r->ring_id < 0) return;
+  /* A failed request's copy may still run: only a failed group leaves one, and a failed
+   * group stages nothing again (every later call fails), so its staging is not reused. */
+  pthread_mutex_lock(&g->gpu_mu);
+  agoq_gpu_ring_put(agoq_gpu_link_ring(g->gpu), r->ring_id);
+  pthread_mutex_unlock(&g->gpu_mu);
+  r->ring_id = -1;
+}
+
+void agoq_coll_dev_close(agoq_coll_comm* g) {
+  pthread_mutex_lock(&g->gpu_mu);
+  agoq_gpu_link* l = g->gpu;
+  g->gpu = NULL;
+  pthread_mutex_unlock(&g->gpu_mu);
+  if (l == NULL) return;
+  const agoq_gpu_link_stats* st = agoq_gpu_link_stats_get(l);
+  AGOQ_INFO(NCCL_NET, "CollNet rank %d: device path copied %llu bytes D2H in %llu copies, %llu bytes H2D in %llu copies",
+            g->rank, (unsigned long long)st->d2h_bytes, (unsigned long long)st->d2h_copies,
+            (unsigned long long)st->h2d_bytes, (unsigned long long)st->h2d_copies);
+  agoq_gpu_link_destroy(l); /* waits for copies still queued: they touch the staging */
+}

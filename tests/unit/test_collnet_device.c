@@ -1,0 +1,685 @@
+/* CollNet on device buffers (NCCL_PTR_CUDA) in one process, over the CUDA emulation
+ * (kernels/cuda/emu): its device memory faults when host code touches it, its copies run
+ * only when their event or stream is queried, and it counts legacy-stream work,
+ * synchronous calls and allocations. Every call runs twice on one group with the same
+ * inputs, from and into host memory, then with some or all buffers in device memory: the
+ * bits must be equal (test_collnet checks the host path against the references). When
+ * test() says done, the result must already be in the device buffer (peeked without running
+ * queued work) and nothing past it written; the data path must queue nothing on the legacy
+ * stream, make no synchronous call and allocate nothing.
+ *
+ * Run twice by CTest: as is (AGOQ_GPU=auto finds the emulated device), and with
+ * AGOQ_GPU=off, where device memory must be refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_collnet.h"
+#include "core/agoq_log.h"
+#include "core/agoq_params.h"
+#include "gpu/agoq_gpu.h"
+
+#define COMM_ID 0xc011dede00000001ull
+#define MAXR 4
+#define CANARY 64 /* bytes past every receive buffer that must stay 0xa5 */
+#define MAXCALLS 8
+
+#include "collnet_group.h"
+
+/* ---- one call, described ---------------------------------------------------------------- */
+
+typedef enum { CK_AR = 0, CK_RS, CK_AG } ckind;
+
+/* Bit i of `in` / `out` puts part i of the input / output in device memory (a single buffer
+ * is part 0). Reducescatter's input and allgather's output are split into nparts parts. */
+typedef struct {
+  ckind kind;
+  int type, op;
+  size_t count;       /* allreduce: elements */
+  size_t bpr, wo, wb; /* reducescatter/allgather: the window, in bytes */
+  int nparts;
+  unsigned in, out;
+} ccase;
+
+static const char* kind_name(ckind k) { return k == CK_AR ? "allreduce" : k == CK_RS ? "reducescatter" : "allgather"; }
+
+/* This rank's bytes of the window; *lo = where they start in the ranks' concatenation. */
+static size_t window_mine(const ccase* c, int r, size_t* lo) {
+  size_t mb = (size_t)r * c->bpr, me = mb + c->bpr;
+  size_t a = c->wo > mb ? c->wo : mb, b = c->wo + c->wb < me ? c->wo + c->wb : me;
+  *lo = a;
+  return b > a ? b - a : 0;
+}
+
+static size_t in_bytes(const ccase* c, int r) {
+  size_t lo;
+  if (c->kind == CK_AR) return c->count * agoq_coll_type_size(c->type);
+  return c->kind == CK_RS ? c->wb : window_mine(c, r, &lo);
+}
+
+static size_t out_bytes(const ccase* c, int r) {
+  size_t lo;
+  if (c->kind == CK_AR) return c->count * agoq_coll_type_size(c->type);
+  return c->kind == CK_RS ? window_mine(c, r, &lo) : c->wb;
+}
+
+/* The parts of one side of `total` bytes: returns how many, with their offsets and sizes. */
+static int side_parts(const ccase* c, bool input, size_t total, size_t* off, size_t* len) {
+  bool parted = (c->kind == CK_RS && input) || (c->kind == CK_AG && !input);
+  size_t e = c->kind == CK_RS ? agoq_coll_type_size(c->type) : 1;
+  size_t split = parted && c->nparts == 2 ? total / 3 / e * e : total;
+  off[0] = 0;
+  len[0] = split;
+  off[1] = split;
+  len[1] = total - split;
+  return parted ? c->nparts : 1;
+}
+
+/* Values of the type: floats in [-4, 4) (bf16 truncated from fp32), other types random bits. */
+static void fill_values(int t, uint8_t* p, size_t bytes, uint64_t seed) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  size_t e = agoq_coll_type_size(t);
+  for (size_t i = 0; i + e <= bytes; i += e) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    float v = (float)((double)(s >> 40) * 0x1p-24 * 8.0 - 4.0);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    uint16_t h = (uint16_t)(u >> 16);
+    if (t == ncclFloat32) memcpy(p + i, &v, 4);
+    else if (t == ncclBfloat16) memcpy(p + i, &h, 2);
+    else memcpy(p + i, &s, e);
+  }
+}
+
+/* ---- one call on every rank of a group ---------------------------------------------------- */
+
+typedef struct {
+  size_t in_n, out_n;
+  uint8_t* in_h;   /* the input */
+  uint8_t* out_h;  /* host receive buffer, out_n + CANARY bytes */
+  void* in_d;      /* device twins: NULL where no part is in device memory */
+  void* out_d;
+  void* mh[4];     /* registrations: input host / device, output host / device */
+  uint8_t* landed; /* the device receive buffer as it was when test() said done */
+  void* req;
+  int size;        /* what test() reported */
+} rank_call;
+
+typedef struct {
+  const ccase* c;
+  group* g;
+  unsigned in, out; /* device parts of this run (0 for the host run) */
+  rank_call rk[MAXR];
+} call;
+
+static void* dev_alloc_from(const void* host, size_t n) {
+  void* d = NULL;
+  assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
+  if (n > 0) assert_int_equal(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+static void reg(group* g, int r, void* p, size_t n, int type, void** mh) {
+  assert_int_equal(agoq_coll_reg_mr(g->comm[r], p, n ? n : 1, type, mh), ncclSuccess);
+}
+
+static void call_prepare(call* k, group* g, const ccase* c, uint64_t seed, bool device) {
+  memset(k, 0, sizeof *k);
+  k->c = c;
+  k->g = g;
+  k->in = device ? c->in : 0;
+  k->out = device ? c->out : 0;
+  for (int r = 0; r < g->n; r++) {
+    rank_call* rc = &k->rk[r];
+    rc->in_n = in_bytes(c, r);
+    rc->out_n = out_bytes(c, r);
+    rc->in_h = malloc(rc->in_n + 1);
+    rc->out_h = malloc(rc->out_n + CANARY);
+    rc->landed = malloc(rc->out_n + CANARY);
+    assert_true(rc->in_h != NULL && rc->out_h != NULL && rc->landed != NULL);
+    fill_values(c->type, rc->in_h, rc->in_n, seed * 131 + (uint64_t)r);
+    memset(rc->out_h, 0xa5, rc->out_n + CANARY);
+    reg(g, r, rc->in_h, rc->in_n, NCCL_PTR_HOST, &rc->mh[0]);
+    reg(g, r, rc->out_h, rc->out_n + CANARY, NCCL_PTR_HOST, &rc->mh[2]);
+    if (k->in != 0) {
+      rc->in_d = dev_alloc_from(rc->in_h, rc->in_n);
+      reg(g, r, rc->in_d, rc->in_n, NCCL_PTR_CUDA, &rc->mh[1]);
+    }
+    if (k->out != 0) {
+      rc->out_d = dev_alloc_from(rc->out_h, rc->out_n + CANARY);
+      reg(g, r, rc->out_d, rc->out_n + CANARY, NCCL_PTR_CUDA, &rc->mh[3]);
+    }
+  }
+}
+
+/* Part `part` of a side: in device memory or in host memory, with its registration. */
+static uint8_t* side_ptr(const call* k, rank_call* rc, bool input, int part, void** mh) {
+  bool dev = ((input ? k->in : k->out) >> part) & 1u;
+  *mh = rc->mh[(input ? 0 : 2) + (dev ? 1 : 0)];
+  if (input) return dev ? rc->in_d : rc->in_h;
+  return dev ? rc->out_d : rc->out_h;
+}
+
+static ncclResult_t call_post_rank(call* k, int r) {
+  const ccase* c = k->c;
+  rank_call* rc = &k->rk[r];
+  void* comm = k->g->comm[r];
+  void *smh, *rmh;
+  size_t off[2], len[2];
+  agoq_coll_sge parts[2];
+  if (c->kind == CK_AR) {
+    uint8_t* send = side_ptr(k, rc, true, 0, &smh);
+    uint8_t* recv = side_ptr(k, rc, false, 0, &rmh);
+    return agoq_coll_iallreduce(comm, send, recv, c->count, c->type, c->op, smh, rmh, &rc->req);
+  }
+  bool input = c->kind == CK_RS;
+  int n = side_parts(c, input, input ? rc->in_n : rc->out_n, off, len);
+  for (int i = 0; i < n; i++) {
+    uint8_t* base = side_ptr(k, rc, input, i, &parts[i].mhandle);
+    parts[i].address = base + off[i];
+    parts[i].size = len[i];
+  }
+  if (c->kind == CK_RS) {
+    uint8_t* recv = side_ptr(k, rc, false, 0, &rmh);
+    return agoq_coll_ireducescatter(comm, n, parts, recv, c->bpr, c->wo, c->wb, c->type, c->op, rmh, &rc->req);
+  }
+  uint8_t* send = side_ptr(k, rc, true, 0, &smh);
+  return agoq_coll_iallgather(comm, send, n, parts, c->bpr, c->wo, c->wb, smh, &rc->req);
+}
+
+static void call_post(call* k) {
+  for (int r = 0; r < k->g->n; r++) {
+    double deadline = now_s() + 10;
+    k->rk[r].req = NULL;
+    while (k->rk[r].req == NULL) {
+      assert_int_equal(call_post_rank(k, r), ncclSuccess);
+      assert_true(now_s() < deadline);
+    }
+  }
+}
+
+typedef struct {
+  call** ks;
+  int n; /* ranks per call */
+} wait_ctx;
+
+/* Right when test() says done: the device receive buffer as it is, nothing run for it. */
+static void on_done(int i, void* arg) {
+  wait_ctx* w = arg;
+  call* k = w->ks[i / w->n];
+  rank_call* rc = &k->rk[i % w->n];
+  if (rc->out_d != NULL) assert_int_equal(agoq_emu_peek(rc->landed, rc->out_d, rc->out_n + CANARY), 0);
+}
+
+static void calls_wait(call** ks, int nk) {
+  int n = ks[0]->g->n;
+  void* reqs[MAXCALLS * MAXR];
+  int sizes[MAXCALLS * MAXR];
+  for (int q = 0; q < nk; q++)
+    for (int r = 0; r < n; r++) reqs[q * n + r] = ks[q]->rk[r].req;
+  wait_ctx w = {ks, n};
+  wait_all_cb(reqs, nk * n, sizes, NULL, 60, on_done, &w);
+  for (int q = 0; q < nk; q++)
+    for (int r = 0; r < n; r++) assert_int_equal(sizes[q * n + r], (int)ks[q]->rk[r].out_n);
+}
+
+static void assert_canary(const uint8_t* p, size_t n, const char* where) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != 0xa5) fail_msg("%s: byte %zu written (0x%02x)", where, i, p[i]);
+}
+
+/* Rank r's result (out_n bytes) from wherever its parts landed. Checks that each device
+ * part was in place when test() said done, and that no buffer was written outside its
+ * parts. */
+static void call_collect(call* k, int r, uint8_t* result) {
+  rank_call* rc = &k->rk[r];
+  uint8_t* dv = NULL;
+  if (rc->out_d != NULL) {
+    dv = malloc(rc->out_n + CANARY);
+    assert_non_null(dv);
+    assert_int_equal(cudaMemcpy(dv, rc->out_d, rc->out_n + CANARY, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  size_t off[2], len[2];
+  int n = side_parts(k->c, false, rc->out_n, off, len);
+  for (int i = 0; i < n; i++) {
+    bool dev = (k->out >> i) & 1u;
+    memcpy(result + off[i], (dev ? dv : rc->out_h) + off[i], len[i]);
+    if (dev && memcmp(rc->landed + off[i], dv + off[i], len[i]) != 0)
+      fail_msg("%s rank %d part %d: test() said done before the result was in the device buffer", kind_name(k->c->kind),
+               r, i);
+    const uint8_t* other = dev ? rc->out_h : dv;
+    if (other != NULL) assert_canary(other + off[i], len[i], "the other receive buffer");
+  }
+  assert_canary(rc->out_h + rc->out_n, CANARY, "past the host receive buffer");
+  if (dv != NULL) assert_canary(dv + rc->out_n, CANARY, "past the device receive buffer");
+  free(dv);
+}
+
+static void call_release(call* k) {
+  for (int r = 0; r < k->g->n; r++) {
+    rank_call* rc = &k->rk[r];
+    for (int i = 0; i < 4; i++)
+      if (rc->mh[i] != NULL) assert_int_equal(agoq_coll_dereg_mr(k->g->comm[r], rc->mh[i]), ncclSuccess);
+    if (rc->in_d != NULL) cudaFree(rc->in_d);
+    if (rc->out_d != NULL) cudaFree(rc->out_d);
+    free(rc->in_h);
+    free(rc->out_h);
+    free(rc->landed);
+  }
+}
+
+/* Bytes of one side of rank r's buffers in device memory. */
+static uint64_t device_bytes(const call* k, int r, bool input) {
+  size_t off[2], len[2];
+  const rank_call* rc = &k->rk[r];
+  int n = side_parts(k->c, input, input ? rc->in_n : rc->out_n, off, len);
+  uint64_t sum = 0;
+  for (int i = 0; i < n; i++)
+    if (((input ? k->in : k->out) >> i) & 1u) sum += len[i];
+  return sum;
+}
+
+/* What the group's GPU links have copied, over its ranks; and what the statistics lines
+ * (AGOQ_STATS's pcie_d2h / pcie_h2d, both paths) say they did. */
+static void link_bytes_ex(group* g, uint64_t* d2h, uint64_t* h2d, uint64_t* st_d2h, uint64_t* st_h2d) {
+  *d2h = *h2d = *st_d2h = *st_h2d = 0;
+  for (int r = 0; r < g->n; r++) {
+    agoq_coll_comm* c = g->comm[r];
+    for (int path = 0; path < 2; path++) {
+      *st_d2h += agoq_stats_get(&c->st->path[path].pcie_d2h);
+      *st_h2d += agoq_stats_get(&c->st->path[path].pcie_h2d);
+    }
+    if (c->gpu == NULL) continue;
+    *d2h += agoq_gpu_link_stats_get(c->gpu)->d2h_bytes;
+    *h2d += agoq_gpu_link_stats_get(c->gpu)->h2d_bytes;
+  }
+}
+
+static void link_bytes(group* g, uint64_t* d2h, uint64_t* h2d) {
+  uint64_t sd, sh;
+  link_bytes_ex(g, d2h, h2d, &sd, &sh);
+  assert_int_equal(sd, *d2h);
+  assert_int_equal(sh, *h2d);
+}
+
+/* The device runs of nk calls posted together: each device byte crosses once each way,
+ * nothing goes on the legacy stream, no synchronous call, no allocation from the first call
+ * to the last done. */
+static void calls_run_device(call** ks, int nk) {
+  agoq_emu_counters c0, c1;
+  uint64_t d2h0, h2d0, d2h1, h2d1, want_d2h = 0, want_h2d = 0;
+  for (int q = 0; q < nk; q++)
+    for (int r = 0; r < ks[q]->g->n; r++) {
+      want_d2h += device_bytes(ks[q], r, true);
+      want_h2d += device_bytes(ks[q], r, false);
+    }
+  link_bytes(ks[0]->g, &d2h0, &h2d0);
+  agoq_emu_counters_get(&c0);
+  for (int q = 0; q < nk; q++) call_post(ks[q]);
+  calls_wait(ks, nk);
+  agoq_emu_counters_get(&c1);
+  link_bytes(ks[0]->g, &d2h1, &h2d1);
+  assert_int_equal(d2h1 - d2h0, want_d2h);
+  assert_int_equal(h2d1 - h2d0, want_h2d);
+  assert_int_equal(c1.legacy_stream_ops, c0.legacy_stream_ops);
+  assert_int_equal(c1.sync_calls, c0.sync_calls);
+  assert_int_equal(c1.device_allocs, c0.device_allocs);
+  assert_int_equal(c1.pinned_allocs, c0.pinned_allocs);
+}
+
+static void calls_compare(call* host, call* dev) {
+  const ccase* c = host->c;
+  for (int r = 0; r < host->g->n; r++) {
+    size_t n = host->rk[r].out_n;
+    uint8_t* a = malloc(n + 1);
+    uint8_t* b = malloc(n + 1);
+    call_collect(host, r, a);
+    call_collect(dev, r, b);
+    if (memcmp(a, b, n) != 0) {
+      size_t i = 0;
+      while (a[i] == b[i]) i++;
+      fail_msg("%s type %d op %d, %d ranks, device parts in %#x out %#x (%d parts): rank %d differs from the host "
+               "path at byte %zu of %zu", kind_name(c->kind), c->type, c->op, host->g->n, c->in, c->out, c->nparts, r,
+               i, n);
+    }
+    free(a);
+    free(b);
+  }
+}
+
+/* nk cases: all host runs first, then the device runs posted together. */
+static void run_compare_many(group* g, const ccase* cs, int nk, uint64_t seed) {
+  call host[MAXCALLS], dev[MAXCALLS];
+  call* hp[MAXCALLS];
+  call* dp[MAXCALLS];
+  for (int q = 0; q < nk; q++) {
+    call_prepare(&host[q], g, &cs[q], seed + (uint64_t)q, false);
+    hp[q] = &host[q];
+    call_post(&host[q]);
+  }
+  calls_wait(hp, nk);
+  for (int q = 0; q < nk; q++) {
+    call_prepare(&dev[q], g, &cs[q], seed + (uint64_t)q, true);
+    dp[q] = &dev[q];
+  }
+  calls_run_device(dp, nk);
+  for (int q = 0; q < nk; q++) {
+    calls_compare(&host[q], &dev[q]);
+    call_release(&host[q]);
+    call_release(&dev[q]);
+  }
+}
+
+static void run_compare(group* g, const ccase* c, uint64_t seed) { run_compare_many(g, c, 1, seed); }
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+static const char* const formats[] = {"int8", "none"}; /* quantized and exact */
+static const int types[] = {ncclBfloat16, ncclFloat32, ncclInt32};
+static const int ranks[] = {2, 4};
+
+static void test_backend_is_the_emulation(void** state) {
+  (void)state;
+  group g;
+  group_open(&g, 1);
+  assert_true(agoq_gpu_active());
+  assert_string_equal(agoq_gpu_backend(), "emulation");
+  group_close(&g);
+}
+
+/* Device send and receive, either alone (the other in host memory): bits of the host path,
+ * several chunks, quantized and exact, and the empty and one-element calls. */
+static void test_allreduce(void** state) {
+  (void)state;
+  static const unsigned place[][2] = {{1, 1}, {1, 0}, {0, 1}};
+  uint64_t seed = 1;
+  for (size_t ni = 0; ni < 2; ni++)
+    for (size_t f = 0; f < 2; f++) {
+      env_set(formats[f], "0", "64K");
+      group g;
+      group_open(&g, ranks[ni]);
+      for (size_t t = 0; t < 3; t++)
+        for (size_t p = 0; p < 3; p++) {
+          ccase c = {.kind = CK_AR, .type = types[t], .op = ncclSum, .count = 100003, .nparts = 1,
+                     .in = place[p][0], .out = place[p][1]};
+          run_compare(&g, &c, seed++);
+        }
+      ccase extra[] = {{.kind = CK_AR, .type = ncclFloat32, .op = ncclMax, .count = 4099, .nparts = 1, .in = 1, .out = 1},
+                       {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 1, .nparts = 1, .in = 1, .out = 1},
+                       {.kind = CK_AR, .type = ncclInt32, .op = ncclSum, .count = 0, .nparts = 1, .in = 1, .out = 1}};
+      for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) run_compare(&g, &extra[i], seed++);
+      group_close(&g);
+    }
+}
+
+/* Windows over the whole concatenation and starting inside rank 0's part; one and two send
+ * parts, mixed host and device among them. */
+static void test_reducescatter(void** state) {
+  (void)state;
+  static const struct {
+    int nparts;
+    unsigned in, out;
+  } place[] = {{1, 1, 1}, {1, 1, 0}, {1, 0, 1}, {2, 1, 1}, {2, 3, 0}};
+  uint64_t seed = 100;
+  for (size_t ni = 0; ni < 2; ni++)
+    for (size_t f = 0; f < 2; f++) {
+      env_set(formats[f], "0", "64K");
+      int n = ranks[ni];
+      group g;
+      group_open(&g, n);
+      for (size_t t = 0; t < 3; t++) {
+        size_t e = agoq_coll_type_size(types[t]), bpr = e * 30001;
+        size_t wo = bpr / 2 / e * e, wb = bpr + e * 999;
+        for (size_t p = 0; p < sizeof place / sizeof place[0]; p++) {
+          ccase c = {.kind = CK_RS, .type = types[t], .op = ncclSum, .bpr = bpr, .wo = 0, .wb = (size_t)n * bpr,
+                     .nparts = place[p].nparts, .in = place[p].in, .out = place[p].out};
+          run_compare(&g, &c, seed++);
+        }
+        ccase part = {.kind = CK_RS, .type = types[t], .op = ncclSum, .bpr = bpr, .wo = wo, .wb = wb, .nparts = 1,
+                      .in = 1, .out = 1};
+        run_compare(&g, &part, seed++);
+      }
+      group_close(&g);
+    }
+}
+
+static void test_allgather(void** state) {
+  (void)state;
+  static const struct {
+    int nparts;
+    unsigned in, out;
+  } place[] = {{1, 1, 1}, {1, 1, 0}, {1, 0, 1}, {2, 1, 1}, {2, 0, 2}, {2, 1, 3}};
+  uint64_t seed = 200;
+  env_set("int8", "0", "64K");
+  for (size_t ni = 0; ni < 2; ni++) {
+    int n = ranks[ni];
+    group g;
+    group_open(&g, n);
+    size_t bpr = 30011;
+    for (size_t p = 0; p < sizeof place / sizeof place[0]; p++) {
+      ccase whole = {.kind = CK_AG, .type = ncclUint8, .op = ncclSum, .bpr = bpr, .wo = 0, .wb = (size_t)n * bpr,
+                     .nparts = place[p].nparts, .in = place[p].in, .out = place[p].out};
+      run_compare(&g, &whole, seed++);
+      ccase part = whole;
+      part.wo = bpr / 3;
+      part.wb = bpr;
+      run_compare(&g, &part, seed++);
+    }
+    group_close(&g);
+  }
+}
+
+/* Calls of every kind and placement in flight together on 4 ranks: device ones wait for
+ * their input copies in call order, host ones behind them, and all come out right. */
+static void test_in_flight_mixed(void** state) {
+  (void)state;
+  env_set("int8", "0", "64K");
+  group g;
+  group_open(&g, 4);
+  size_t bpr = 4 * 20011;
+  ccase cs[MAXCALLS] = {
+      {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 200003, .nparts = 1, .in = 1, .out = 1},
+      {.kind = CK_AR, .type = ncclInt32, .op = ncclSum, .count = 50001, .nparts = 1, .in = 0, .out = 0},
+      {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 70001, .nparts = 1, .in = 0, .out = 1},
+      {.kind = CK_RS, .type = ncclFloat32, .op = ncclSum, .bpr = bpr, .wb = 4 * bpr, .nparts = 2, .in = 2, .out = 1},
+      {.kind = CK_AG, .type = ncclUint8, .op = ncclSum, .bpr = bpr, .wb = 4 * bpr, .nparts = 1, .in = 1, .out = 1},
+      {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 90001, .nparts = 1, .in = 1, .out = 0},
+      {.kind = CK_RS, .type = ncclInt32, .op = ncclMax, .bpr = bpr, .wb = 4 * bpr, .nparts = 1, .in = 1, .out = 1},
+      {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 1000, .nparts = 1, .in = 1, .out = 1},
+  };
+  run_compare_many(&g, cs, MAXCALLS, 300);
+  group_close(&g);
+}
+
+/* With the engine threads held, test() alone moves device requests (AGOQ_COLLNET_ASSIST):
+ * input copies polled, results copied out, done only once they are in place. */
+static void test_test_alone_moves_device_requests(void** state) {
+  (void)state;
+  env_set("int8", "0", "64K");
+  group g;
+  group_open(&g, 2);
+  for (int r = 0; r < 2; r++) agoq_coll_engine_hold(g.comm[r], true);
+  ccase cs[] = {{.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1},
+                {.kind = CK_RS, .type = ncclFloat32, .op = ncclSum, .bpr = 4 * 30001, .wb = 2 * 4 * 30001,
+                 .nparts = 1, .in = 1, .out = 1}};
+  run_compare(&g, &cs[0], 400);
+  run_compare(&g, &cs[1], 401);
+  for (int r = 0; r < 2; r++) agoq_coll_engine_hold(g.comm[r], false);
+  group_close(&g);
+}
+
+static void staging_env(const char* bytes) {
+  if (bytes != NULL) setenv("AGOQ_GPU_STAGING", bytes, 1);
+  else unsetenv("AGOQ_GPU_STAGING");
+  env_set("none", "0", "64K");
+}
+
+/* A call whose staging can never fit is an error naming AGOQ_GPU_STAGING, not a retry
+ * forever; one rank (the group's own reduction) is enough. */
+static void test_staging_too_large(void** state) {
+  (void)state;
+  staging_env("64K");
+  group g;
+  group_open(&g, 1);
+  size_t bytes = 80000;
+  void* d = NULL;
+  void* mh = NULL;
+  assert_int_equal(cudaMalloc(&d, bytes), cudaSuccess);
+  reg(&g, 0, d, bytes, NCCL_PTR_CUDA, &mh);
+  capture_reset();
+  agoq_log_set_logger(capture_log);
+  void* req = (void*)1;
+  assert_int_equal(agoq_coll_iallreduce(g.comm[0], d, d, bytes / 4, ncclInt32, ncclSum, mh, mh, &req),
+                   ncclInvalidUsage);
+  assert_null(req);
+  agoq_log_set_logger(NULL);
+  assert_non_null(strstr(log_buf, "AGOQ_GPU_STAGING"));
+  assert_int_equal(agoq_coll_dereg_mr(g.comm[0], mh), ncclSuccess);
+  cudaFree(d);
+  group_close(&g);
+  staging_env(NULL);
+}
+
+/* A staging held by a request not yet tested makes the next call "busy" (a NULL request),
+ * which succeeds once the first is done. */
+static void test_staging_full_is_busy(void** state) {
+  (void)state;
+  staging_env("64K");
+  group g;
+  group_open(&g, 1);
+  size_t count = 10000, bytes = count * 4;
+  uint8_t* in = malloc(2 * bytes);
+  uint8_t* out = malloc(2 * bytes);
+  fill_values(ncclInt32, in, 2 * bytes, 7);
+  uint8_t* d = dev_alloc_from(in, 2 * bytes);
+  void* mh = NULL;
+  reg(&g, 0, d, 2 * bytes, NCCL_PTR_CUDA, &mh);
+  void* req[2] = {NULL, NULL};
+  assert_int_equal(agoq_coll_iallreduce(g.comm[0], d, d, count, ncclInt32, ncclSum, mh, mh, &req[0]), ncclSuccess);
+  assert_non_null(req[0]);
+  assert_int_equal(agoq_coll_iallreduce(g.comm[0], d + bytes, d + bytes, count, ncclInt32, ncclSum, mh, mh, &req[1]),
+                   ncclSuccess);
+  assert_null(req[1]);
+  wait_all(&req[0], 1, NULL, NULL, 30);
+  assert_int_equal(agoq_coll_iallreduce(g.comm[0], d + bytes, d + bytes, count, ncclInt32, ncclSum, mh, mh, &req[1]),
+                   ncclSuccess);
+  assert_non_null(req[1]);
+  wait_all(&req[1], 1, NULL, NULL, 30);
+  assert_int_equal(cudaMemcpy(out, d, 2 * bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_memory_equal(out, in, 2 * bytes); /* one rank: the sum is its own input */
+  assert_int_equal(agoq_coll_dereg_mr(g.comm[0], mh), ncclSuccess);
+  cudaFree(d);
+  free(in);
+  free(out);
+  group_close(&g);
+  staging_env(NULL);
+}
+
+/* regMr refuses what is not device memory; a buffer outside its registration is refused;
+ * iflush of a device receive is done at once (a NULL request), anything else refused. */
+static void test_refusals_and_iflush(void** state) {
+  (void)state;
+  env_set("int8", "64K", "1M");
+  group g;
+  group_open(&g, 1);
+  void* comm = g.comm[0];
+  uint8_t* host = calloc(1, 4096);
+  void* mh = (void*)1;
+  capture_reset();
+  agoq_log_set_logger(capture_log);
+  assert_int_equal(agoq_coll_reg_mr(comm, host, 4096, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
+  assert_null(mh);
+  assert_non_null(strstr(log_buf, "refused"));
+  uint8_t* d = NULL;
+  assert_int_equal(cudaMalloc((void**)&d, 4096), cudaSuccess);
+  assert_int_equal(agoq_coll_reg_mr(comm, d, 1u << 20, NCCL_PTR_CUDA, &mh), ncclInvalidUsage); /* runs past it */
+  assert_int_not_equal(agoq_coll_reg_mr_dmabuf(comm, d, 4096, NCCL_PTR_CUDA, 0, 3, &mh), ncclSuccess);
+  void *dmh = NULL, *hmh = NULL;
+  reg(&g, 0, d, 4096, NCCL_PTR_CUDA, &dmh);
+  reg(&g, 0, host, 4096, NCCL_PTR_HOST, &hmh);
+  void* req = (void*)1;
+  assert_int_equal(agoq_coll_iallreduce(comm, d + 4000, d, 100, ncclInt32, ncclSum, dmh, dmh, &req), ncclInvalidUsage);
+  assert_null(req);
+  agoq_coll_sge part = {d, 8192, dmh};
+  assert_int_equal(agoq_coll_iallgather(comm, d, 1, &part, 8192, 0, 8192, dmh, &req), ncclInvalidUsage);
+  req = (void*)1;
+  assert_int_equal(agoq_coll_iflush(comm, d, 4096, dmh, &req), ncclSuccess);
+  assert_null(req);
+  assert_int_equal(agoq_coll_iflush(comm, d + 64, 128, dmh, &req), ncclSuccess);
+  assert_int_equal(agoq_coll_iflush(comm, d + 4000, 128, dmh, &req), ncclInvalidUsage);
+  assert_int_not_equal(agoq_coll_iflush(comm, host, 64, hmh, &req), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iflush(comm, d, 64, NULL, &req), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iflush(comm, d, 64, host, &req), ncclSuccess); /* not a handle */
+  assert_int_not_equal(agoq_coll_iflush(comm, d, -1, dmh, &req), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iflush(comm, d, 64, dmh, NULL), ncclSuccess);
+  assert_int_not_equal(agoq_coll_iflush(host, d, 64, dmh, &req), ncclSuccess);
+  agoq_log_set_logger(NULL);
+  assert_int_equal(agoq_coll_dereg_mr(comm, dmh), ncclSuccess);
+  assert_int_equal(agoq_coll_dereg_mr(comm, hmh), ncclSuccess);
+  cudaFree(d);
+  free(host);
+  group_close(&g);
+}
+
+/* AGOQ_GPU=off: device memory is refused with the reason; the host path is unaffected. */
+static void test_off_refuses_device_memory(void** state) {
+  (void)state;
+  env_set("int8", "64K", "1M");
+  group g;
+  group_open(&g, 1);
+  assert_false(agoq_gpu_active());
+  void* d = NULL;
+  void* mh = (void*)1;
+  assert_int_equal(cudaMalloc(&d, 4096), cudaSuccess);
+  capture_reset();
+  agoq_log_set_logger(capture_log);
+  assert_int_equal(agoq_coll_reg_mr(g.comm[0], d, 4096, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
+  agoq_log_set_logger(NULL);
+  assert_null(mh);
+  assert_non_null(strstr(log_buf, "AGOQ_GPU=off"));
+  cudaFree(d);
+  ccase c = {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 1001, .nparts = 1};
+  call k;
+  call_prepare(&k, &g, &c, 5, false);
+  call_post(&k);
+  call* kp = &k;
+  calls_wait(&kp, 1);
+  call_release(&k);
+  group_close(&g);
+}
+
+static const struct CMUnitTest tests_gpu_off[] = {cmocka_unit_test(test_off_refuses_device_memory)};
+
+static const struct CMUnitTest tests_gpu[] = {
+    cmocka_unit_test(test_backend_is_the_emulation),
+    cmocka_unit_test(test_allreduce),
+    cmocka_unit_test(test_reducescatter),
+    cmocka_unit_test(test_allgather),
+    cmocka_unit_test(test_in_flight_mixed),
+    cmocka_unit_test(test_test_alone_moves_device_requests),
+    cmocka_unit_test(test_staging_too_large),
+    cmocka_unit_test(test_staging_full_is_busy),
+    cmocka_unit_test(test_refusals_and_iflush),
+};
+
+int main(void) {
+  setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
+  setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
+  setenv("AGOQ_COLLNET_TIMEOUT_S", "20", 1);
+  unsetenv("NCCL_COLLNET_ENABLE");
+  /* CTest's second run (collnet_device.gpu_off) asks for the host path only. */
+  const char* gpu = getenv("AGOQ_GPU");
+  if (gpu != NULL && strcmp(gpu, "off") == 0) return cmocka_run_group_tests(tests_gpu_off, NULL, NULL);
+  const char* filter = getenv("CMOCKA_TEST_FILTER"); /* e.g. test_allgather */
+  if (filter != NULL && filter[0] != '\0') cmocka_set_test_filter(filter);
+  return cmocka_run_group_tests(tests_gpu, NULL, NULL);
+}
