@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "abi/agoq_nccl_common.h"
+#include "agoq_codec.h"
 #include "gpu/agoq_gpu_ring.h"
 
 /* ---- the process --------------------------------------------------------------------- */
@@ -45,12 +46,19 @@ ncclResult_t agoq_gpu_range_check(const void* p, size_t size, int* device, char*
 /* ---- one connection -------------------------------------------------------------------- */
 
 /* A connection's device resources: a stream, one event per request slot, a pinned host
- * staging ring. What the link copied is counted for the statistics. */
+ * staging ring, the codec's workspace and one result per buffer of a slot's request. What
+ * the link copied and coded is counted for the statistics. */
 typedef struct agoq_gpu_link agoq_gpu_link;
+
+/* Codec results per slot: one per buffer of a grouped receive. */
+#define AGOQ_GPU_PARTS_PER_SLOT 8
 
 typedef struct {
   uint64_t d2h_bytes, h2d_bytes; /* copied between NCCL's device buffers and the staging */
   uint64_t d2h_copies, h2d_copies;
+  uint64_t encodes, decodes;     /* codec kernels run on NCCL's device buffers */
+  uint64_t encoded_bytes;        /* frames the GPU wrote into the staging (crossed PCIe) */
+  uint64_t decoded_bytes;        /* frame bodies the GPU read from the staging */
 } agoq_gpu_link_stats;
 
 /* Creates the stream (non-blocking, the greatest priority), `slots` events and a pinned
@@ -71,5 +79,23 @@ ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, si
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot);
 /* *done = the work queued before slot's mark has completed. Only queries the event. */
 ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done);
+
+/* The CUDA codec (kernels/cuda, the same bits as the CPU codec) on the link's stream. The
+ * kernels read NCCL's device buffer and write the frame straight into the pinned staging
+ * (or read a received body from it): only frame bytes cross PCIe, and no device staging is
+ * needed. The device's verdict lands in slot's result, readable once slot's mark is done. */
+ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
+                                   size_t n, void* frame, size_t cap);
+ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                 const void* body, size_t body_len, size_t n, void* dst);
+/* After slot's mark is done: the codec's status (agoq_codec_status) for buffer `part` of
+ * the slot's request (0 for an encode) and, for an encode, the frame body's length. */
+void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len);
+/* Counts a frame the GPU wrote into the staging (its length is known only afterwards). */
+void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes);
+/* Setup only: runs one encode and decode of p's format and block for each float type and
+ * waits for them, so that no codec kernel is first loaded (CUDA's lazy module loading) while
+ * NCCL's kernels run: first-launch loading from a proxy thread has hung jobs elsewhere. */
+ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p);
 
 #endif

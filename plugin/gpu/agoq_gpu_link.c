@@ -6,6 +6,7 @@
 
 #include "core/agoq_check.h"
 #include "gpu/agoq_gpu.h"
+#include "agoq_codec_cuda.h"
 #include "gpu/agoq_gpu_internal.h"
 
 struct agoq_gpu_link {
@@ -15,6 +16,8 @@ struct agoq_gpu_link {
   uint32_t slots;
   void* staging; /* pinned */
   agoq_gpu_ring ring;
+  void* workspace;                 /* the codec's, device memory; calls on this stream share it */
+  agoq_cuda_codec_result* results; /* per slot and part, pinned: the device writes, the host reads */
   agoq_gpu_link_stats stats;
 };
 
@@ -46,6 +49,11 @@ ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, ag
   for (uint32_t i = 0; i < slots; i++)
     AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->events[i], cudaEventDisableTiming), res, fail);
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&l->staging, staging, cudaHostAllocPortable), res, fail);
+  AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&l->workspace, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), res, fail);
+  size_t nres = (size_t)slots * AGOQ_GPU_PARTS_PER_SLOT;
+  AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc((void**)&l->results, nres * sizeof *l->results, cudaHostAllocPortable), res,
+                       fail);
+  memset(l->results, 0, nres * sizeof *l->results);
   if (!agoq_gpu_ring_init(&l->ring, l->staging, staging, slots * 8u)) {
     AGOQ_WARN("out of memory creating a GPU link");
     res = ncclSystemError;
@@ -69,6 +77,8 @@ void agoq_gpu_link_destroy(agoq_gpu_link* l) {
       if (l->events[i] != NULL) (void)agoq_gpu_cuda_error(cudaEventDestroy(l->events[i]), "cudaEventDestroy");
   if (l->stream != NULL) (void)agoq_gpu_cuda_error(cudaStreamDestroy(l->stream), "cudaStreamDestroy");
   if (l->staging != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->staging), "cudaFreeHost");
+  if (l->results != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->results), "cudaFreeHost");
+  if (l->workspace != NULL) (void)agoq_gpu_cuda_error(cudaFree(l->workspace), "cudaFree");
   agoq_gpu_ring_fini(&l->ring);
   free(l->events);
   free(l);
@@ -125,4 +135,95 @@ ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   if (e != cudaSuccess) return agoq_gpu_cuda_error(e, "cudaEventQuery");
   *done = true;
   return ncclSuccess;
+}
+
+/* ---- the codec --------------------------------------------------------------------------- */
+
+static ncclResult_t agoq_gpu_codec_check(int rc, const char* what) {
+  if (rc == AGOQ_CODEC_OK) return ncclSuccess;
+  if (rc == AGOQ_CUDA_CODEC_ECUDA) {
+    AGOQ_WARN("%s: a CUDA call failed: %s (%d)", what, agoq_cuda_codec_last_error_string(),
+              agoq_cuda_codec_last_error());
+    return ncclUnhandledCudaError;
+  }
+  AGOQ_WARN("%s refused: %s", what, agoq_codec_status_str((agoq_codec_status)rc));
+  return ncclInternalError;
+}
+
+static ncclResult_t agoq_gpu_slot_ok(const agoq_gpu_link* l, uint32_t slot, int part) {
+  if (slot < l->slots && part >= 0 && part < AGOQ_GPU_PARTS_PER_SLOT) return ncclSuccess;
+  AGOQ_WARN("GPU link: result %u/%d out of range (%u slots)", slot, part, l->slots);
+  return ncclInternalError;
+}
+
+static agoq_cuda_codec_result* agoq_gpu_result(const agoq_gpu_link* l, uint32_t slot, int part) {
+  return &l->results[(size_t)slot * AGOQ_GPU_PARTS_PER_SLOT + (size_t)part];
+}
+
+ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
+                                   size_t n, void* frame, size_t cap) {
+  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, 0);
+  *r = (agoq_cuda_codec_result){0};
+  AGOQ_CHECK(
+      agoq_gpu_codec_check(agoq_cuda_frame_encode(p, src, n, frame, cap, l->workspace, r, l->stream), "GPU frame encode"));
+  l->stats.encodes++;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                 const void* body, size_t body_len, size_t n, void* dst) {
+  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
+  *r = (agoq_cuda_codec_result){0};
+  AGOQ_CHECK(agoq_gpu_codec_check(
+      agoq_cuda_dequantize(p, body, body_len, n, p->dtype, dst, l->workspace, r, l->stream), "GPU decode"));
+  l->stats.decodes++;
+  l->stats.decoded_bytes += body_len;
+  return ncclSuccess;
+}
+
+void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len) {
+  bool ok = slot < l->slots && part >= 0 && part < AGOQ_GPU_PARTS_PER_SLOT;
+  const agoq_cuda_codec_result* r = agoq_gpu_result(l, ok ? slot : 0, ok ? part : 0);
+  *status = r->status;
+  if (body_len != NULL) *body_len = r->body_len;
+}
+
+void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { l->stats.encoded_bytes += frame_bytes; }
+
+ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
+  static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
+  /* In the staging (the kernels reach pinned memory), which nothing uses yet: no allocation,
+   * and so no cudaFree, which would wait for every kernel on the device. */
+  size_t n = p->block;
+  uint8_t* src = l->staging;
+  uint8_t* frame = src + n * 4;
+  memset(src, 0, n * 4);
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    agoq_codec_params q = *p;
+    q.dtype = types[i];
+    size_t cap = agoq_frame_size_max(&q, n);
+    if (n * 4 + cap > l->ring.size) return ncclSuccess; /* cannot happen: AGOQ_GPU_STAGING >= 64K */
+    AGOQ_CHECK(agoq_gpu_codec_check(
+        agoq_cuda_frame_encode(&q, src, n, frame, cap, l->workspace, &l->results[0], l->stream),
+        "GPU codec warm-up (encode)"));
+    /* A block of zeros has no escaped block: the body has its nominal length. */
+    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize(&q, frame + AGOQ_FRAME_HEADER_SIZE,
+                                                         agoq_codec_body_size(&q, n, 0), n, q.dtype, src,
+                                                         l->workspace, &l->results[0], l->stream),
+                                    "GPU codec warm-up (decode)"));
+  }
+  ncclResult_t res = ncclSuccess;
+  AGOQ_CUDA_CHECK_GOTO(cudaStreamSynchronize(l->stream), res, out);
+  if (l->results[0].status != AGOQ_CODEC_OK) {
+    AGOQ_WARN("GPU codec warm-up: the device reported %s",
+              agoq_codec_status_str((agoq_codec_status)l->results[0].status));
+    res = ncclInternalError;
+  }
+out:
+  return res;
 }

@@ -63,3 +63,23 @@ ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   *done = false;
   return agoq_gpu_none_call("agoq_gpu_poll");
 }
+ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
+                                   size_t n, void* frame, size_t cap) {
+  (void)l; (void)slot; (void)p; (void)src; (void)n; (void)frame; (void)cap;
+  return agoq_gpu_none_call("agoq_gpu_frame_encode");
+}
+ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                 const void* body, size_t body_len, size_t n, void* dst) {
+  (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)dst;
+  return agoq_gpu_none_call("agoq_gpu_dequantize");
+}
+void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len) {
+  (void)l; (void)slot; (void)part;
+  *status = AGOQ_CODEC_EARG;
+  if (body_len != NULL) *body_len = 0;
+}
+void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { (void)l; (void)frame_bytes; }
+ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
+  (void)l; (void)p;
+  return agoq_gpu_none_call("agoq_gpu_codec_warm");
+}

@@ -106,8 +106,13 @@ void agoq_dev_release(agoq_comm* comm, agoq_request* req);
 void agoq_dev_log(agoq_comm* comm);
 /* Close, after the transport: frees the link (waits for its queued copies). */
 void agoq_dev_close(agoq_comm* comm);
-/* Fills the transfer and the statistics of a send from `src` (NCCL's host buffer, or the
- * staging of a device one), deciding whether it goes as a frame (agoq_net_data.c). */
-void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* phandle);
+/* The transfer and statistics of a send (agoq_net_data.c): as it is (why: the reason it is
+ * not a frame), or as a frame standing for size bytes; agoq_send_account: the statistics
+ * alone, on AGOQ_STATS_EXACT or AGOQ_STATS_QUANT. */
+void agoq_send_exact(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, agoq_exact_reason why);
+void agoq_send_frame(agoq_comm* comm, agoq_request* req, const uint8_t* frame, size_t frame_len, size_t size,
+                     uint64_t codec_ns, uint64_t crc_ns);
+void agoq_send_account(agoq_comm* comm, agoq_request* req, int path, size_t size, size_t wire_size,
+                       uint64_t codec_ns, uint64_t crc_ns);
 
 #endif

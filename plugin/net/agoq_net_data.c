@@ -65,30 +65,51 @@ ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle) {
 
 /* ---- send side ------------------------------------------------------------------------ */
 
-void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* phandle) {
-  /* A p2p float payload whose type the profiler chain established travels as a frame
-   * (agoq_typed.h); everything else exactly as NCCL handed it over. */
+/* The transfer and statistics of a send that goes as it is. */
+void agoq_send_exact(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, agoq_exact_reason why) {
+  comm->typed_stats.exact_msgs++;
+  comm->typed_stats.exact_bytes += size;
+  agoq_stats_exact(comm->st, why);
+  agoq_send_account(comm, req, AGOQ_STATS_EXACT, size, size, 0, 0);
+  req->xfer.data[0] = (uint8_t*)src;
+  req->xfer.size[0] = size;
+  req->xfer.flags = 0;
+}
+
+/* The transfer and statistics of a send that goes as the frame of frame_len bytes at frame. */
+void agoq_send_frame(agoq_comm* comm, agoq_request* req, const uint8_t* frame, size_t frame_len, size_t size,
+                     uint64_t codec_ns, uint64_t crc_ns) {
+  agoq_send_account(comm, req, AGOQ_STATS_QUANT, size, frame_len, codec_ns, crc_ns);
+  req->xfer.data[0] = (uint8_t*)frame;
+  req->xfer.size[0] = frame_len;
+  req->xfer.flags = AGOQ_XFER_FRAME;
+}
+
+void agoq_send_account(agoq_comm* comm, agoq_request* req, int path, size_t size, size_t wire_size,
+                       uint64_t codec_ns, uint64_t crc_ns) {
+  if (comm->st == NULL) return;
+  req->quantized = path == AGOQ_STATS_QUANT;
+  req->post_ns = agoq_stats_clock_ns();
+  agoq_stats_count(comm->st, path, size);
+  agoq_stats_wire(comm->st, path, size, wire_size);
+  agoq_stats_add(&comm->st->path[path].codec_ns, codec_ns);
+  agoq_stats_add(&comm->st->path[path].crc_ns, crc_ns);
+}
+
+/* A send from NCCL's host buffer: a p2p float payload whose type the profiler chain
+ * established travels as a frame the CPU codec makes (agoq_typed.h); everything else
+ * exactly as NCCL handed it over. */
+static void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* phandle) {
   size_t wire_size = size;
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
   uint64_t codec0 = comm->typed_stats.codec_ns, crc0 = agoq_frame_crc_ns();
   if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, src, size,
                                             &req->stage[0], &wire_size, &why)) {
-    comm->typed_stats.exact_msgs++;
-    comm->typed_stats.exact_bytes += size;
-    agoq_stats_exact(comm->st, why);
+    agoq_send_exact(comm, req, src, size, why);
+    return;
   }
-  if (comm->st != NULL) {
-    int path = req->stage[0] >= 0 ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT;
-    req->quantized = path == AGOQ_STATS_QUANT;
-    req->post_ns = agoq_stats_clock_ns();
-    agoq_stats_count(comm->st, path, size);
-    agoq_stats_wire(comm->st, path, size, wire_size);
-    agoq_stats_add(&comm->st->path[path].codec_ns, comm->typed_stats.codec_ns - codec0);
-    agoq_stats_add(&comm->st->path[path].crc_ns, agoq_frame_crc_ns() - crc0);
-  }
-  req->xfer.data[0] = req->stage[0] >= 0 ? agoq_stage_ptr(&comm->stage, req->stage[0]) : (uint8_t*)src;
-  req->xfer.size[0] = wire_size;
-  req->xfer.flags = req->stage[0] >= 0 ? AGOQ_XFER_FRAME : 0;
+  agoq_send_frame(comm, req, agoq_stage_ptr(&comm->stage, req->stage[0]), wire_size, size,
+                  comm->typed_stats.codec_ns - codec0, agoq_frame_crc_ns() - crc0);
 }
 
 ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
@@ -164,6 +185,13 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
     if (size < AGOQ_FRAME_HEADER_SIZE) {
       AGOQ_WARN("connection from %s: frame shorter than a frame header", agoq_comm_peer(comm));
       return ncclSystemError;
+    }
+    if (req->dev_mask & (1u << slot)) {
+      /* Into the pinned staging, from where the GPU decodes it (agoq_net_device.c). */
+      req->frame_mask |= (uint8_t)(1u << slot);
+      *dst = req->host[slot];
+      *slot_out = slot;
+      return ncclSuccess;
     }
     int idx = agoq_stage_get(&comm->stage, size);
     if (idx < 0) {

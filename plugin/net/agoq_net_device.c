@@ -15,9 +15,23 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "agoq_frame.h"
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 #include "net/agoq_net_comm.h"
+
+/* The codec kernels this connection may run, loaded now (agoq_gpu_codec_warm): a sender's
+ * of its p2p format, a receiver's of every format (the sender's choice) at this process's
+ * block size. */
+static ncclResult_t agoq_dev_warm(agoq_comm* comm) {
+  static const agoq_format formats[] = {AGOQ_FORMAT_INT8, AGOQ_FORMAT_INT4, AGOQ_FORMAT_FP8E4M3, AGOQ_FORMAT_FP8E5M2};
+  for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+    if (comm->is_send && (int)formats[i] != agoq_typed.format) continue;
+    agoq_codec_params p = {.format = formats[i], .dtype = AGOQ_DTYPE_FP32, .block = agoq_typed.block};
+    AGOQ_CHECK(agoq_gpu_codec_warm(comm->gpu, &p));
+  }
+  return ncclSuccess;
+}
 
 ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr) {
   char why[224];
@@ -29,6 +43,7 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
   if (comm->gpu == NULL) {
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
     AGOQ_CHECK(agoq_gpu_link_create(device, staging, AGOQ_REQUESTS_PER_COMM, &comm->gpu));
+    AGOQ_CHECK(agoq_dev_warm(comm));
     AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
               comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
   } else if (agoq_gpu_link_device(comm->gpu) != device) {
@@ -79,12 +94,24 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     return ncclSuccess;
   }
   ncclResult_t res = ncclSuccess;
-  AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(comm->gpu, host, data, size), res, fail);
+  agoq_codec_params p;
+  size_t n = 0, cap = 0;
+  agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
+  req->dev_frame = phandle != NULL &&
+                   agoq_typed_plan(&comm->typed_stats, comm->prof_fn, phandle, size, &p, &n, &cap, &why);
+  if (req->dev_frame) {
+    /* The GPU reads NCCL's buffer and writes the frame into the pinned staging: only the
+     * frame crosses PCIe. cap <= size: a frame no smaller than the payload is refused on
+     * the device (ESPACE), and the payload is copied instead (agoq_dev_frame_done). */
+    AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(comm->gpu, req->pool_index, &p, data, n, host, cap), res, fail);
+  } else {
+    req->dev_why = (int)why;
+    AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(comm->gpu, host, data, size), res, fail);
+  }
   AGOQ_CHECK_GOTO(agoq_gpu_mark(comm->gpu, req->pool_index), res, fail);
   req->ring_id = id;
   req->dev_mask = 1;
   req->host[0] = host;
-  req->phandle = phandle;
   req->phase = AGOQ_DEV_COPY_IN;
   comm->dev_fifo[(comm->dev_first + comm->dev_count) % AGOQ_REQUESTS_PER_COMM] = req->pool_index;
   comm->dev_count++;
@@ -94,15 +121,61 @@ fail:
   return res;
 }
 
+/* The GPU's frame is in the staging: seal it as the CPU codec would have (the payload CRC,
+ * so the frame on the wire is the host path's, byte for byte) and fill the transfer; or,
+ * when the frame would not have been smaller than the payload, queue the payload's copy
+ * instead (*requeued: wait for that). */
+static ncclResult_t agoq_dev_frame_done(agoq_comm* comm, agoq_request* req, bool* requeued) {
+  uint32_t status = 0;
+  uint64_t body_len = 0;
+  size_t size = req->posted[0];
+  *requeued = false;
+  agoq_gpu_codec_result(comm->gpu, req->pool_index, 0, &status, &body_len);
+  size_t len = AGOQ_FRAME_HEADER_SIZE + (size_t)body_len;
+  if (status == AGOQ_CODEC_ESPACE || (status == AGOQ_CODEC_OK && len >= size)) {
+    /* Too many blocks stored raw to gain: exact, like the host path. */
+    comm->typed_stats.not_eligible++;
+    req->dev_frame = false;
+    req->dev_why = (int)AGOQ_EXACT_NOGAIN;
+    AGOQ_CHECK(agoq_gpu_copy_d2h(comm->gpu, req->host[0], req->data[0], size));
+    AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
+    *requeued = true;
+    return ncclSuccess;
+  }
+  if (status != AGOQ_CODEC_OK) {
+    AGOQ_WARN("send to %s: the GPU frame encode failed: %s", agoq_comm_peer(comm),
+              agoq_codec_status_str((agoq_codec_status)status));
+    return ncclInternalError;
+  }
+  uint64_t crc0 = agoq_frame_crc_ns();
+  agoq_codec_status s = agoq_frame_seal_payload_crc(req->host[0], len);
+  if (s != AGOQ_CODEC_OK) {
+    AGOQ_WARN("send to %s: the GPU's frame could not be sealed: %s", agoq_comm_peer(comm), agoq_codec_status_str(s));
+    return ncclInternalError;
+  }
+  agoq_gpu_note_encoded(comm->gpu, len);
+  agoq_typed_count_frame(&comm->typed_stats, size, len);
+  agoq_send_frame(comm, req, req->host[0], len, size, 0, agoq_frame_crc_ns() - crc0);
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_dev_advance(agoq_comm* comm) {
   while (comm->dev_count > 0) {
     agoq_request* req = &comm->pool.slots[comm->dev_fifo[comm->dev_first]];
     bool done = false;
     AGOQ_CHECK(agoq_gpu_poll(comm->gpu, req->pool_index, &done));
     if (!done) return ncclSuccess; /* the later ones are behind it on the stream */
+    if (req->dev_frame) {
+      bool requeued = false;
+      AGOQ_CHECK(agoq_dev_frame_done(comm, req, &requeued));
+      if (requeued) return ncclSuccess;
+    } else {
+      agoq_send_exact(comm, req, req->host[0], req->posted[0], (agoq_exact_reason)req->dev_why);
+    }
+    /* Across PCIe: the frame the GPU wrote, or the payload's copy. */
+    agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
     comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
     comm->dev_count--;
-    agoq_send_prepare(comm, req, req->host[0], req->posted[0], req->phandle);
     /* A failed post leaves it out of the transport (COPY_IN): its test reports the
      * connection's error, never a completion. */
     AGOQ_CHECK(agoq_net_tp->post_send(comm->tp, &req->xfer));
@@ -138,16 +211,74 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
   return ncclSuccess;
 }
 
+/* Buffer i's message is a frame in the staging: validated on the host (header and payload
+ * CRC, its size against the posted buffer), decoded by the GPU from the staging straight
+ * into NCCL's buffer. */
+static ncclResult_t agoq_dev_frame_decode(agoq_comm* comm, agoq_request* req, int i) {
+  agoq_frame_info info;
+  const void* body = NULL;
+  size_t len = req->xfer.size[i];
+  agoq_codec_status s = agoq_frame_parse(req->host[i], len, &info, &body);
+  /* As on the host path (agoq_typed_decode): a p2p frame without its payload CRC is refused. */
+  if (s == AGOQ_CODEC_OK && !agoq_frame_has_payload_crc(req->host[i], len)) s = AGOQ_CODEC_ECORRUPT;
+  if (s != AGOQ_CODEC_OK) {
+    AGOQ_WARN("p2p frame from %s rejected: %s (%zu bytes); no data delivered", agoq_comm_peer(comm),
+              agoq_codec_status_str(s), len);
+    return ncclSystemError;
+  }
+  size_t esize = agoq_dtype_size(info.params.dtype);
+  if (info.count > req->posted[i] / esize || AGOQ_FRAME_HEADER_SIZE + info.payload_len != len) {
+    AGOQ_WARN("p2p frame from %s decodes to %llu %s elements (frame %zu bytes), receive posted for %zu bytes",
+              agoq_comm_peer(comm), (unsigned long long)info.count, agoq_dtype_name(info.params.dtype), len,
+              req->posted[i]);
+    return ncclInvalidUsage;
+  }
+  AGOQ_CHECK(agoq_gpu_dequantize(comm->gpu, req->pool_index, i, &info.params, body, info.payload_len, info.count,
+                                 req->data[i]));
+  req->actual[i] = info.count * esize;
+  agoq_typed_count_frame(&comm->typed_stats, req->actual[i], len);
+  req->quantized = true;
+  if (comm->st != NULL) {
+    agoq_stats_count(comm->st, AGOQ_STATS_QUANT, req->actual[i]);
+    agoq_stats_wire(comm->st, AGOQ_STATS_QUANT, req->actual[i], len);
+    /* The GPU reads the body across PCIe; the header stays on the host. */
+    agoq_stats_device(comm->st, AGOQ_STATS_QUANT, 0, info.payload_len);
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req) {
-  for (int i = 0; i < req->n_bufs; i++)
-    if (req->dev_mask & (1u << i)) AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i], req->host[i], req->actual[i]));
+  for (int i = 0; i < req->n_bufs; i++) {
+    if (!(req->dev_mask & (1u << i))) continue;
+    if (req->frame_mask & (1u << i)) {
+      AGOQ_CHECK(agoq_dev_frame_decode(comm, req, i));
+    } else {
+      AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i], req->host[i], req->actual[i]));
+      agoq_stats_device(comm->st, AGOQ_STATS_EXACT, 0, req->actual[i]);
+    }
+  }
   AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
   req->phase = AGOQ_DEV_COPY_OUT;
   return ncclSuccess;
 }
 
 ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done) {
-  return agoq_gpu_poll(comm->gpu, req->pool_index, done);
+  AGOQ_CHECK(agoq_gpu_poll(comm->gpu, req->pool_index, done));
+  if (!*done) return ncclSuccess;
+  /* A body the device found inconsistent left NCCL's buffer untouched: an error, never
+   * wrong data. */
+  for (int i = 0; i < req->n_bufs; i++) {
+    if (!(req->frame_mask & (1u << i))) continue;
+    uint32_t status = 0;
+    agoq_gpu_codec_result(comm->gpu, req->pool_index, i, &status, NULL);
+    if (status != AGOQ_CODEC_OK) {
+      AGOQ_WARN("p2p frame from %s could not be decoded on the GPU: %s", agoq_comm_peer(comm),
+                agoq_codec_status_str((agoq_codec_status)status));
+      *done = false;
+      return ncclSystemError;
+    }
+  }
+  return ncclSuccess;
 }
 
 void agoq_dev_release(agoq_comm* comm, agoq_request* req) {

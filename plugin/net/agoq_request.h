@@ -47,10 +47,12 @@ typedef struct agoq_request {
   /* Device buffers (agoq_net_device.c): bit i set when NCCL's buffer i is device memory;
    * its bytes pass through host[i], pinned staging of the comm's GPU link. */
   uint8_t dev_mask;
+  uint8_t frame_mask;                  /* receive: buffer i's message is a frame in host[i] */
   uint8_t* host[AGOQ_NET_MAX_RECVS];
   int ring_id;                         /* the staging allocation, -1 none */
   agoq_dev_phase phase;
-  void* phandle;                       /* sender: NCCL's profiler handle, for the frame decision */
+  bool dev_frame;                      /* send: the GPU is encoding a frame into host[0] */
+  int dev_why;                         /* send going exact: its agoq_exact_reason */
   size_t actual[AGOQ_NET_MAX_RECVS];   /* receiver: sizes to report once copied out */
   int64_t post_ns;             /* AGOQ_STATS: when isend/irecv posted it */
   bool quantized;              /* AGOQ_STATS: a frame went or came (wire time per path) */

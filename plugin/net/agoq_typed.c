@@ -94,9 +94,8 @@ static bool agoq_codec_dtype_of(int nccl_dtype, agoq_dtype* out) {
   }
 }
 
-bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCallback_t prof_fn, void* phandle,
-                       const void* data, size_t size, int* stage_idx, size_t* wire_len, agoq_exact_reason* why) {
-  *stage_idx = -1;
+bool agoq_typed_plan(agoq_typed_stats* st, ncclProfilerCallback_t prof_fn, void* phandle, size_t size,
+                     agoq_codec_params* p, size_t* n_out, size_t* cap_out, agoq_exact_reason* why) {
   *why = AGOQ_EXACT_NOGAIN;
   if (agoq_typed.format == AGOQ_FORMAT_NONE) {
     *why = AGOQ_EXACT_FORMAT_NONE;
@@ -131,11 +130,27 @@ bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCa
     return false;
   }
   const size_t n = size / agoq_dtype_size(dt);
-  agoq_codec_params p = {.format = (agoq_format)agoq_typed.format, .dtype = dt, .block = agoq_typed.block};
+  *p = (agoq_codec_params){.format = (agoq_format)agoq_typed.format, .dtype = dt, .block = agoq_typed.block};
   /* A frame that would not be smaller than the raw bytes is pointless: cap it there. */
-  size_t cap = agoq_frame_size_max(&p, n);
+  size_t cap = agoq_frame_size_max(p, n);
   if (cap == 0 || cap == SIZE_MAX) return false;
-  if (cap > size) cap = size;
+  *n_out = n;
+  *cap_out = cap > size ? size : cap;
+  return true;
+}
+
+void agoq_typed_count_frame(agoq_typed_stats* st, size_t size, size_t frame_len) {
+  st->frames++;
+  st->frame_in_bytes += size;
+  st->frame_wire_bytes += frame_len;
+}
+
+bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCallback_t prof_fn, void* phandle,
+                       const void* data, size_t size, int* stage_idx, size_t* wire_len, agoq_exact_reason* why) {
+  *stage_idx = -1;
+  agoq_codec_params p;
+  size_t n = 0, cap = 0;
+  if (!agoq_typed_plan(st, prof_fn, phandle, size, &p, &n, &cap, why)) return false;
   int idx = agoq_stage_get(c, cap);
   if (idx < 0) return false;
   size_t len = 0;
@@ -148,9 +163,7 @@ bool agoq_typed_encode(agoq_stage_cache* c, agoq_typed_stats* st, ncclProfilerCa
     st->not_eligible++;
     return false;
   }
-  st->frames++;
-  st->frame_in_bytes += size;
-  st->frame_wire_bytes += len;
+  agoq_typed_count_frame(st, size, len);
   *stage_idx = idx;
   *wire_len = len;
   return true;
@@ -163,6 +176,9 @@ ncclResult_t agoq_typed_decode(agoq_typed_stats* st, const uint8_t* frame, size_
   agoq_frame_info info;
   const void* body;
   agoq_codec_status s = agoq_frame_parse(frame, len, &info, &body);
+  /* agoq's senders always seal p2p frames: one without its payload CRC could carry
+   * corruption nothing would catch. */
+  if (s == AGOQ_CODEC_OK && !agoq_frame_has_payload_crc(frame, len)) s = AGOQ_CODEC_ECORRUPT;
   if (s != AGOQ_CODEC_OK) {
     AGOQ_WARN("p2p frame from %s rejected: %s (%zu bytes); no data delivered", peer, agoq_codec_status_str(s), len);
     return ncclSystemError;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "abi/agoq_nccl_common.h"
+#include "agoq_codec.h"
 #include "core/agoq_stats.h"
 
 /* At most this many staged messages per comm at once; NCCL keeps at most
@@ -60,6 +61,14 @@ uint8_t* agoq_stage_ptr(agoq_stage_cache* c, int idx);
 size_t agoq_stage_cap(agoq_stage_cache* c, int idx);
 void agoq_stage_put(agoq_stage_cache* c, int idx);
 void agoq_stage_fini(agoq_stage_cache* c);
+
+/* Sender: whether `size` bytes go as a frame (the policy and the profiler oracle, no data
+ * read): on true, the codec parameters, the element count and the largest frame worth
+ * sending (*cap, at most size); on false *why. */
+bool agoq_typed_plan(agoq_typed_stats* st, ncclProfilerCallback_t prof_fn, void* phandle, size_t size,
+                     agoq_codec_params* p, size_t* n, size_t* cap, agoq_exact_reason* why);
+/* A frame of frame_len bytes standing for size bytes was sent or received. */
+void agoq_typed_count_frame(agoq_typed_stats* st, size_t size, size_t frame_len);
 
 /* Sender: decides whether `size` bytes at `data` go as a frame. On true, *stage_idx is the
  * staging buffer holding the frame and *wire_len its length (< size); on false *why says

@@ -217,8 +217,9 @@ static void test_inflight_in_order(void** state) {
   free(got);
 }
 
-/* A typed float payload from device memory is sent as a frame, and the receiver's decoded
- * bits are exactly those of the same message sent host to host. */
+/* A typed float payload from device memory is encoded by the CUDA codec (here: emulated,
+ * the same kernels) into a frame, decoded by the receiver's GPU, and the decoded bits are
+ * exactly those of the same message sent host to host through the CPU codec. */
 static void test_typed_bits_equal_host_path(void** state) {
   (void)state;
   starts = stops = 0;
@@ -248,9 +249,28 @@ static void test_typed_bits_equal_host_path(void** state) {
   assert_memory_equal(dev_got, host_got, n);
   /* Quantized, so not the input bits. */
   assert_true(memcmp(host_got, src, n) != 0);
-  /* Only the frame was copied out of the GPU? Not yet: the CPU codec encodes from the
-   * staging, so the whole payload went D2H (the CUDA codec's step is next). */
-  assert_int_equal(agoq_gpu_link_stats_get(((agoq_comm*)p.send)->gpu)->d2h_bytes, n);
+  /* The GPU wrote the frame into the staging: nothing else crossed PCIe, and the frame is
+   * as long as the CPU codec's (the wire bytes of both messages are equal). */
+  const agoq_typed_stats* ts = &((agoq_comm*)p.send)->typed_stats;
+  const agoq_gpu_link_stats* sl = agoq_gpu_link_stats_get(((agoq_comm*)p.send)->gpu);
+  const agoq_gpu_link_stats* rl = agoq_gpu_link_stats_get(((agoq_comm*)p.recv)->gpu);
+  assert_int_equal(sl->d2h_bytes, 0);
+  assert_int_equal(sl->encodes, 1);
+  assert_int_equal(sl->encoded_bytes * 2, ts->frame_wire_bytes);
+  assert_true(sl->encoded_bytes < n / 2 + 4096);
+  /* The receiver's GPU decoded the body from the staging: no H2D copy of it either. */
+  assert_int_equal(rl->decodes, 1);
+  assert_int_equal(rl->h2d_bytes, 0);
+  /* AGOQ_STATS: the device path's PCIe bytes, on the quantized lines of both ends. */
+  agoq_stats_entry* se = ((agoq_comm*)p.send)->st;
+  agoq_stats_entry* re = ((agoq_comm*)p.recv)->st;
+  assert_non_null(se);
+  assert_non_null(re);
+  assert_int_equal(agoq_stats_get(&se->path[AGOQ_STATS_QUANT].device_calls), 1);
+  assert_int_equal(agoq_stats_get(&se->path[AGOQ_STATS_QUANT].pcie_d2h), sl->encoded_bytes);
+  assert_int_equal(agoq_stats_get(&re->path[AGOQ_STATS_QUANT].device_calls), 1);
+  assert_int_equal(agoq_stats_get(&re->path[AGOQ_STATS_QUANT].pcie_h2d), rl->decoded_bytes);
+  assert_int_equal(agoq_stats_get(&re->path[AGOQ_STATS_QUANT].pcie_h2d) + 48, sl->encoded_bytes);
   for (int i = 0; i < 2; i++) {
     agoq_net_dereg_mr(p.send, i ? ds.mh : hs.mh);
     agoq_net_dereg_mr(p.recv, i ? dr.mh : hr.mh);
@@ -261,6 +281,74 @@ static void test_typed_bits_equal_host_path(void** state) {
   free(src);
   free(host_got);
   free(dev_got);
+}
+
+/* Every float type, a smooth payload and one whose blocks all hold a NaN (stored raw, so
+ * the frame would not be smaller: the device refuses it and the payload goes exact), a
+ * length that is no multiple of the block, and every pair of host and device ends: the
+ * bits received equal the host-to-host path's. */
+static void test_typed_matrix_equals_host_path(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 6, fake_prof);
+  static const struct {
+    int nccl;
+    size_t esz;
+  } types[] = {{ncclFloat32, 4}, {ncclBfloat16, 2}, {ncclFloat16, 2}};
+  size_t bytes = (300u << 10) + 12; /* 307212: whole elements of every type, not whole blocks */
+  uint8_t* src = malloc(bytes);
+  uint8_t* ref = malloc(bytes);
+  uint8_t* got = malloc(bytes);
+  void* dsrc = NULL;
+  void* ddst = NULL;
+  assert_int_equal(cudaMalloc(&dsrc, bytes), cudaSuccess);
+  assert_int_equal(cudaMalloc(&ddst, bytes), cudaSuccess);
+  endpoint hs = {.buf = src, .size = bytes}, hr = {.buf = ref, .size = bytes};
+  endpoint ds = {.buf = dsrc, .size = bytes, .device = true}, dr = {.buf = ddst, .size = bytes, .device = true};
+  endpoint hr2 = {.buf = got, .size = bytes};
+  ep_reg(p.send, &hs);
+  ep_reg(p.recv, &hr);
+  ep_reg(p.send, &ds);
+  ep_reg(p.recv, &dr);
+  ep_reg(p.recv, &hr2);
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    for (int nan_blocks = 0; nan_blocks < 2; nan_blocks++) {
+      fill(src, bytes, (uint32_t)(t * 2 + (size_t)nan_blocks));
+      /* Plausible values: the high byte of each element from a small range. */
+      for (size_t i = types[t].esz - 1; i < bytes; i += types[t].esz) src[i] = (uint8_t)(0x3c + (src[i] & 3));
+      if (nan_blocks)
+        for (size_t i = 0; i + types[t].esz <= bytes; i += 32 * types[t].esz) memset(src + i, 0xff, types[t].esz);
+      fake_step step = step_of(AGOQ_XFER_P2P, types[t].nccl, AGOQ_XFER_PROTO_SIMPLE, 1);
+      uint64_t frames0 = ((agoq_comm*)p.send)->typed_stats.frames;
+      assert_int_equal(transfer(&p, &hs, &hr, bytes, &step), (int)bytes);
+      bool framed = ((agoq_comm*)p.send)->typed_stats.frames > frames0;
+      assert_true(framed == !nan_blocks);
+      assert_int_equal(cudaMemcpy(dsrc, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      /* device -> device, device -> host, host -> device */
+      for (int mode = 0; mode < 3; mode++) {
+        endpoint* se = mode == 2 ? &hs : &ds;
+        endpoint* re = mode == 1 ? &hr2 : &dr;
+        memset(got, 0, bytes);
+        frames0 = ((agoq_comm*)p.send)->typed_stats.frames;
+        assert_int_equal(transfer(&p, se, re, bytes, &step), (int)bytes);
+        assert_true((((agoq_comm*)p.send)->typed_stats.frames > frames0) == framed);
+        if (re->device) dev_to(got, ddst, bytes);
+        assert_memory_equal(got, ref, bytes);
+      }
+      if (nan_blocks) assert_memory_equal(ref, src, bytes); /* went exact */
+    }
+  }
+  agoq_net_dereg_mr(p.send, hs.mh);
+  agoq_net_dereg_mr(p.send, ds.mh);
+  agoq_net_dereg_mr(p.recv, hr.mh);
+  agoq_net_dereg_mr(p.recv, dr.mh);
+  agoq_net_dereg_mr(p.recv, hr2.mh);
+  cudaFree(dsrc);
+  cudaFree(ddst);
+  pair_close(&p);
+  free(src);
+  free(ref);
+  free(got);
 }
 
 /* regMr refuses what is not device memory, and ranges running past an allocation; the data
@@ -336,6 +424,8 @@ int main(void) {
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
   setenv("AGOQ_P2P_FORMAT", "int8", 1);
   setenv("AGOQ_MIN_BYTES", "64K", 1);
+  setenv("AGOQ_STATS", "1", 1);
+  setenv("AGOQ_STATS_FILE", "/dev/null", 1);
   const char* mode = getenv("AGOQ_GPU");
   if (mode != NULL && strcmp(mode, "off") == 0) {
     const struct CMUnitTest off[] = {cmocka_unit_test(test_off_refuses_device_memory)};
@@ -346,6 +436,7 @@ int main(void) {
       cmocka_unit_test(test_exact_every_memory_pair),
       cmocka_unit_test(test_inflight_in_order),
       cmocka_unit_test(test_typed_bits_equal_host_path),
+      cmocka_unit_test(test_typed_matrix_equals_host_path),
       cmocka_unit_test(test_bad_device_buffers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
