@@ -149,7 +149,18 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
     AGOQ_WARN("getProperties: called before a successful init (device %d)", dev);
     return ncclInternalError;
   }
-  return agoq_net_tp->get_properties(dev, p);
+  AGOQ_CHECK(agoq_net_tp->get_properties(dev, p));
+  if (agoq_gpu_active()) {
+    /* NCCL may now hand over device buffers (with GPUDirect allowed by NCCL_NET_GDR_LEVEL
+     * for this GPU and NIC); they pass through the connection's pinned staging, which
+     * bounds one message. CollNet reports these same properties (NCCL takes the CollNet
+     * ones for the shared node), and its device path is staged the same way. */
+    size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
+    p->ptr_support |= NCCL_PTR_CUDA;
+    if (p->max_p2p_bytes > staging) p->max_p2p_bytes = staging;
+    if (p->max_coll_bytes > staging) p->max_coll_bytes = staging;
+  }
+  return ncclSuccess;
 }
 
 int agoq_net_helper_threads(void) { return agoq_configured() ? agoq_net_tp->helper_threads() : 0; }

@@ -47,6 +47,19 @@ int abi_sc_props(abi_worker* w) {
     ABI_REQUIRE(w, p.name[0] != '\0', "dev %d: empty name", dev);
     ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_HOST) != 0, "dev %d: ptrSupport 0x%x lacks HOST",
                 dev, p.ptr_support);
+    /* DMA-BUF only where it is real (the verbs transport), never on TCP. */
+    ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_DMABUF) == 0, "dev %d: ptrSupport 0x%x claims DMA-BUF", dev,
+                p.ptr_support);
+    if (abi_device_mode()) {
+      /* With a device, device buffers are advertised, and a message never exceeds what the
+       * connection's staging can hold. */
+      ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_CUDA) != 0, "dev %d: ptrSupport 0x%x lacks CUDA with a device",
+                  dev, p.ptr_support);
+      if (w->view.version >= 9)
+        ABI_REQUIRE(w, p.max_p2p_bytes <= abi_device_max_message() && p.max_coll_bytes <= abi_device_max_message(),
+                    "dev %d: maxP2pBytes %zu / maxCollBytes %zu above the staging %zu", dev, (size_t)p.max_p2p_bytes,
+                    (size_t)p.max_coll_bytes, abi_device_max_message());
+    }
     ABI_REQUIRE(w, p.max_recvs >= 1, "dev %d: maxRecvs %d", dev, p.max_recvs);
     ABI_REQUIRE(w, p.speed > 0, "dev %d: speed %d Mbps", dev, p.speed);
     ABI_REQUIRE(w, p.max_comms > 0, "dev %d: maxComms %d", dev, p.max_comms);
