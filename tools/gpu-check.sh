@@ -5,6 +5,17 @@
 #   correctness checks, once through agoq (NCCL_NET=AGOQ) and once through NCCL's own Socket
 #   transport for comparison, both over loopback.
 #
+# Every agoq configuration runs twice: host-staged (NCCL_NET_GDR_LEVEL=LOC: NCCL copies
+# between the GPU and host buffers) and, as "<config>-gdr", with device buffers
+# (NCCL_NET_GDR_LEVEL=SYS: GPUDirect, the plugin gets CUDA pointers). A -gdr run must show
+# NCCL's "via NET/AGOQ/.../GDRDMA" (or "COLLNET/AGOQ/.../GDRDMA") lines, a host-staged run
+# must not. agoq runs write AGOQ_STATS=1 lines to logs/<run>.stats.<pid>. Per run the summary
+# gives busbw, the host CPU seconds of the whole run (user+sys of the launcher and its
+# waited-for rank processes: logs/<run>.cpu), CPU seconds per GB of payload (the bytes_in of
+# the plugin's collnet and p2p_send stats lines; agoq runs only), and PCIe bytes per payload
+# byte (the plugin's pcie_d2h+pcie_h2d over that payload; device runs only, since on
+# host-staged runs NCCL does the copies), with ratios device/host-staged.
+#
 # usage: tools/gpu-check.sh NCCL_TESTS_SRC OUT_DIR
 #        tools/gpu-check.sh --summarize OUT_DIR     (re-reads OUT_DIR/logs, rewrites summary)
 #   NCCL_TESTS_SRC  an nccl-tests source tree (github.com/NVIDIA/nccl-tests), or "-" for none.
@@ -34,10 +45,10 @@
 #   AGOQ_GPU_CHECK_LAUNCHER  auto (default) | mpi | driver
 #   AGOQ_GPU_CHECK_NRANKS    processes (default 4)
 #   AGOQ_GPU_CHECK_ARGS      size/iteration arguments (default "-b 8 -e 256M -f 4 -n 20 -w 5")
-#   AGOQ_GPU_CHECK_CONFIGS   transports to run, in order (default "agoq socket"; also
-#                            "socket-tuned": NCCL Socket with 2 threads x 2 sockets)
-#   AGOQ_GPU_CHECK_COLLNET   CollNet configurations, AllReduce only (default
-#                            "collnet collnet-exact"; "" for none)
+#   AGOQ_GPU_CHECK_CONFIGS   transports to run, in order (default "agoq agoq-gdr socket";
+#                            also "socket-tuned": NCCL Socket with 2 threads x 2 sockets)
+#   AGOQ_GPU_CHECK_COLLNET   CollNet configurations, AllReduce only (default "collnet
+#                            collnet-gdr collnet-exact collnet-exact-gdr"; "" for none)
 #   AGOQ_GPU_CHECK_TORCH=0   skip the PyTorch check
 #   AGOQ_GPU_CHECK_TORCH_ARGS    more arguments for torch_allreduce_check.py (e.g. "--sizes 1M,32M")
 #   AGOQ_GPU_CHECK_TORCH_P2P_ARGS  more arguments for torch_p2p_check.py
@@ -56,10 +67,11 @@
 #   CUDA_HOME (default /usr/local/cuda), NCCL_HOME (default: searched), MPI_HOME
 #
 # Exit status: 0 when every agoq run loaded the plugin, completed, and had no wrong values
-# (the compressed CollNet run excepted), every CollNet run went through agoq's CollNet, the
-# codec check found the CUDA codec identical to the CPU codec (or was skipped: no GPU,
-# AGOQ_GPU_CHECK_CODEC=0, or a prebuilt tree without CUDA), and the PyTorch check passed (or
-# was skipped); 1 otherwise; 2 for a setup failure (build, no GPU, no NCCL).
+# (the compressed CollNet runs excepted), every CollNet run went through agoq's CollNet, every
+# -gdr run and no host-staged agoq run used GDRDMA, the codec check found the CUDA codec
+# identical to the CPU codec (or was skipped: no GPU, AGOQ_GPU_CHECK_CODEC=0, or a prebuilt
+# tree without CUDA), and the PyTorch check passed (or was skipped); 1 otherwise; 2 for a
+# setup failure (build, no GPU, no NCCL).
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -109,8 +121,8 @@ summary=$out_dir/summary.txt
 
 nranks=${AGOQ_GPU_CHECK_NRANKS:-4}
 sizes_args=${AGOQ_GPU_CHECK_ARGS:--b 8 -e 256M -f 4 -n 20 -w 5}
-configs=${AGOQ_GPU_CHECK_CONFIGS:-agoq socket}
-collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-exact}
+configs=${AGOQ_GPU_CHECK_CONFIGS:-agoq agoq-gdr socket}
+collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-gdr collnet-exact collnet-exact-gdr}
 torch_timeout=${AGOQ_GPU_CHECK_TORCH_TIMEOUT:-240}
 codec_timeout=${AGOQ_GPU_CHECK_CODEC_TIMEOUT:-300}
 run_timeout=${AGOQ_GPU_CHECK_RUN_TIMEOUT:-150}
@@ -123,8 +135,24 @@ work=$build/gpu-check
 
 # ---- Summary ------------------------------------------------------------------------------
 # Every run leaves in $logs: <run>.out (launcher output: the result table), <run>.rc,
-# <run>.nccl.*.log (NCCL_DEBUG_FILE per process), and a line "<run> <config> <test>" in
-# runs.txt. The summary is computed from those files alone, so --summarize can redo it.
+# <run>.nccl.*.log (NCCL_DEBUG_FILE per process), <run>.cpu ("user sys" CPU seconds of the
+# whole run), for agoq runs <run>.stats.<pid> (AGOQ_STATS_FILE), and a line
+# "<run> <config> <test>" in runs.txt. The summary is computed from those files alone, so
+# --summarize can redo it.
+
+# Configuration names: agoq, collnet and collnet-exact, each also as <name>-gdr (device
+# buffers); socket and socket-tuned.
+is_agoq_config() {
+  case "${1%-gdr}" in agoq | collnet | collnet-exact) return 0 ;; esac
+  return 1
+}
+is_collnet_config() {
+  case "${1%-gdr}" in collnet | collnet-exact) return 0 ;; esac
+  return 1
+}
+is_gdr_config() {
+  [[ "$1" == *-gdr ]] && is_agoq_config "$1"
+}
 
 # Prints "wrong avg_busbw busbw_at_largest_size sizes" for a result table in nccl-tests'
 # columns: size count type redop root time algbw busbw #wrong [time algbw busbw #wrong].
@@ -232,6 +260,49 @@ codec_summary() {
   return 0
 }
 
+# NCCL's lines naming a GPUDirect path ("[send] via NET/AGOQ/0/GDRDMA",
+# "via COLLNET/AGOQ/0/GDRDMA").
+gdr_log_lines() {
+  cat "$logs/$1".nccl.*.log "$logs/$1.out" "$logs/$1".rank*.log 2>/dev/null | grep -c 'GDRDMA'
+}
+
+# CPU seconds (user + sys) of the whole run, from logs/<run>.cpu; "n/a" without it.
+run_cpu_seconds() {
+  awk 'NF == 2 && $1 ~ /^[0-9.]+$/ && $2 ~ /^[0-9.]+$/ { s = $1 + $2; ok = 1 }
+       END { if (ok) printf "%.3f", s; else printf "n/a" }' "$logs/$1.cpu" 2>/dev/null ||
+    echo n/a
+}
+
+# The plugin's statistics of one run: "payload_bytes pcie_bytes device_calls entries", where
+# payload is bytes_in of the kind=collnet and kind=p2p_send entries and pcie the
+# pcie_d2h + pcie_h2d of all entries; each entry (host, pid, id, path) counts once, by its
+# last line. "0 0 0 0" without stats lines.
+run_stats() {
+  cat "$logs/$1".stats.* "$logs/$1.out" 2>/dev/null | awk '
+    /^agoq-stats / {
+      split("", f)
+      for (i = 2; i <= NF; i++) {
+        eq = index($i, "=")
+        if (eq > 0) f[substr($i, 1, eq - 1)] = substr($i, eq + 1)
+      }
+      key = f["host"] SUBSEP f["pid"] SUBSEP f["id"] SUBSEP f["path"]
+      if (!(key in kind)) order[n++] = key
+      kind[key] = f["kind"]
+      bytes[key] = f["bytes_in"] + 0
+      pcie[key] = f["pcie_d2h"] + f["pcie_h2d"]
+      dev[key] = f["device_calls"] + 0
+    }
+    END {
+      for (i = 0; i < n; i++) {
+        k = order[i]
+        if (kind[k] == "collnet" || kind[k] == "p2p_send") payload += bytes[k]
+        p += pcie[k]
+        d += dev[k]
+      }
+      printf "%.0f %.0f %.0f %d\n", payload, p, d, n
+    }'
+}
+
 ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN {
     if (a ~ /^[0-9.eE+-]+$/ && b ~ /^[0-9.eE+-]+$/ && b + 0 > 0) printf "%.2f", a / b
@@ -240,13 +311,14 @@ ratio() {
 
 write_summary() {
   local run config test rc wrong avg last rows net status failed=0 codec_failed=0 torch_failed=0
-  local problems=()
-  declare -A avg_of last_of
+  local gdr cpu payload pcie devcalls entries gb cpu_gb pcie_b
+  local problems=() cost_rows=()
+  declare -A avg_of last_of cpugb_of
   {
     echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
     [[ -f "$logs/env.txt" ]] && sed 's/^/  /' "$logs/env.txt"
     echo
-    printf '%-24s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+    printf '%-28s %-5s %-16s %6s %10s %10s %6s  %s\n' \
       run rc network wrong "avg busbw" "busbw@max" sizes verdict
     while read -r run config test; do
       [[ -n "$run" ]] || continue
@@ -257,7 +329,7 @@ write_summary() {
       if [[ "$rc" == skipped* ]]; then
         status="SKIPPED (${rc#skipped })"
         rc=-
-      elif [[ "$config" == collnet && "$wrong" != 0 && "$wrong" != "?" && "$rc" =~ ^(0|1|7)$ ]] &&
+      elif [[ "${config%-gdr}" == collnet && "$wrong" != 0 && "$wrong" != "?" && "$rc" =~ ^(0|1|7)$ ]] &&
            ((rows > 0)); then
         # Compressed: the exact-sum check of nccl-tests (exit 7) or of the driver (exit 1)
         # counts the quantization error; the PyTorch check bounds it.
@@ -271,23 +343,60 @@ write_summary() {
       elif ((rows == 0)); then
         status="NO RESULTS"
       fi
-      if [[ "$config" == agoq || "$config" == collnet* ]]; then
+      gdr=$(gdr_log_lines "$run")
+      if is_agoq_config "$config"; then
         if [[ "$net" != "AGOQx"* || "$net" == *,* ]]; then
           [[ "$status" == ok* ]] && status="NOT THROUGH AGOQ"
         fi
-        if [[ "$config" == collnet* && "$rc" != - ]] && (($(collnet_log_lines "$run") == 0)); then
+        if is_collnet_config "$config" && [[ "$rc" != - ]] && (($(collnet_log_lines "$run") == 0)); then
           [[ "$status" == ok* ]] && status="NOT THROUGH COLLNET"
+        fi
+        if [[ "$rc" != - ]] && is_gdr_config "$config" && ((gdr == 0)); then
+          [[ "$status" == ok* ]] && status="NO GDRDMA"
+        fi
+        if [[ "$rc" != - ]] && ! is_gdr_config "$config" && ((gdr > 0)); then
+          [[ "$status" == ok* ]] && status="GDRDMA IN HOST-STAGED RUN"
         fi
         [[ "$status" == ok* ]] || failed=1
         status="$status; NET/AGOQ log lines: $(agoq_log_lines "$run")"
-        [[ "$config" == collnet* ]] && status="$status; via COLLNET/AGOQ: $(collnet_log_lines "$run")"
+        is_collnet_config "$config" && status="$status; via COLLNET/AGOQ: $(collnet_log_lines "$run")"
       fi
-      printf '%-24s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+      # Costs: CPU seconds of the run; per GB and PCIe bytes from the plugin's statistics.
+      cpu=$(run_cpu_seconds "$run")
+      read -r payload pcie devcalls entries < <(run_stats "$run")
+      gb=- cpu_gb=- pcie_b=-
+      if is_agoq_config "$config"; then
+        if ((entries == 0)) || [[ "$payload" == 0 ]]; then
+          gb="n/a" cpu_gb="n/a (no stats)"
+        else
+          gb=$(awk -v b="$payload" 'BEGIN { printf "%.4g", b / 1e9 }')
+          cpu_gb=$(awk -v c="$cpu" -v b="$payload" 'BEGIN {
+            if (c ~ /^[0-9.]+$/) printf "%.4g", c / (b / 1e9); else printf "n/a" }')
+        fi
+        if ! is_gdr_config "$config"; then
+          pcie_b="n/a (NCCL's copies)"
+        elif ((entries == 0)) || [[ "$payload" == 0 ]]; then
+          pcie_b="n/a (no stats)"
+        else
+          pcie_b=$(awk -v p="$pcie" -v b="$payload" 'BEGIN { printf "%.3f", p / b }')
+        fi
+      fi
+      cost_rows+=("$(printf '%-28s %8s %10s %12s %19s %6s  %s' "$run" "$cpu" "$gb" "$cpu_gb" \
+                     "$pcie_b" "$( ((gdr > 0)) && echo yes || echo no)" \
+                     "$(is_agoq_config "$config" && echo "device_calls=$devcalls stats_entries=$entries")")")
+      cpugb_of[$config.$test]=$cpu_gb
+      printf '%-28s %-5s %-16s %6s %10s %10s %6s  %s\n' \
         "$run" "$rc" "$net" "$wrong" "$avg" "$last" "$rows" "$status"
       avg_of[$config.$test]=$avg
       last_of[$config.$test]=$last
       [[ "$status" == ok* ]] || problems+=("$run")
     done <"$logs/runs.txt"
+    echo
+    echo "Host cost per run: CPU s = user+sys seconds of the launcher and its rank processes;"
+    echo "GB = payload the plugin was given (stats bytes_in, collnet + p2p_send); PCIe B/B ="
+    echo "the plugin's pcie_d2h+pcie_h2d per payload byte (device runs; host-staged: NCCL copies)."
+    printf '%-28s %8s %10s %12s %19s %6s  %s\n' run "CPU s" "GB" "CPU s/GB" "PCIe B/B" GDRDMA ""
+    printf '%s\n' "${cost_rows[@]}"
     # NCCL's own words about plugin loading and failures, for the runs that went wrong.
     local lines
     for run in "${problems[@]}"; do
@@ -304,14 +413,27 @@ write_summary() {
     local base t
     local pair top
     for pair in agoq/socket agoq/socket-tuned collnet/agoq collnet/collnet-exact \
-                collnet-exact/agoq; do
+                collnet-exact/agoq agoq-gdr/agoq collnet-gdr/collnet \
+                collnet-exact-gdr/collnet-exact; do
       top=${pair%/*}
       base=${pair#*/}
       for t in all_reduce sendrecv; do
         [[ -n "${avg_of[$top.$t]:-}" && -n "${avg_of[$base.$t]:-}" ]] || continue
-        printf 'ratio %-26s %-10s avg busbw %s   busbw@max %s\n' "$pair" "$t" \
+        printf 'ratio %-34s %-10s avg busbw %s   busbw@max %s\n' "$pair" "$t" \
           "$(ratio "${avg_of[$top.$t]}" "${avg_of[$base.$t]}")" \
           "$(ratio "${last_of[$top.$t]}" "${last_of[$base.$t]}")"
+      done
+    done
+    # Host CPU per GB, host-staged over device: how much CPU GPUDirect saves.
+    local r
+    for pair in agoq/agoq-gdr collnet/collnet-gdr collnet-exact/collnet-exact-gdr; do
+      top=${pair%/*}
+      base=${pair#*/}
+      for t in all_reduce sendrecv; do
+        [[ -n "${cpugb_of[$top.$t]:-}" && -n "${cpugb_of[$base.$t]:-}" ]] || continue
+        r=$(ratio "${cpugb_of[$top.$t]}" "${cpugb_of[$base.$t]}")
+        [[ "$r" == n/a ]] || r="${r}x"
+        printf 'ratio cpu s/GB %-34s %-10s %s\n' "$top / $base" "$t" "$r"
       done
     done
     if [[ -f "$logs/codec.rc" ]]; then
@@ -331,7 +453,7 @@ write_summary() {
     fi
     echo
     local reasons=()
-    ((failed)) && reasons+=("an agoq run failed, had wrong values, or did not use AGOQ or its CollNet")
+    ((failed)) && reasons+=("an agoq run failed, had wrong values, did not use AGOQ or its CollNet, or used GDRDMA where it should not or not where it should")
     ((codec_failed)) && reasons+=("the CUDA codec check failed: see the codec line")
     ((torch_failed)) && reasons+=("a PyTorch check failed: see its line")
     if ((${#reasons[@]} == 0)); then
@@ -551,8 +673,14 @@ else
 fi
 
 # ---- Runs ---------------------------------------------------------------------------------
-# Environment of one configuration, one VAR=value per line.
+# Environment of one configuration, one VAR=value per line. <agoq config>-gdr: the same with
+# device buffers.
 config_env() {
+  local base=$1
+  if [[ "$1" == *-gdr ]]; then
+    is_agoq_config "$1" || return 1
+    base=${1%-gdr}
+  fi
   echo "NCCL_DEBUG=INFO"
   echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV"
   echo "NCCL_MNNVL_ENABLE=0"
@@ -560,7 +688,7 @@ config_env() {
   echo "NCCL_SOCKET_IFNAME=lo"
   echo "NCCL_TESTS_DEVICE=0"
   echo "LD_LIBRARY_PATH=$nccl_home/lib:$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  case "$1" in
+  case "$base" in
     agoq)
       echo "NCCL_NET_PLUGIN=$plugin"
       echo "NCCL_NET=AGOQ"
@@ -585,8 +713,7 @@ config_env() {
       echo "NCCL_COLLNET_ENABLE=1"
       echo "NCCL_ALGO=CollNetChain"
       echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING"
-      echo "AGOQ_STATS=1"
-      if [[ "$1" == collnet ]]; then
+      if [[ "$base" == collnet ]]; then
         echo "AGOQ_FORMAT=${AGOQ_FORMAT:-int8}"
       else
         echo "AGOQ_FORMAT=none"
@@ -594,6 +721,17 @@ config_env() {
       ;;
     *) return 1 ;;
   esac
+  if is_agoq_config "$1"; then
+    # Device buffers need SYS on this one-GPU loopback layout; host-staged runs pin LOC, so
+    # NCCL never chooses GDR for them and each pair compares the two paths. AGOQ_STATS_FILE
+    # (per run) is added by run_one.
+    if is_gdr_config "$1"; then
+      echo "NCCL_NET_GDR_LEVEL=SYS"
+    else
+      echo "NCCL_NET_GDR_LEVEL=LOC"
+    fi
+    echo "AGOQ_STATS=1"
+  fi
 }
 
 # mpirun starts this for every rank: the rank's own NCCL_HOSTID, then the benchmark.
@@ -641,6 +779,7 @@ run_one() {
   local envfile=$logs/$run.env
   config_env "$config" >"$envfile" || die "unknown configuration '$config'"
   echo "NCCL_DEBUG_FILE=$logs/$run.nccl.%h.%p.log" >>"$envfile"
+  is_agoq_config "$config" && echo "AGOQ_STATS_FILE=$logs/$run.stats.%p" >>"$envfile"
 
   local cmd
   # shellcheck disable=SC2206 # sizes_args is a list of arguments by design
@@ -655,13 +794,21 @@ run_one() {
 
   log "$run: ${cmd[*]} (limit ${limit} s, $(elapsed) s elapsed)"
   local rc
-  (
-    set -a
-    # shellcheck disable=SC1090
-    . "$envfile"
-    set +a
-    timeout --kill-after=10 "$limit" "${cmd[@]}"
-  ) >"$logs/$run.out" 2>&1
+  # `time` reports user and sys CPU of the subshell and every process it waited for, the
+  # rank processes included (children of the driver or of mpirun): logs/<run>.cpu.
+  local TIMEFORMAT='%U %S'
+  # (The braces inside keep the run's redirection away from time's own report.)
+  {
+    time {
+      (
+        set -a
+        # shellcheck disable=SC1090
+        . "$envfile"
+        set +a
+        timeout --kill-after=10 "$limit" "${cmd[@]}"
+      ) >"$logs/$run.out" 2>&1
+    }
+  } 2>"$logs/$run.cpu"
   rc=$?
   # The driver names per-rank logs rank<r>.log; keep them per run.
   for f in "$logs"/rank*.log; do
@@ -669,7 +816,7 @@ run_one() {
   done
   echo "$rc" >"$logs/$run.rc"
   grep -v -e ' NCCL INFO ' "$logs/$run.out" | tail -n 25
-  log "$run: exit $rc"
+  log "$run: exit $rc, CPU s (user sys): $(cat "$logs/$run.cpu" 2>/dev/null)"
   pack_logs
 }
 

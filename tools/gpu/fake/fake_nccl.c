@@ -4,10 +4,18 @@
  * there: AllReduce (float sum, ranks summed in order) and grouped Send/Recv of bytes.
  * With NCCL_DEBUG=INFO it logs, like NCCL, "Using network <NCCL_NET>" at init, to
  * NCCL_DEBUG_FILE (%h host, %p pid) or stdout, so tools/gpu-check.sh's log reading runs too.
+ * With NCCL_NET=AGOQ and NCCL_NET_GDR_LEVEL=SYS it also logs NCCL's GPUDirect lines
+ * ("[send] via NET/AGOQ/0/GDRDMA", and ".../COLLNET/AGOQ/0/GDRDMA" with CollNet on).
+ * FAKE agoq statistics: with NCCL_NET=AGOQ, AGOQ_STATS=1 and AGOQ_STATS_FILE set, every rank
+ * appends at ncclCommDestroy one made-up "agoq-stats" line in the plugin's format (bytes_in:
+ * what the fake moved; PCIe bytes bytes_in/2, and only with NCCL_NET_GDR_LEVEL=SYS). No plugin
+ * runs here: the line exists only to test gpu-check.sh's parsing, its figures mean nothing.
  * Faults for the driver's own tests:
  *   FAKE_NCCL_CORRUPT=1    rank 1 flips one received value of every operation
  *   FAKE_NCCL_CRASH_RANK=r rank r aborts in its first collective
  *   FAKE_NCCL_HANG_RANK=r  rank r never returns from its first collective
+ *   FAKE_NCCL_NO_COLLNET   no CollNet line
+ *   FAKE_NCCL_NO_GDR       no GDRDMA lines even with NCCL_NET_GDR_LEVEL=SYS
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +57,9 @@ typedef struct {
   void* recv_buf;
   size_t recv_bytes;
   int recv_peer;
+  /* For the fake agoq-stats line. */
+  unsigned long calls;
+  size_t bytes_moved;
 } fake_comm;
 
 static size_t map_len(void) {
@@ -90,10 +101,8 @@ static void maybe_fault(fake_comm* c, void* recv, size_t bytes) {
   }
 }
 
-/* NCCL_DEBUG_FILE with %h and %p expanded. */
-static FILE* open_debug_file(void) {
-  const char* pattern = getenv("NCCL_DEBUG_FILE");
-  if (pattern == NULL) return stdout;
+/* A file name pattern with %h (host) and %p (pid) expanded, opened for appending. */
+static FILE* open_pattern(const char* pattern) {
   char host[256] = "host", path[4096];
   gethostname(host, sizeof(host) - 1);
   size_t n = 0;
@@ -113,6 +122,47 @@ static FILE* open_debug_file(void) {
   return fopen(path, "a");
 }
 
+/* NCCL_DEBUG_FILE with %h and %p expanded. */
+static FILE* open_debug_file(void) {
+  const char* pattern = getenv("NCCL_DEBUG_FILE");
+  if (pattern == NULL) return stdout;
+  return open_pattern(pattern);
+}
+
+static int env_is(const char* name, const char* value) {
+  const char* v = getenv(name);
+  return v != NULL && strcmp(v, value) == 0;
+}
+
+/* NCCL would use device buffers with the plugin (the real one advertises NCCL_PTR_CUDA). */
+static int fake_gdr(void) {
+  return env_is("NCCL_NET", "AGOQ") && env_is("NCCL_NET_GDR_LEVEL", "SYS");
+}
+
+/* The FAKE statistics line (see the top of the file): for gpu-check.sh's parsing only. */
+static void write_fake_stats(const fake_comm* c) {
+  const char* pattern = getenv("AGOQ_STATS_FILE");
+  if (pattern == NULL || !env_is("NCCL_NET", "AGOQ") || !env_is("AGOQ_STATS", "1")) return;
+  FILE* f = open_pattern(pattern);
+  if (f == NULL) return;
+  char host[256] = "host";
+  gethostname(host, sizeof(host) - 1);
+  const char* format = getenv("AGOQ_FORMAT");
+  int quantized = format != NULL && strcmp(format, "none") != 0;
+  int gdr = fake_gdr();
+  size_t pcie = gdr ? c->bytes_moved / 4 : 0; /* each way: bytes_in / 2 in all */
+  fprintf(f,
+          "agoq-stats pid=%d host=%s event=close id=1 comm=%p kind=%s rank=%d nranks=%d "
+          "path=%s calls=%lu bytes_in=%zu wire_raw=%zu wire_bytes=%zu ratio=1.000 "
+          "codec_ms=0.000 crc_ms=0.000 wire_ms=0.000 device_calls=%lu pcie_d2h=%zu "
+          "pcie_h2d=%zu format=%s fake=1\n",
+          (int)getpid(), host, (const void*)c,
+          env_is("NCCL_COLLNET_ENABLE", "1") ? "collnet" : "p2p_send", c->rank, c->nranks,
+          quantized ? "quantized" : "exact", c->calls, c->bytes_moved, c->bytes_moved,
+          c->bytes_moved, gdr ? c->calls : 0ul, pcie, pcie, format != NULL ? format : "none");
+  fclose(f);
+}
+
 static void log_network(int rank) {
   const char* level = getenv("NCCL_DEBUG");
   if (level == NULL || strcmp(level, "INFO") != 0) return;
@@ -123,9 +173,15 @@ static void log_network(int rank) {
           net != NULL ? net : "Socket");
   /* Like NCCL's CollNet setup line, unless a test wants CollNet to look absent. */
   const char* collnet = getenv("NCCL_COLLNET_ENABLE");
+  int gdr = fake_gdr() && getenv("FAKE_NCCL_NO_GDR") == NULL;
+  if (gdr)
+    fprintf(f,
+            "fake:%d:%d [0] NCCL INFO Channel 00/0 : %d[0] -> %d[0] [send] via "
+            "NET/AGOQ/0/GDRDMA\n",
+            (int)getpid(), rank, rank, rank + 1);
   if (collnet != NULL && strcmp(collnet, "1") == 0 && getenv("FAKE_NCCL_NO_COLLNET") == NULL)
-    fprintf(f, "fake:%d:%d [0] NCCL INFO CollNet 00/0 : %d [send] via COLLNET/%s/0\n",
-            (int)getpid(), rank, rank, net != NULL ? net : "Socket");
+    fprintf(f, "fake:%d:%d [0] NCCL INFO CollNet 00/0 : %d [send] via COLLNET/%s/0%s\n",
+            (int)getpid(), rank, rank, net != NULL ? net : "Socket", gdr ? "/GDRDMA" : "");
   if (f != stdout) fclose(f);
 }
 
@@ -166,6 +222,7 @@ EXPORT ncclResult_t ncclCommInitRank(fake_comm** out, int nranks, fake_unique_id
 }
 
 EXPORT ncclResult_t ncclCommDestroy(fake_comm* c) {
+  write_fake_stats(c);
   munmap(c->h, c->map_len);
   free(c);
   return ncclSuccess;
@@ -189,6 +246,8 @@ EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, nc
     out[i] = sum;
   }
   barrier(c); /* nobody reuses its slot before all have read it */
+  c->calls++;
+  c->bytes_moved += bytes;
   maybe_fault(c, recv, bytes);
   return ncclSuccess;
 }
@@ -231,6 +290,8 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
   ncclResult_t rc = got <= c->recv_bytes ? ncclSuccess : ncclInvalidUsage;
   if (rc == ncclSuccess) memcpy(c->recv_buf, slot(c, c->recv_peer), got);
   barrier(c);
+  c->calls++;
+  c->bytes_moved += c->send_bytes;
   if (rc == ncclSuccess) maybe_fault(c, c->recv_buf, got);
   c->in_group = 0;
   g_group_comm = NULL;
