@@ -14,19 +14,43 @@ asserts what must hold:
   - with no profiler loaded everything is exact (and counted as of unknown type);
   - AGOQ_P2P_FORMAT=none sends everything exactly.
 The oracle's cost per isend (the plugin's own measurement) is printed, not asserted.
-usage: typed_p2p_test.py AGOQ_PERF [PLUGIN]
+
+With --device (or AGOQ_TYPED_DEVICE=1) every run is `agoq-perf p2p --device`: NCCL's buffers,
+send and receive, in device memory (regMr NCCL_PTR_CUDA) through the CUDA emulation, so
+PLUGIN must be the plugin built over it (libnccl-net-agoq-emu.so). The typed payloads are
+then encoded and decoded by the (emulated) CUDA codec, and every assertion above must hold
+on the bytes copied back from the receive buffers once test() said done. The plugin's
+statistics must also say that every isend and irecv had device buffers. Messages go up to
+12 MiB: AGOQ_GPU_STAGING defaults to 16M here, unless the environment sets it.
+usage: typed_p2p_test.py [--device] AGOQ_PERF [PLUGIN]
 """
+import re
 import json
 import os
 import subprocess
 import sys
 
 BOUND = 0.012
+DEVICE = False
+DEVICE_RUNS = 0  # runs whose every isend and irecv had device buffers (plugin statistics)
+
+
+def device_calls(stderr):
+    """Per kind (p2p_send, p2p_recv): [calls, device_calls] over the plugin's close lines."""
+    out = {}
+    for m in re.finditer(r"kind=(p2p_send|p2p_recv) path=\w+ calls=(\d+) .*?device_calls=(\d+)", stderr):
+        c = out.setdefault(m.group(1), [0, 0])
+        c[0] += int(m.group(2))
+        c[1] += int(m.group(3))
+    return out
 
 
 def run(perf, lib, args):
-    cmd = [perf, "p2p", "--json", "-n", "3", "-w", "2"] + (["--lib", lib] if lib else []) + args
+    cmd = [perf, "p2p", "--json", "-n", "3", "-w", "2"] + (["--device"] if DEVICE else []) + \
+        (["--lib", lib] if lib else []) + args
     env = dict(os.environ, AGOQ_SOCKET_IFNAME="lo")
+    if DEVICE:
+        env.setdefault("AGOQ_GPU_STAGING", "16M")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
     if p.returncode != 0:
         sys.stderr.write(p.stderr[-3000:])
@@ -36,13 +60,31 @@ def run(perf, lib, args):
     wire = [d for d in lines if d.get("test") == "p2p-wire"]
     if not sizes or len(wire) != 1:
         raise SystemExit("FAILED: unexpected output of %s:\n%s" % (" ".join(cmd), p.stdout))
+    if DEVICE:
+        # Device buffers all the way: a run that fell back to host buffers tests nothing.
+        calls = device_calls(p.stderr)
+        for kind in ("p2p_send", "p2p_recv"):
+            c = calls.get(kind, [0, 0])
+            if c[0] == 0 or c[1] != c[0]:
+                sys.stderr.write(p.stderr[-3000:])
+                raise SystemExit("FAILED: %s: %s: %d of %d calls had device buffers" % (" ".join(cmd), kind,
+                                                                                      c[1], c[0]))
+        global DEVICE_RUNS
+        DEVICE_RUNS += 1
     return sizes, wire[0]
 
 
 def main():
-    if len(sys.argv) < 2:
+    global DEVICE
+    argv = sys.argv[1:]
+    DEVICE = os.environ.get("AGOQ_TYPED_DEVICE") == "1"
+    if argv and argv[0] == "--device":
+        DEVICE = True
+        argv = argv[1:]
+    if not argv:
         raise SystemExit(__doc__)
-    perf, lib = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
+    perf, lib = argv[0], argv[1] if len(argv) > 1 else None
+    print("buffers: %s" % ("device (agoq-perf p2p --device, CUDA emulation)" if DEVICE else "host"))
     failures = []
 
     def check(name, cond, detail):
@@ -90,6 +132,8 @@ def main():
     print("oracle cost inside isend (plugin statistics, bf16 runs): %.0f ns per query (target < 1000 ns)" % oracle_ns)
     if failures:
         raise SystemExit("FAILED: " + "; ".join(failures))
+    if DEVICE:
+        print("device buffers in every isend and irecv of all %d runs (plugin statistics)" % DEVICE_RUNS)
     print("PASSED: %d checks" % (2 * len(quantized) + len(exact_cases) + known_reasons))
 
 

@@ -40,6 +40,7 @@ typedef struct {
   bool coll_traffic;           /* --traffic coll: a collective's ring traffic */
   size_t chunk;                /* --chunk: each transfer goes as isends of this size (0: one) */
   bool pingpong;               /* --pingpong: rank 1 echoes each message; half a round trip */
+  bool device;                 /* --device: NCCL's buffers in (emulated) device memory */
 } perf_opts;
 
 /* Parses argv[1..] (argv[0] is the subcommand). 0 ok, 1 help printed, -1 error printed. */
@@ -202,12 +203,22 @@ uint64_t perf_p2p_seed(size_t size, int msg);
  * from READY to the last echo. */
 typedef struct {
   uint8_t* buf[2];
+  uint8_t* dev[2]; /* --device: their device twins, which the plugin gets (else NULL) */
   void* mh[2][2];
 } perf_pp_bufs;
-int perf_pp_bufs_alloc(perf_net* n, size_t bytes, perf_pp_bufs* b);
+int perf_pp_bufs_alloc(perf_net* n, size_t bytes, bool device, perf_pp_bufs* b);
 void perf_pp_bufs_free(perf_net* n, perf_pp_bufs* b);
 int perf_pp_run(perf_net* n, perf_boot* boot, const perf_opts* o, perf_pp_bufs* b, size_t size,
                 int count, int msg_base, double* elapsed_us);
+
+/* ---- --device (perf_device.c): device twins of the host buffers, over the CUDA
+ * emulation this build links (none: --device is refused) ---- */
+/* A device buffer of `bytes` holding host's bytes; NULL (printed) on failure. */
+void* perf_device_twin(const void* host, size_t bytes);
+void perf_device_free(void* dev);
+/* Synchronous copies host -> device and back; 0 ok, -1 printed. */
+int perf_device_push(void* dev, const void* host, size_t bytes);
+int perf_device_pull(void* host, const void* dev, size_t bytes);
 
 /* ---- time ---- */
 double perf_now_us(void);

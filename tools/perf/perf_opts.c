@@ -91,6 +91,17 @@ static void perf_usage(FILE* f, const char* cmd) {
           "      --pingpong          latency: rank 1 sends every message back; -n round trips per\n"
           "                          size, time(us) is half a round trip (JSON test \"pingpong\").\n"
           "                          One message in flight each way; not with -d or --inflight\n"
+          "      --device            NCCL's buffers (send and receive, both ranks) in device\n"
+          "                          memory, registered as NCCL_PTR_CUDA: device buffers through\n"
+          "                          the CUDA emulation build (libagoq-cuda-emu.so, which this\n"
+          "                          agoq-perf links), so --lib must be the plugin built over it,\n"
+          "                          libnccl-net-agoq-emu.so. Not the real CUDA runtime: on a GPU\n"
+          "                          machine this flag would need agoq-perf built against it.\n"
+          "                          Payloads are written and checked on the host and copied to\n"
+          "                          and from the device buffers outside the plugin (synchronous\n"
+          "                          copies, timed with the messages they go with). Messages must fit\n"
+          "                          the plugin's AGOQ_GPU_STAGING (default 8M). Refused (exit 2)\n"
+          "                          by a build without the emulation\n"
           "      --lib PATH          plugin (default $AGOQ_PLUGIN_PATH, else\n"
           "                          <exe dir>/../lib/libnccl-net-agoq.so)\n"
           "      --dev N             plugin net device (default 0)\n"
@@ -214,6 +225,16 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
     if (strcmp(a, "--pingpong") == 0 && p.inline_val == NULL) {
       o->pingpong = true;
       continue;
+    }
+    if (strcmp(a, "--device") == 0 && p.inline_val == NULL) {
+#ifdef AGOQ_PERF_DEVICE /* agoq-perf links the CUDA emulation (perf_device.c) */
+      o->device = true;
+      continue;
+#else
+      fprintf(stderr, "agoq-perf %s: --device needs the CUDA emulation (device buffers through the "
+              "CUDA emulation build), which this build lacks\n", cmd);
+      return -1;
+#endif
     }
     if (strcmp(a, "-c") == 0 || strcmp(a, "--check") == 0) {
       int n = 0;

@@ -21,9 +21,13 @@
 
 typedef struct {
   uint8_t* buf[32];
+  uint8_t* dev[32]; /* --device: buf's device twins (perf_device.c), which the plugin gets */
   void* mh[32];
   int nbuf; /* 1, or `inflight` with --check: one buffer per slot */
 } p2p_bufs;
+
+/* What the plugin gets of buffer i: its device twin with --device, else the buffer. */
+static uint8_t* p2p_plugin_buf(const p2p_bufs* b, int i) { return b->dev[i] != NULL ? b->dev[i] : b->buf[i]; }
 
 /* ---- the configuration rank 0 hands rank 1 ---- */
 
@@ -34,7 +38,9 @@ static void p2p_config_encode(const perf_opts* o, uint64_t comm_id, uint8_t* out
                                   (uint64_t)(o->factor * 1e6), (uint64_t)o->iters,
                                   (uint64_t)o->warmup, (uint64_t)o->inflight,
                                   (uint64_t)o->check, comm_id, (uint64_t)(o->dtype + 1),
-                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1 | (uint64_t)o->pingpong << 2, (uint64_t)o->chunk,
+                                  (uint64_t)o->no_oracle | (uint64_t)o->coll_traffic << 1 | (uint64_t)o->pingpong << 2 |
+                                      (uint64_t)o->device << 3,
+                                  (uint64_t)o->chunk,
                                   (uint64_t)o->target_bytes};
   for (int i = 0; i < P2P_CONFIG_WORDS; i++)
     for (int k = 0; k < 8; k++) out[i * 8 + k] = (uint8_t)(w[i] >> (8 * k));
@@ -57,6 +63,7 @@ static void p2p_config_decode(const uint8_t* in, perf_opts* o, uint64_t* comm_id
   o->no_oracle = (w[10] & 1) != 0;
   o->coll_traffic = (w[10] & 2) != 0;
   o->pingpong = (w[10] & 4) != 0;
+  o->device = (w[10] & 8) != 0; /* rank 0's --device applies to both ranks */
   o->chunk = w[11];
   o->target_bytes = w[12]; /* the receiver counts the same messages per size */
 }
@@ -135,12 +142,17 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
       p2p_chunk_of(o, b, rank, size, posted, &bi, &off, &len, &boff);
       void* req = NULL;
       if (rank == 0) {
-        if (o->check && typed->dtype < 0) perf_p2p_fill(b->buf[bi], size, perf_p2p_seed(size, msg_base + posted));
+        if (o->check && typed->dtype < 0) {
+          perf_p2p_fill(b->buf[bi], size, perf_p2p_seed(size, msg_base + posted));
+          /* The slot's previous message is done: nothing reads its device buffer now. */
+          if (b->dev[bi] != NULL && perf_device_push(b->dev[bi], b->buf[bi], size) != 0) return -1;
+        }
         void* ph = p2p_typed_begin(typed, slot, len, size);
-        r = agoq_view_isend_ph(&n->view, n->send_comm, b->buf[bi] + boff, len, P2P_TAG, b->mh[bi], ph, &req);
+        r = agoq_view_isend_ph(&n->view, n->send_comm, p2p_plugin_buf(b, bi) + boff, len, P2P_TAG, b->mh[bi], ph,
+                               &req);
         if (req == NULL) p2p_typed_end(typed, slot);
       } else {
-        void* data[1] = {b->buf[bi] + boff};
+        void* data[1] = {p2p_plugin_buf(b, bi) + boff};
         size_t sizes[1] = {len};
         int tags[1] = {P2P_TAG};
         r = agoq_view_irecv(&n->view, n->recv_comm, 1, data, sizes, tags, &b->mh[bi], &req);
@@ -168,6 +180,12 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
       size_t off, len, boff;
       p2p_chunk_of(o, b, rank, size, done, &bi, &off, &len, &boff);
       if (rank == 0) p2p_typed_end(typed, slot);
+      /* --device: what the plugin put into the device buffer, as it is now that test()
+       * said done, is what gets checked. */
+      bool checks = verify || (o->check && typed->dtype < 0);
+      if (rank == 1 && checks && b->dev[bi] != NULL && len > 0 &&
+          perf_device_pull(b->buf[bi] + boff, b->dev[bi] + boff, len) != 0)
+        return -1;
       if (rank == 1 && verify) p2p_typed_check(typed, b->buf[bi] + boff, len, perf_p2p_seed(size, 0), off, size);
       if (rank == 1 && len <= INT_MAX && got != (int)len) {
         fprintf(stderr, "agoq-perf: rank 1: message %d: %d B arrived, %zu B were sent\n", done,
@@ -281,7 +299,9 @@ static int p2p_bufs_alloc(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b
       perf_p2p_fill(b->buf[i], bytes, 1);
     else
       memset(b->buf[i], 0, bytes);
-    ncclResult_t r = agoq_view_reg_mr(&n->view, comm, b->buf[i], bytes, NCCL_PTR_HOST, &b->mh[i]);
+    if (o->device && (b->dev[i] = perf_device_twin(b->buf[i], bytes)) == NULL) return -1;
+    ncclResult_t r = agoq_view_reg_mr(&n->view, comm, p2p_plugin_buf(b, i), bytes,
+                                      o->device ? NCCL_PTR_CUDA : NCCL_PTR_HOST, &b->mh[i]);
     if (r != ncclSuccess) {
       fprintf(stderr, "agoq-perf: rank %d: regMr of %zu B failed: %s\n", rank, bytes,
               perf_result_str(r));
@@ -295,6 +315,7 @@ static void p2p_bufs_free(perf_net* n, int rank, p2p_bufs* b) {
   void* comm = rank == 0 ? n->send_comm : n->recv_comm;
   for (int i = 0; i < b->nbuf; i++) {
     if (b->mh[i] != NULL && comm != NULL) agoq_view_dereg_mr(&n->view, comm, b->mh[i]);
+    perf_device_free(b->dev[i]);
     free(b->buf[i]);
   }
   memset(b, 0, sizeof(*b));
@@ -352,16 +373,25 @@ int perf_p2p_main(int argc, char** argv) {
                        o.dtype >= 0 ? p2p_typed_callback() : NULL) != 0)
     goto fail_net;
   if (o.dtype >= 0 && p2p_typed_open(&typed, &n, comm_id, o.max_bytes, rank) != 0) goto fail_net;
+  if (o.device && (n.props.ptr_support & NCCL_PTR_CUDA) == 0) {
+    if (rank == 0)
+      fprintf(stderr, "agoq-perf: --device: the plugin %s takes no device buffers (ptrSupport 0x%x): "
+              "--device needs the plugin built over the CUDA emulation (libnccl-net-agoq-emu.so)\n",
+              o.lib != NULL ? o.lib : "(default)", (unsigned)n.props.ptr_support);
+    goto fail_net;
+  }
   if (o.max_bytes > n.props.max_p2p_bytes) {
-    fprintf(stderr, "agoq-perf: -e %zu exceeds the device's maxP2pBytes %zu\n", o.max_bytes,
-            n.props.max_p2p_bytes);
+    fprintf(stderr, "agoq-perf: -e %zu exceeds the device's maxP2pBytes %zu%s\n", o.max_bytes,
+            n.props.max_p2p_bytes,
+            (n.props.ptr_support & NCCL_PTR_CUDA) != 0 ? " (a plugin that takes device buffers caps it at AGOQ_GPU_STAGING)"
+                                                     : "");
     goto fail_net;
   }
   if (perf_net_connect_pair(&n, &boot) != 0) goto fail_net;
   if (o.pingpong) {
     /* The echo's connection, rank 1 -> rank 0, on the same contexts. */
     if (perf_net_connect_from(&n, &boot, 1) != 0) goto fail_net;
-    if (perf_pp_bufs_alloc(&n, o.max_bytes, &pp) != 0) goto fail_net;
+    if (perf_pp_bufs_alloc(&n, o.max_bytes, o.device, &pp) != 0) goto fail_net;
   } else if (p2p_bufs_alloc(&n, rank, &o, &bufs) != 0) {
     goto fail_net;
   }
@@ -388,7 +418,11 @@ int perf_p2p_main(int argc, char** argv) {
       continue;
     }
     if (o.dtype >= 0 && rank == 0)
-      for (int k = 0; k < bufs.nbuf; k++) p2p_typed_fill(&typed, bufs.buf[k], size, perf_p2p_seed(size, 0));
+      for (int k = 0; k < bufs.nbuf; k++) {
+        p2p_typed_fill(&typed, bufs.buf[k], size, perf_p2p_seed(size, 0));
+        /* Nothing in flight between sizes: the device buffers may be written. */
+        if (bufs.dev[k] != NULL && perf_device_push(bufs.dev[k], bufs.buf[k], size) != 0) goto fail_net;
+      }
     if (o.warmup > 0 && p2p_run(&n, &boot, &o, &bufs, size, o.warmup, msg_base, &us, &typed, o.dtype >= 0,
                                 &verdict) != 0)
       goto fail_net;

@@ -18,7 +18,10 @@
 
 #define PP_TAG 0
 
-int perf_pp_bufs_alloc(perf_net* n, size_t bytes, perf_pp_bufs* b) {
+/* What the plugin gets of buffer k: its device twin with --device, else the buffer. */
+static uint8_t* pp_plugin_buf(const perf_pp_bufs* b, int k) { return b->dev[k] != NULL ? b->dev[k] : b->buf[k]; }
+
+int perf_pp_bufs_alloc(perf_net* n, size_t bytes, bool device, perf_pp_bufs* b) {
   memset(b, 0, sizeof(*b));
   if (bytes == 0) bytes = 1;
   void* comms[2] = {n->send_comm, n->recv_comm};
@@ -29,8 +32,10 @@ int perf_pp_bufs_alloc(perf_net* n, size_t bytes, perf_pp_bufs* b) {
       return -1;
     }
     memset(b->buf[k], 0, bytes); /* first-touch faults are not timed */
+    if (device && (b->dev[k] = perf_device_twin(b->buf[k], bytes)) == NULL) return -1;
     for (int c = 0; c < 2; c++) {
-      ncclResult_t r = agoq_view_reg_mr(&n->view, comms[c], b->buf[k], bytes, NCCL_PTR_HOST, &b->mh[k][c]);
+      ncclResult_t r = agoq_view_reg_mr(&n->view, comms[c], pp_plugin_buf(b, k), bytes,
+                                        device ? NCCL_PTR_CUDA : NCCL_PTR_HOST, &b->mh[k][c]);
       if (r != ncclSuccess) {
         fprintf(stderr, "agoq-perf: regMr of %zu B failed: %s\n", bytes, perf_result_str(r));
         return -1;
@@ -45,6 +50,7 @@ void perf_pp_bufs_free(perf_net* n, perf_pp_bufs* b) {
   for (int k = 0; k < 2; k++) {
     for (int c = 0; c < 2; c++)
       if (b->mh[k][c] != NULL && comms[c] != NULL) agoq_view_dereg_mr(&n->view, comms[c], b->mh[k][c]);
+    perf_device_free(b->dev[k]);
     free(b->buf[k]);
   }
   memset(b, 0, sizeof(*b));
@@ -122,24 +128,29 @@ static int pp_check(const uint8_t* p, size_t size, int msg, const char* what) {
 /* Rank 1: receive into buf[0], echo buf[0]; the next receive is posted before the echo. */
 static int pp_echo(perf_net* n, const perf_opts* o, perf_pp_bufs* b, size_t size, int count, int msg_base) {
   void* req = NULL;
-  if (count > 0 && pp_post_recv(n, b->buf[0], size, b->mh[0][1], &req) != 0) return -1;
+  if (count > 0 && pp_post_recv(n, pp_plugin_buf(b, 0), size, b->mh[0][1], &req) != 0) return -1;
   for (int k = 0; k < count; k++) {
     if (pp_wait_recv(n, req, size) != 0) return -1;
+    /* --device: the bytes the plugin put into the device buffer once the receive was done. */
+    if (o->check && b->dev[0] != NULL && perf_device_pull(b->buf[0], b->dev[0], size) != 0) return -1;
     if (o->check && pp_check(b->buf[0], size, msg_base + k, "message") != 0) return -1;
     /* The echo goes from buf[0] while the next message lands in buf[1]: a receive is
      * never posted into a buffer a send still reads. The two swap each round trip. */
-    uint8_t* echo = b->buf[0];
+    uint8_t* echo = pp_plugin_buf(b, 0); /* device to device with --device: no copy */
     void* echo_mh = b->mh[0][0];
     if (k + 1 < count) {
       uint8_t* t = b->buf[0];
       b->buf[0] = b->buf[1];
       b->buf[1] = t;
+      t = b->dev[0];
+      b->dev[0] = b->dev[1];
+      b->dev[1] = t;
       for (int c = 0; c < 2; c++) {
         void* m = b->mh[0][c];
         b->mh[0][c] = b->mh[1][c];
         b->mh[1][c] = m;
       }
-      if (pp_post_recv(n, b->buf[0], size, b->mh[0][1], &req) != 0) return -1;
+      if (pp_post_recv(n, pp_plugin_buf(b, 0), size, b->mh[0][1], &req) != 0) return -1;
     }
     if (pp_send(n, echo, size, echo_mh) != 0) return -1;
   }
@@ -152,11 +163,16 @@ static int pp_ping(perf_net* n, const perf_opts* o, perf_pp_bufs* b, size_t size
     if (o->check) {
       perf_p2p_fill(b->buf[0], size, perf_p2p_seed(size, msg_base + k));
       memset(b->buf[1], 0, size);
+      /* The last round trip is over: neither device buffer is in use. */
+      if (b->dev[0] != NULL &&
+          (perf_device_push(b->dev[0], b->buf[0], size) != 0 || perf_device_push(b->dev[1], b->buf[1], size) != 0))
+        return -1;
     }
     void* req = NULL;
-    if (pp_post_recv(n, b->buf[1], size, b->mh[1][1], &req) != 0) return -1;
-    if (pp_send(n, b->buf[0], size, b->mh[0][0]) != 0) return -1;
+    if (pp_post_recv(n, pp_plugin_buf(b, 1), size, b->mh[1][1], &req) != 0) return -1;
+    if (pp_send(n, pp_plugin_buf(b, 0), size, b->mh[0][0]) != 0) return -1;
     if (pp_wait_recv(n, req, size) != 0) return -1;
+    if (o->check && b->dev[1] != NULL && perf_device_pull(b->buf[1], b->dev[1], size) != 0) return -1;
     if (o->check && pp_check(b->buf[1], size, msg_base + k, "echo") != 0) return -1;
   }
   return 0;
