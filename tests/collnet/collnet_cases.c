@@ -130,6 +130,18 @@ static size_t cn_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 int cn_batch_add(cn_worker* w, cn_batch* b, cn_kind kind, ncclDataType_t dtype, ncclRedOp_t op,
                  size_t count, size_t window, uint64_t seed) {
+  if (cn_device_mode()) {
+    /* A call whose staging cannot fit is an error by design (AGOQ_GPU_STAGING): such a case
+     * is left out here, identically on every rank. Allreduce runs in place in the staging;
+     * the others stage input and output apart (each at most the window). */
+    size_t all = count * perf_dtype_size(dtype) * (kind == CN_ALLREDUCE ? 1 : (size_t)w->nranks);
+    size_t call = window == 0 || window > all ? all : window;
+    size_t need = (kind == CN_ALLREDUCE ? call : 2 * call) + 2 * 4096; /* alignment */
+    if (need > cn_device_max_call()) {
+      b->device_skipped++;
+      return 0;
+    }
+  }
   if (b->ncases == b->cap) {
     int cap = b->cap ? b->cap * 2 : 64;
     cn_case* n = realloc(b->cases, sizeof(*n) * (size_t)cap);
@@ -168,27 +180,79 @@ static bool cn_call_quantized(const cn_worker* w, const cn_case* c, size_t bytes
 static void* cn_send_mh;
 static void* cn_recv_mh;
 
+/* The window's overlap with our part of a reducescatter or allgather, as an offset into
+ * our own buffer (recv, resp. send) and a length; 0 and 0 when they do not overlap. */
+static void cn_call_own(const cn_worker* w, const cn_case* c, const cn_call* call, size_t* at,
+                        size_t* len) {
+  size_t bpr = c->count * perf_dtype_size(c->dtype);
+  size_t lo = (size_t)w->rank * bpr, hi = lo + bpr;
+  size_t a = call->off > lo ? call->off : lo;
+  size_t e = call->off + call->bytes < hi ? call->off + call->bytes : hi;
+  *at = a < e ? a - lo : 0;
+  *len = a < e ? e - a : 0;
+}
+
+/* --device: the bytes a call reads (to the device twin before it is posted) and the bytes
+ * it writes (back from the twin once test() says it is done). */
+static void cn_call_span(const cn_worker* w, const cn_case* c, const cn_call* call, bool input,
+                         uint8_t** p, size_t* n) {
+  size_t at = 0, len = 0;
+  cn_call_own(w, c, call, &at, &len);
+  bool own = (c->kind == CN_ALLGATHER) == input; /* the side that is our part only */
+  if (c->kind == CN_ALLREDUCE || !own) {
+    *p = (input ? c->send : c->recv) + call->off;
+    *n = call->bytes;
+  } else {
+    *p = (input ? c->send : c->recv) + at;
+    *n = len;
+  }
+}
+
 static ncclResult_t cn_post(cn_worker* w, const cn_case* c, const cn_call* call, void** req) {
   size_t elt = perf_dtype_size(c->dtype);
   size_t bpr = c->count * elt;
+  /* Host mode: the arenas themselves; device mode: their twins (identity without one). */
+  uint8_t* send = cn_device_ptr(c->send);
+  uint8_t* recv = cn_device_ptr(c->recv);
+  if (cn_device_mode()) {
+    uint8_t* p = NULL;
+    size_t n = 0;
+    cn_call_span(w, c, call, true, &p, &n);
+    if (cn_device_push(p, n) != 0) {
+      CN_FAIL(w, "cudaMemcpy of a call's input (%zu B) to its device twin failed", n);
+      return ncclUnhandledCudaError;
+    }
+  }
   if (c->kind == CN_ALLREDUCE)
-    return agoq_collnet_view_iallreduce(&w->view, w->coll_comm, c->send + call->off,
-                                        c->recv + call->off, call->bytes / elt, c->dtype, c->op,
+    return agoq_collnet_view_iallreduce(&w->view, w->coll_comm, send + call->off,
+                                        recv + call->off, call->bytes / elt, c->dtype, c->op,
                                         cn_send_mh, cn_recv_mh, req);
   /* Our part's side: at the window start when the window starts in our part, else the
    * part's start (NCCL's convention, coll_net.cc). */
   size_t own = call->off / bpr == (size_t)w->rank ? call->off % bpr : 0;
   if (c->kind == CN_REDUCESCATTER) {
-    agoq_view_sge part = {.mhandle = cn_send_mh, .address = c->send + call->off,
+    agoq_view_sge part = {.mhandle = cn_send_mh, .address = send + call->off,
                           .size = call->bytes};
-    return agoq_collnet_view_ireducescatter(&w->view, w->coll_comm, 1, &part, c->recv + own, bpr,
+    return agoq_collnet_view_ireducescatter(&w->view, w->coll_comm, 1, &part, recv + own, bpr,
                                             call->off, call->bytes, c->dtype, c->op, cn_recv_mh,
                                             req);
   }
-  agoq_view_sge part = {.mhandle = cn_recv_mh, .address = c->recv + call->off,
+  agoq_view_sge part = {.mhandle = cn_recv_mh, .address = recv + call->off,
                         .size = call->bytes};
-  return agoq_collnet_view_iallgather(&w->view, w->coll_comm, c->send + own, 1, &part, bpr,
+  return agoq_collnet_view_iallgather(&w->view, w->coll_comm, send + own, 1, &part, bpr,
                                       call->off, call->bytes, cn_send_mh, req);
+}
+
+/* test() said call i is done: in device mode its result is read back from the twin now,
+ * so the checks see what device memory held at that moment. */
+static int cn_call_done(cn_worker* w, cn_batch* b, const cn_call* call, int i) {
+  if (!cn_device_mode()) return 0;
+  uint8_t* p = NULL;
+  size_t n = 0;
+  cn_call_span(w, &b->cases[call->c], call, false, &p, &n);
+  if (cn_device_pull(p, n) == 0) return 0;
+  CN_FAIL(w, "cudaMemcpy of call %d's result (%zu B) from device memory failed", i, n);
+  return -1;
 }
 
 /* Posts and completes every call: at most `inflight` outstanding; FIFO tests the oldest
@@ -237,6 +301,7 @@ static int cn_drive(cn_worker* w, cn_batch* b, const cn_call* calls, int ncalls)
             CN_FAIL(w, "test of call %d reported %d bytes written, not %zu", i, size, want);
             return -1;
           }
+          if (cn_call_done(w, b, &calls[i], i) != 0) return -1;
           fin[s] = true;
           progress = true;
         }
@@ -262,6 +327,7 @@ static int cn_drive(cn_worker* w, cn_batch* b, const cn_call* calls, int ncalls)
                   done, label, call->off, call->bytes, size, want);
           return -1;
         }
+        if (cn_call_done(w, b, call, done) != 0) return -1;
         done++;
         progress = true;
       }
@@ -404,6 +470,9 @@ int cn_batch_run(cn_worker* w, cn_batch* b) {
   uint64_t* hashes = malloc(sizeof(uint64_t) * ((size_t)b->ncases + 1));
   uint64_t* all_hashes = malloc(sizeof(uint64_t) * ((size_t)b->ncases + 1) * (size_t)w->nranks);
   void *smh = NULL, *rmh = NULL;
+  bool dev = cn_device_mode(), twins = false;
+  bool drained = false; /* every call completed: nothing of the plugin's uses the twins */
+  uint8_t* dview = NULL; /* device mode: the twins' bytes after the batch */
   CN_REQUIRE(w, send && recv && calls && hashes && all_hashes, "out of memory (%zu + %zu B)",
              send_total, recv_total);
   memset(send, CN_GUARD_BYTE, send_total);
@@ -437,24 +506,43 @@ int cn_batch_run(cn_worker* w, cn_batch* b) {
     }
   }
   uint64_t send_hash = perf_hash64(send, send_total, 7);
-  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, send, send_total, NCCL_PTR_HOST, &smh));
-  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, recv, recv_total, NCCL_PTR_HOST, &rmh));
+  if (dev) {
+    /* The twins start as the host arenas: inputs, result patterns and guards. */
+    twins = true;
+    CN_REQUIRE(w, cn_device_alloc(send, send_total) == 0 && cn_device_alloc(recv, recv_total) == 0,
+               "cannot make the device twins of the arenas (%zu + %zu B)", send_total, recv_total);
+  }
+  int mem = dev ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, cn_device_ptr(send), send_total, mem, &smh));
+  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, cn_device_ptr(recv), recv_total, mem, &rmh));
   cn_send_mh = smh;
   cn_recv_mh = rmh;
   /* All ranks enter together: a rank still building inputs is not a slow network. */
   if (cn_barrier(w) != 0) goto fail;
   int64_t t0 = cn_now_ns();
   if (cn_drive(w, b, calls, nc) != 0) goto fail;
+  drained = true;
   double secs = (double)(cn_now_ns() - t0) / 1e9;
 
   CN_REQUIRE(w, perf_hash64(send, send_total, 7) == send_hash,
              "the plugin wrote into a send buffer");
+  /* The guards are checked where the plugin wrote: in device mode, in the twin. */
+  const uint8_t* gv = recv;
+  if (dev) {
+    dview = malloc(send_total > recv_total ? send_total : recv_total);
+    CN_REQUIRE(w, dview != NULL, "out of memory");
+    CN_REQUIRE(w, cn_device_read(send, dview, send_total) == 0, "cudaMemcpy of the send twin failed");
+    CN_REQUIRE(w, perf_hash64(dview, send_total, 7) == send_hash,
+               "the plugin wrote into a send buffer in device memory");
+    CN_REQUIRE(w, cn_device_read(recv, dview, recv_total) == 0, "cudaMemcpy of the recv twin failed");
+    gv = dview;
+  }
   size_t off = 0;
   for (int i = 0; i < b->ncases && !w->failed; i++) {
     cn_case* c = &b->cases[i];
     size_t start = (size_t)(c->recv - recv);
     for (size_t j = off; j < start; j++)
-      if (recv[j] != CN_GUARD_BYTE) {
+      if (gv[j] != CN_GUARD_BYTE) {
         char label[160];
         cn_case_label(c, label, sizeof label);
         CN_FAIL(w, "%s: byte %zd before its result was overwritten", label,
@@ -464,12 +552,22 @@ int cn_batch_run(cn_worker* w, cn_batch* b) {
     off = start + c->recv_bytes; /* the padding up to the alignment is guard too */
   }
   for (size_t j = off; j < recv_total && !w->failed; j++)
-    if (recv[j] != CN_GUARD_BYTE) CN_FAIL(w, "byte %zu past the last result was overwritten", j - off);
+    if (gv[j] != CN_GUARD_BYTE) CN_FAIL(w, "byte %zu past the last result was overwritten", j - off);
   if (w->failed) goto fail;
   for (int i = 0; i < b->ncases; i++) {
     cn_case* c = &b->cases[i];
     if (cn_check_case(w, b, c) != 0 && strlen(w->why) > 1500) break;
     hashes[i] = c->kind == CN_REDUCESCATTER ? 0 : perf_hash64(c->recv, c->recv_bytes, 1);
+  }
+  /* Device mode: the checks above saw what was read back when test() said done; device
+   * memory must still hold exactly that (nothing written after done). */
+  for (int i = 0; dev && i < b->ncases && strlen(w->why) <= 1500; i++) {
+    cn_case* c = &b->cases[i];
+    if (memcmp(dview + (c->recv - recv), c->recv, c->recv_bytes) != 0) {
+      char label[160];
+      cn_case_label(c, label, sizeof label);
+      CN_FAIL(w, "%s: its device buffer changed after test() said done", label);
+    }
   }
   /* Same bits on every rank: even a wrong result must be wrong the same way everywhere. */
   if (cn_allgather(w, hashes, all_hashes, (uint32_t)(sizeof(uint64_t) * (size_t)b->ncases)) != 0)
@@ -491,8 +589,12 @@ int cn_batch_run(cn_worker* w, cn_batch* b) {
         if (b->cases[i].rel_l2 > worst) worst = b->cases[i].rel_l2;
       }
     printf("collnet: v%d, %d ranks: %d collectives in %d calls (%d quantized, worst relative "
-           "L2 %.3f%%) in %.2f s, %d in flight%s\n", w->version, w->nranks, b->ncases, nc, nq,
-           worst * 100, secs, b->inflight, b->test_lifo ? ", tested newest first" : "");
+           "L2 %.3f%%) in %.2f s, %d in flight%s%s", w->version, w->nranks, b->ncases, nc, nq,
+           worst * 100, secs, b->inflight, b->test_lifo ? ", tested newest first" : "",
+           dev ? ", device buffers" : "");
+    if (b->device_skipped > 0)
+      printf(" (%d left out: above AGOQ_GPU_STAGING=%zu)", b->device_skipped, cn_device_max_call());
+    printf("\n");
   }
   rc = w->failed ? -1 : 0;
 fail:
@@ -505,8 +607,17 @@ fail:
     if (r != ncclSuccess) CN_FAIL(w, "deregMr returned %s", cn_result_str(r));
   }
   cn_send_mh = cn_recv_mh = NULL;
-  free(send);
-  free(recv);
+  /* After a failed drive calls may still be in flight into the twins: they (and the
+   * arenas they map) are left to the process's exit. */
+  if (twins && drained) {
+    cn_device_free(send);
+    cn_device_free(recv);
+  }
+  free(dview);
+  if (!twins || drained) {
+    free(send);
+    free(recv);
+  }
   free(calls);
   free(hashes);
   free(all_hashes);

@@ -65,6 +65,9 @@ int cn_open(cn_worker* w) {
   CN_REQUIRE(w, (w->props.ptr_support & NCCL_PTR_HOST) != 0,
              "CollNet device 0 does not take host memory (ptrSupport 0x%x)",
              w->props.ptr_support);
+  CN_REQUIRE(w, !cn_device_mode() || (w->props.ptr_support & NCCL_PTR_CUDA) != 0,
+             "--device: CollNet device 0 does not take device memory (ptrSupport 0x%x; is %s "
+             "the plugin built over the CUDA emulation?)", w->props.ptr_support, w->lib_path);
   return 0;
 fail:
   return -1;

@@ -141,6 +141,7 @@ typedef struct {
   int inflight;     /* calls outstanding at most (1..CN_MAX_INFLIGHT) */
   bool test_lifo;   /* test the newest outstanding call first (progress without test) */
   double max_rel_l2; /* bound for quantized cases */
+  int device_skipped; /* --device: cases left out, a call of theirs above AGOQ_GPU_STAGING */
 } cn_batch;
 
 int cn_batch_add(cn_worker* w, cn_batch* b, cn_kind kind, ncclDataType_t dtype, ncclRedOp_t op,
@@ -151,6 +152,26 @@ int cn_batch_add(cn_worker* w, cn_batch* b, cn_kind kind, ncclDataType_t dtype, 
  * every buffer, and compares every case's result bits with the other ranks'. */
 int cn_batch_run(cn_worker* w, cn_batch* b);
 void cn_batch_free(cn_worker* w, cn_batch* b);
+
+/* ---- device buffers (collnet_device.c; --device) ---- */
+/* This build has the CUDA emulation (CN_HAVE_DEVICE). */
+bool cn_device_available(void);
+/* The workers run with NCCL's buffers in (emulated) device memory: AGOQ_COLLNET_DEVICE=1,
+ * set by --device. */
+bool cn_device_mode(void);
+/* A device twin of [host, host + size), filled with its bytes; 0 ok. */
+int cn_device_alloc(void* host, size_t size);
+void cn_device_free(void* host);
+/* The twin's address of a host address in a twinned buffer; the address itself otherwise. */
+void* cn_device_ptr(void* host);
+/* Host bytes [host, host + n) to the twin / the twin's bytes back into them; 0 ok, also
+ * without a twin. */
+int cn_device_push(void* host, size_t n);
+int cn_device_pull(void* host, size_t n);
+/* The twin's bytes at host's place into out, leaving the host buffer alone; 0 ok. */
+int cn_device_read(const void* host, void* out, size_t n);
+/* The most staging one call may need (AGOQ_GPU_STAGING) in device mode; SIZE_MAX else. */
+size_t cn_device_max_call(void);
 
 /* Whether the plugin's supported matrix has (dtype, op), as this rank's reduceSupport says
  * (the support scenario checks that all ranks and versions agree). */

@@ -3,11 +3,13 @@
  * this host driving them as NCCL's proxy drives them on N node heads.
  *
  *   agoq-collnet-harness --scenario NAME [--nranks N] [--abi V] [--lib PATH]
- *                        [--timeout-s S] [--list]
+ *                        [--timeout-s S] [--device] [--list]
  *
  * A scenario marked "all versions" runs once per exported CollNet version (or only --abi);
  * the others run on --abi, default the newest. One PASS/FAIL line per run; exit 1 if
- * anything failed, 2 on a usage error.
+ * anything failed, 2 on a usage error. --device puts every buffer the plugin gets in
+ * (emulated) device memory, registered NCCL_PTR_CUDA (collnet_device.c): for the test
+ * plugin built over the CUDA emulation, in builds that have it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -75,10 +77,12 @@ int cn_worker_main(int argc, char** argv) {
 static void cn_usage(FILE* f) {
   fprintf(f,
           "usage: agoq-collnet-harness --scenario NAME [--nranks N] [--abi V] [--lib PATH]\n"
-          "                            [--timeout-s S] [--list]\n"
+          "                            [--timeout-s S] [--device] [--list]\n"
           "Drives the plugin's ncclCollNetPlugin_vN tables with N processes over loopback as\n"
           "NCCL's proxy does. Default library: $AGOQ_PLUGIN_PATH, else\n"
-          "<exe dir>/../lib/libnccl-net-agoq.so.\n");
+          "<exe dir>/../lib/libnccl-net-agoq.so.\n"
+          "  --device   every buffer in device memory of the CUDA emulation, registered\n"
+          "             NCCL_PTR_CUDA; for libnccl-net-agoq-emu.so (staging: AGOQ_GPU_STAGING)\n");
 }
 
 int main(int argc, char** argv) {
@@ -92,6 +96,15 @@ int main(int argc, char** argv) {
     if (strcmp(o, "-h") == 0 || strcmp(o, "--help") == 0) {
       cn_usage(stdout);
       return 0;
+    }
+    if (strcmp(o, "--device") == 0) {
+      if (!cn_device_available()) {
+        fprintf(stderr, "agoq-collnet-harness: --device needs the CUDA emulation, which this "
+                        "build lacks\n");
+        return 2;
+      }
+      setenv("AGOQ_COLLNET_DEVICE", "1", 1); /* the workers inherit it (collnet_device.c) */
+      continue;
     }
     if (strcmp(o, "--list") == 0) {
       for (size_t s = 0; s < cn_scenario_count; s++)
@@ -164,15 +177,17 @@ int main(int argc, char** argv) {
     run[nrun++] = versions[0];
   }
   int failures = 0;
+  const char* mode = cn_device_mode() ? " (device)" : "";
   for (int i = 0; i < nrun; i++) {
     char why[8192];
     int64_t t0 = cn_now_ns();
     int rc = cn_run_scenario(self, lib, sc, (int)nranks, run[i], (int)timeout_s, why, sizeof why);
     double s = (double)(cn_now_ns() - t0) / 1e9;
     if (rc == 0) {
-      printf("PASS collnet.%s v%d, %ld ranks (%.1f s)\n", sc->name, run[i], nranks, s);
+      printf("PASS collnet.%s%s v%d, %ld ranks (%.1f s)\n", sc->name, mode, run[i], nranks, s);
     } else {
-      printf("FAIL collnet.%s v%d, %ld ranks (%.1f s): %s\n", sc->name, run[i], nranks, s, why);
+      printf("FAIL collnet.%s%s v%d, %ld ranks (%.1f s): %s\n", sc->name, mode, run[i], nranks, s,
+             why);
       failures++;
     }
   }

@@ -29,11 +29,18 @@ int cn_sc_kill(cn_worker* w) {
   uint8_t* recv = aligned_alloc(4096, bytes);
   void *smh = NULL, *rmh = NULL;
   void* reqs[CN_MAX_INFLIGHT] = {0};
+  bool dev = cn_device_mode();
   CN_REQUIRE(w, send != NULL && recv != NULL, "out of memory");
   perf_input_fill(ncclBfloat16, send, bytes / 2, perf_rank_seed(77, w->rank), w->nranks, 0);
   memset(recv, 0, bytes);
-  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, send, bytes, NCCL_PTR_HOST, &smh));
-  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, recv, bytes, NCCL_PTR_HOST, &rmh));
+  /* --device: the calls read and write the buffers' device twins (collnet_device.c). */
+  CN_REQUIRE(w, !dev || (cn_device_alloc(send, bytes) == 0 && cn_device_alloc(recv, bytes) == 0),
+             "cannot make the device twins of the buffers (2 x %zu B)", bytes);
+  uint8_t* dsend = cn_device_ptr(send);
+  uint8_t* drecv = cn_device_ptr(recv);
+  int mem = dev ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, dsend, bytes, mem, &smh));
+  CN_OK(w, agoq_collnet_view_reg_mr(&w->view, w->coll_comm, drecv, bytes, mem, &rmh));
   if (cn_barrier(w) != 0) goto fail;
 
   long posted = 0, done = 0;
@@ -46,7 +53,7 @@ int cn_sc_kill(cn_worker* w) {
     while (posted - done < CN_MAX_INFLIGHT) {
       size_t off = (size_t)(posted % CN_KILL_WINDOWS) * CN_KILL_CALL_BYTES;
       void* req = NULL;
-      err = agoq_collnet_view_iallreduce(&w->view, w->coll_comm, send + off, recv + off,
+      err = agoq_collnet_view_iallreduce(&w->view, w->coll_comm, dsend + off, drecv + off,
                                          CN_KILL_CALL_BYTES / 2, ncclBfloat16, ncclSum, smh, rmh,
                                          &req);
       if (err != ncclSuccess) {
@@ -102,13 +109,15 @@ int cn_sc_kill(cn_worker* w) {
   if (r != ncclSuccess)
     fprintf(stderr, "collnet: rank %d: closeColl of the broken group returned %s\n", w->rank,
             cn_result_str(r));
+  cn_device_free(send);
+  cn_device_free(recv);
   free(send);
   free(recv);
   return 0;
 fail:
   if (smh != NULL) agoq_collnet_view_dereg_mr(&w->view, w->coll_comm, smh);
   if (rmh != NULL) agoq_collnet_view_dereg_mr(&w->view, w->coll_comm, rmh);
-  free(send);
-  free(recv);
+  /* Calls may still be in flight into the twins and the buffers: both are left to the
+   * process's exit. */
   return -1;
 }
