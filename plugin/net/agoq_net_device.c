@@ -1,14 +1,14 @@
 /* NCCL's buffers in device memory (NCCL_PTR_CUDA) on the net path. The transport moves
  * host bytes only, so each request's bytes pass through pinned staging of the comm's GPU
  * link (plugin/gpu):
- *  - send: isend queues the copy of NCCL's buffer into the staging and an event; once the
- *    event is done the staging goes to the transport (as a frame when the payload is typed,
- *    encoded from the staging), in posting order; the request is done when the transport
- *    has sent it. NCCL's buffer was read by then.
- *  - receive: irecv reserves the staging; the transport fills it (a frame is decoded into
- *    it); then the copy into NCCL's buffer and an event are queued; test says done only
- *    when that event is, so the bytes are in NCCL's buffer when NCCL's kernel looks, and
- *    iflush has nothing left to do.
+ *  - send: isend queues the copy of NCCL's buffer into the staging, or for a typed payload
+ *    the CUDA codec's encode of it straight into the staging, and an event; once the event
+ *    is done the staging goes to the transport, in posting order; the request is done when
+ *    the transport has sent it. NCCL's buffer was read by then.
+ *  - receive: irecv reserves the staging; the transport fills it; then the copy into NCCL's
+ *    buffer, or for a frame the GPU's decode of it from the staging, and an event are
+ *    queued; test says done only when that event is, so the bytes are in NCCL's buffer when
+ *    NCCL's kernel looks, and iflush has nothing left to do.
  * Nothing here waits for the device: test only queries events. Copies of one connection
  * run in order on its stream; NCCL keeps several steps in flight per connection, so the
  * copy of one step overlaps the wire time of the others. */
@@ -99,6 +99,14 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
   req->dev_frame = phandle != NULL &&
                    agoq_typed_plan(&comm->typed_stats, comm->prof_fn, phandle, size, &p, &n, &cap, &why);
+  if (req->dev_frame && cap < AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(&p, n, 0)) {
+    /* Even without escaped blocks the frame would not be smaller (a few elements under a
+     * small AGOQ_MIN_BYTES): exact, as the host path decides. The device would refuse the
+     * launch itself. */
+    comm->typed_stats.not_eligible++;
+    req->dev_frame = false;
+    why = AGOQ_EXACT_NOGAIN;
+  }
   if (req->dev_frame) {
     /* The GPU reads NCCL's buffer and writes the frame into the pinned staging: only the
      * frame crosses PCIe. cap <= size: a frame no smaller than the payload is refused on

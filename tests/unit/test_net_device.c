@@ -25,6 +25,7 @@
 #include "gpu/agoq_gpu.h"
 #include "net/agoq_net.h"
 #include "net/agoq_net_comm.h"
+#include "net/agoq_typed.h"
 #include "profiler/agoq_oracle.h"
 
 #define COMM_ID 0x7e7e7e7e00000d01ull
@@ -351,6 +352,36 @@ static void test_typed_matrix_equals_host_path(void** state) {
   free(got);
 }
 
+/* A typed payload of a few elements (possible with a small AGOQ_MIN_BYTES) cannot make a
+ * frame smaller than itself: it goes exact from device memory, as from host memory, rather
+ * than failing the send. */
+static void test_typed_tiny_goes_exact(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 7, fake_prof);
+  uint64_t min0 = agoq_typed.min_bytes;
+  agoq_typed.min_bytes = 0;
+  float src[3] = {1.5f, -2.25f, 3.0f};
+  float got[3] = {0};
+  fake_step step = step_of(AGOQ_XFER_P2P, ncclFloat32, AGOQ_XFER_PROTO_SIMPLE, 1);
+  endpoint ds = {.buf = dev_from(src, sizeof src), .size = sizeof src, .device = true};
+  endpoint dr = {.size = sizeof got, .device = true};
+  assert_int_equal(cudaMalloc(&dr.buf, sizeof got), cudaSuccess);
+  ep_reg(p.send, &ds);
+  ep_reg(p.recv, &dr);
+  uint64_t frames0 = ((agoq_comm*)p.send)->typed_stats.frames;
+  assert_int_equal(transfer(&p, &ds, &dr, sizeof src, &step), (int)sizeof src);
+  assert_int_equal(((agoq_comm*)p.send)->typed_stats.frames, frames0);
+  dev_to(got, dr.buf, sizeof got);
+  assert_memory_equal(got, src, sizeof src);
+  agoq_typed.min_bytes = min0;
+  agoq_net_dereg_mr(p.send, ds.mh);
+  agoq_net_dereg_mr(p.recv, dr.mh);
+  cudaFree(ds.buf);
+  cudaFree(dr.buf);
+  pair_close(&p);
+}
+
 /* regMr refuses what is not device memory, and ranges running past an allocation; the data
  * path refuses a buffer outside its registration and a message larger than the staging. */
 static void test_bad_device_buffers(void** state) {
@@ -437,6 +468,7 @@ int main(void) {
       cmocka_unit_test(test_inflight_in_order),
       cmocka_unit_test(test_typed_bits_equal_host_path),
       cmocka_unit_test(test_typed_matrix_equals_host_path),
+      cmocka_unit_test(test_typed_tiny_goes_exact),
       cmocka_unit_test(test_bad_device_buffers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
