@@ -29,8 +29,6 @@
 
 static uint32_t agoq_dev_slot(const agoq_coll_comm* g, const agoq_coll_req* r) { return (uint32_t)(r - g->reqs); }
 
-static size_t agoq_dev_align(size_t n) { return (n + AGOQ_GPU_RING_ALIGN - 1) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN; }
-
 ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_coll_mr* mr) {
   char why[224];
   int device = -1;
@@ -130,7 +128,7 @@ static ncclResult_t agoq_dev_stage_locked(agoq_coll_comm* g, agoq_coll_req* r, s
     AGOQ_WARN("CollNet rank %d: a device buffer on a group without registered device memory", g->rank);
     return ncclInternalError;
   }
-  size_t total = agoq_dev_align(in_bytes) + (alias ? 0 : out_bytes);
+  size_t total = agoq_gpu_ring_align(in_bytes) + (alias ? 0 : out_bytes);
   AGOQ_CHECK(agoq_dev_fits(g, total));
   uint8_t* base = NULL;
   int id = agoq_gpu_ring_get(agoq_gpu_link_ring(g->gpu), total, &base);
@@ -139,7 +137,7 @@ static ncclResult_t agoq_dev_stage_locked(agoq_coll_comm* g, agoq_coll_req* r, s
     return ncclSuccess;
   }
   uint8_t* in = in_bytes > 0 ? base : NULL;
-  uint8_t* out = out_bytes == 0 ? NULL : alias ? base : base + agoq_dev_align(in_bytes);
+  uint8_t* out = out_bytes == 0 ? NULL : alias ? base : base + agoq_gpu_ring_align(in_bytes);
   ncclResult_t res = ncclSuccess;
   if (in != NULL) AGOQ_CHECK_GOTO(agoq_dev_copy_in(g, r, in, in_bytes), res, fail);
   r->ring_id = id;

@@ -1,6 +1,7 @@
 /* One connection's device resources (agoq_gpu.h): created at setup, used by the data path
  * only to queue copies on the link's stream and to query its events. */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,10 @@
 #include "gpu/agoq_gpu.h"
 #include "agoq_codec_cuda.h"
 #include "gpu/agoq_gpu_internal.h"
+
+/* Ring entries per event slot: a request takes one piece (a grouped receive one for all its
+ * buffers); the spare ones keep a request tested late from exhausting the table. */
+enum { AGOQ_GPU_RING_ENTRIES_PER_SLOT = 8 };
 
 struct agoq_gpu_link {
   int device;
@@ -54,7 +59,7 @@ ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, ag
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc((void**)&l->results, nres * sizeof *l->results, cudaHostAllocPortable), res,
                        fail);
   memset(l->results, 0, nres * sizeof *l->results);
-  if (!agoq_gpu_ring_init(&l->ring, l->staging, staging, slots * 8u)) {
+  if (!agoq_gpu_ring_init(&l->ring, l->staging, staging, slots * AGOQ_GPU_RING_ENTRIES_PER_SLOT)) {
     AGOQ_WARN("out of memory creating a GPU link");
     res = ncclSystemError;
     goto fail;
@@ -108,12 +113,19 @@ ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, si
   return agoq_gpu_copy(l, dev, host, size, cudaMemcpyHostToDevice, &l->stats.h2d_bytes, &l->stats.h2d_copies);
 }
 
+static ncclResult_t agoq_gpu_slot_ok(const agoq_gpu_link* l, uint32_t slot, int part) {
+  if (slot < l->slots && part >= 0 && part < AGOQ_GPU_PARTS_PER_SLOT) return ncclSuccess;
+  AGOQ_WARN("GPU link: result %u/%d out of range (%u slots)", slot, part, l->slots);
+  return ncclInternalError;
+}
+
+static agoq_cuda_codec_result* agoq_gpu_result(const agoq_gpu_link* l, uint32_t slot, int part) {
+  return &l->results[(size_t)slot * AGOQ_GPU_PARTS_PER_SLOT + (size_t)part];
+}
+
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
   ncclResult_t res = ncclSuccess;
-  if (slot >= l->slots) {
-    AGOQ_WARN("GPU link: event slot %u out of range (%u)", slot, l->slots);
-    return ncclInternalError;
-  }
+  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
   AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaEventRecord(l->events[slot], l->stream), res, out);
 out:
@@ -122,10 +134,7 @@ out:
 
 ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   *done = false;
-  if (slot >= l->slots) {
-    AGOQ_WARN("GPU link: event slot %u out of range (%u)", slot, l->slots);
-    return ncclInternalError;
-  }
+  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
   /* cudaEventQuery needs no current device. */
   cudaError_t e = cudaEventQuery(l->events[slot]);
   if (e == cudaErrorNotReady) {
@@ -148,16 +157,6 @@ static ncclResult_t agoq_gpu_codec_check(int rc, const char* what) {
   }
   AGOQ_WARN("%s refused: %s", what, agoq_codec_status_str((agoq_codec_status)rc));
   return ncclInternalError;
-}
-
-static ncclResult_t agoq_gpu_slot_ok(const agoq_gpu_link* l, uint32_t slot, int part) {
-  if (slot < l->slots && part >= 0 && part < AGOQ_GPU_PARTS_PER_SLOT) return ncclSuccess;
-  AGOQ_WARN("GPU link: result %u/%d out of range (%u slots)", slot, part, l->slots);
-  return ncclInternalError;
-}
-
-static agoq_cuda_codec_result* agoq_gpu_result(const agoq_gpu_link* l, uint32_t slot, int part) {
-  return &l->results[(size_t)slot * AGOQ_GPU_PARTS_PER_SLOT + (size_t)part];
 }
 
 ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
@@ -194,7 +193,25 @@ void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint
 
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { l->stats.encoded_bytes += frame_bytes; }
 
+/* Lazy loading is per process: each (format, block) is warmed once, by the first link that
+ * needs it, not again by every connection NCCL opens. */
+static pthread_mutex_t agoq_gpu_warm_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool agoq_gpu_warmed[AGOQ_FORMAT_COUNT][AGOQ_CODEC_BLOCK_MAX / AGOQ_CODEC_BLOCK_MIN + 1];
+
+static ncclResult_t agoq_gpu_codec_warm_locked(agoq_gpu_link* l, const agoq_codec_params* p);
+
 ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
+  if ((unsigned)p->format >= AGOQ_FORMAT_COUNT || p->block < AGOQ_CODEC_BLOCK_MIN || p->block > AGOQ_CODEC_BLOCK_MAX)
+    return agoq_gpu_codec_warm_locked(l, p); /* the codec refuses it, with the reason */
+  bool* done = &agoq_gpu_warmed[p->format][p->block / AGOQ_CODEC_BLOCK_MIN];
+  pthread_mutex_lock(&agoq_gpu_warm_mu);
+  ncclResult_t res = *done ? ncclSuccess : agoq_gpu_codec_warm_locked(l, p);
+  if (res == ncclSuccess) *done = true;
+  pthread_mutex_unlock(&agoq_gpu_warm_mu);
+  return res;
+}
+
+static ncclResult_t agoq_gpu_codec_warm_locked(agoq_gpu_link* l, const agoq_codec_params* p) {
   static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
   /* In the staging (the kernels reach pinned memory), which nothing uses yet: no allocation,
    * and so no cudaFree, which would wait for every kernel on the device. */

@@ -3,10 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t agoq_ring_round(size_t n) {
-  size_t a = AGOQ_GPU_RING_ALIGN;
-  return n == 0 ? a : (n + a - 1) / a * a;
-}
+/* An allocation's length in the ring: at least one aligned unit, so every entry is
+ * distinct from its neighbours. */
+static size_t agoq_ring_round(size_t n) { return n == 0 ? AGOQ_GPU_RING_ALIGN : agoq_gpu_ring_align(n); }
 
 bool agoq_gpu_ring_init(agoq_gpu_ring* r, uint8_t* base, size_t size, uint32_t max_entries) {
   memset(r, 0, sizeof *r);

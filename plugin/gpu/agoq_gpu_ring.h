@@ -29,6 +29,12 @@ typedef struct {
   uint32_t cap, first, count; /* entries: capacity, oldest, in use (live or not yet popped) */
 } agoq_gpu_ring;
 
+/* n rounded up to AGOQ_GPU_RING_ALIGN (0 stays 0): where the next piece of one allocation
+ * that holds several starts. */
+static inline size_t agoq_gpu_ring_align(size_t n) {
+  return (n + AGOQ_GPU_RING_ALIGN - 1) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+}
+
 /* Takes over no memory: base/size is the caller's. False when out of host memory. */
 bool agoq_gpu_ring_init(agoq_gpu_ring* r, uint8_t* base, size_t size, uint32_t max_entries);
 void agoq_gpu_ring_fini(agoq_gpu_ring* r);

@@ -204,7 +204,7 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
   for (int i = 0; i < req->n_bufs; i++) {
     if (!(req->dev_mask & (1u << i))) continue;
     off[i] = total;
-    total += (req->posted[i] + AGOQ_GPU_RING_ALIGN - 1) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+    total += agoq_gpu_ring_align(req->posted[i]);
   }
   AGOQ_CHECK(agoq_dev_fits(comm, total));
   uint8_t* base = NULL;
