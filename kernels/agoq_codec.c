@@ -234,6 +234,19 @@ void agoq_codec_overflow_to_inf(agoq_dtype out, float* x, size_t n) {
   agoq_cpu_kernels_active()->overflow_inf(x, n, from);
 }
 
+void agoq_codec_narrow_fp32(agoq_dtype out, const float* acc, size_t n, void* dst) {
+  if (n == 0) return;
+  if (out == AGOQ_DTYPE_FP32) {
+    memcpy(dst, acc, n * sizeof(float));
+  } else if (out == AGOQ_DTYPE_BF16) {
+    uint16_t* d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = agoq_fp32_to_bf16(acc[i]);
+  } else {
+    uint16_t* d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = agoq_fp32_to_fp16(acc[i]);
+  }
+}
+
 /* ---- block-range workers ------------------------------------------------------------------- */
 
 static size_t chunk_blocks(const agoq_codec_layout* lay) {

@@ -131,6 +131,10 @@ agoq_codec_status agoq_dequantize_accumulate(const agoq_codec_params* p, const v
  * travel raw, so every rank decodes +-Inf where the exact reduction gives +-Inf, and the
  * decoder's saturation of finite blocks cannot turn an overflow into the type's maximum. */
 void agoq_codec_overflow_to_inf(agoq_dtype out, float* x, size_t n);
+/* n fp32 values into `out` (fp32: the bits unchanged; bf16, fp16: round to nearest even, a
+ * value beyond the type's range is +-Inf, NaN stays NaN): how a reduce-scatter owner gives
+ * its fp32 sums their type. The CUDA codec's agoq_cuda_narrow_fp32 gives the same bits. */
+void agoq_codec_narrow_fp32(agoq_dtype out, const float* acc, size_t n, void* dst);
 
 /* Multi-threaded variants: the same bits, the work split by blocks over `nthreads` threads
  * (0 = all online CPUs); for buffers large enough to be worth it. */

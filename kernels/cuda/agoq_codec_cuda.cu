@@ -613,6 +613,28 @@ __global__ void write_header_kernel(uint8_t* frame, uint8_t dtype, uint64_t n, u
   for (int i = 0; i < (int)AGOQ_FRAME_HEADER_SIZE; i++) frame[i] = h[i];
 }
 
+/* ---- a reduction owner's element-wise steps ------------------------------------------------------ */
+
+/* Inf for a sum beyond the output type's range; only the rare lanes that change are stored. */
+__global__ void __launch_bounds__(kThreads) overflow_inf_kernel(float* acc, uint64_t n, uint32_t from) {
+  for (uint64_t i = (uint64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += (uint64_t)gridDim.x * kThreads) {
+    const float v = acc[i];
+    const float y = fp32_overflow_inf(v, from);
+    if (f2u(y) != f2u(v)) acc[i] = y;
+  }
+}
+
+/* fp32 sums into the output type: fp32 bits unchanged, bf16 / fp16 round to nearest even. */
+template <int OUT>
+__global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restrict__ acc, uint64_t n, void* dst) {
+  for (uint64_t i = (uint64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += (uint64_t)gridDim.x * kThreads) {
+    const float v = acc[i];
+    if (OUT == kOutFp32) static_cast<uint32_t*>(dst)[i] = f2u(v);
+    else if (OUT == kOutBf16) static_cast<uint16_t*>(dst)[i] = (uint16_t)fp32_to_bf16(v);
+    else static_cast<uint16_t*>(dst)[i] = (uint16_t)fp32_to_fp16(v);
+  }
+}
+
 /* ---- decode of the coded blocks --------------------------------------------------------------- */
 
 struct DecodeArgs {
@@ -1249,6 +1271,36 @@ extern "C" int agoq_cuda_frame_decode_accumulate(const void* header, const void*
                                                  agoq_cuda_codec_result* result, void* stream) {
   return frame_decode_impl(header, frame, len, kOutAcc, acc, acc_count, workspace, result,
                            static_cast<cudaStream_t>(stream));
+}
+
+/* A grid-stride launch over n elements: at most 65536 CTAs. */
+static unsigned elementwise_grid(size_t n) {
+  const uint64_t blocks = (n + kThreads - 1) / kThreads;
+  return (unsigned)(blocks < 65536 ? blocks : 65536);
+}
+
+extern "C" int agoq_cuda_overflow_to_inf(agoq_dtype out, float* acc, size_t n, void* stream) {
+  if ((unsigned)out >= AGOQ_DTYPE_COUNT || (acc == nullptr && n != 0) || !aligned(acc, 4) || n > kMaxCount)
+    return AGOQ_CODEC_EARG;
+  if (out == AGOQ_DTYPE_FP32 || n == 0) return AGOQ_CODEC_OK; /* fp32 overflows by itself */
+  const uint32_t from = out == AGOQ_DTYPE_BF16 ? kBf16InfFromBits : kFp16InfFromBits;
+  launch(overflow_inf_kernel, elementwise_grid(n), kThreads, static_cast<cudaStream_t>(stream), acc, n, from);
+  return launched();
+}
+
+extern "C" int agoq_cuda_narrow_fp32(agoq_dtype out, const float* acc, size_t n, void* dst, void* stream) {
+  if ((unsigned)out >= AGOQ_DTYPE_COUNT || ((acc == nullptr || dst == nullptr) && n != 0) || !aligned(acc, 4) ||
+      !aligned(dst, agoq_dtype_size(out)) || n > kMaxCount)
+    return AGOQ_CODEC_EARG;
+  if (n == 0) return AGOQ_CODEC_OK;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const unsigned grid = elementwise_grid(n);
+  switch (out) {
+    case AGOQ_DTYPE_FP32: launch(narrow_kernel<kOutFp32>, grid, kThreads, st, acc, n, dst); break;
+    case AGOQ_DTYPE_BF16: launch(narrow_kernel<kOutBf16>, grid, kThreads, st, acc, n, dst); break;
+    default: launch(narrow_kernel<kOutFp16>, grid, kThreads, st, acc, n, dst); break;
+  }
+  return launched();
 }
 
 extern "C" int agoq_cuda_codec_last_error(void) { return g_last_error; }

@@ -83,6 +83,13 @@ int agoq_cuda_frame_decode_accumulate(const void* header, const void* frame, siz
                                       size_t acc_count, void* workspace,
                                       agoq_cuda_codec_result* result, void* stream);
 
+/* The two element-wise steps of a reduction's owner (agoq_codec.h, the same bits):
+ * agoq_codec_overflow_to_inf on n fp32 sums in place (nothing to do for out = fp32), and
+ * agoq_codec_narrow_fp32 of n fp32 sums into dst of type out. acc is 4-byte aligned, dst
+ * aligned to its element size; acc and dst must not overlap. */
+int agoq_cuda_overflow_to_inf(agoq_dtype out, float* acc, size_t n, void* stream);
+int agoq_cuda_narrow_fp32(agoq_dtype out, const float* acc, size_t n, void* dst, void* stream);
+
 /* The cudaError_t of the last AGOQ_CUDA_CODEC_ECUDA in this thread and its name. */
 int agoq_cuda_codec_last_error(void);
 const char* agoq_cuda_codec_last_error_string(void);

@@ -16,16 +16,18 @@
  * queues in between. Both NCCL's proxy threads and the engine use it, so every call on it
  * is made under gpu_mu, a leaf lock held only around non-blocking calls (copies queued,
  * events recorded or queried). Nothing here waits for the device; the only wait is the
- * link's destruction at close. Every byte crosses PCIe twice (input D2H, result H2D). */
+ * link's destruction at close. Every byte crosses PCIe twice (input D2H, result H2D). Quantized
+ * calls whose buffers are all on the device skip the staging: agoq_coll_gpu.c reduces them
+ * on the GPU. */
 #include <string.h>
 
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 
-/* One event per request of the pool: a request uses its own slot for its input copy, then
- * again for its result copy. */
-#define AGOQ_COLL_GPU_SLOTS AGOQ_COLL_MAX_REQUESTS
+/* One event per request of the pool (a request uses its own slot for its input copy, then
+ * again for its result copy), then one per pipeline slot for the GPU path (agoq_coll_gpu.c). */
+#define AGOQ_COLL_GPU_SLOTS (AGOQ_COLL_MAX_REQUESTS + AGOQ_COLL_SLOTS)
 
 static uint32_t agoq_dev_slot(const agoq_coll_comm* g, const agoq_coll_req* r) { return (uint32_t)(r - g->reqs); }
 
@@ -42,10 +44,15 @@ ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_
     /* Setup time (NCCL registers its buffers at connect): groups that only ever see host
      * memory pin nothing. */
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
-    res = agoq_gpu_link_create(device, staging, AGOQ_COLL_GPU_SLOTS, &g->gpu);
+    res = agoq_gpu_link_create(device, staging, AGOQ_COLL_GPU_SLOTS, agoq_coll_gpu_parts(g), &g->gpu);
     if (res == ncclSuccess)
       AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet rank %d: device buffers of GPU %d staged through %zu bytes of pinned memory",
                 g->rank, device, staging);
+    if (res == ncclSuccess) res = agoq_coll_gpu_setup(g);
+    if (res != ncclSuccess) { /* no half-built path: the next registration tries again */
+      agoq_gpu_link_destroy(g->gpu);
+      g->gpu = NULL;
+    }
   } else if (agoq_gpu_link_device(g->gpu) != device) {
     AGOQ_WARN("CollNet regMr: device memory of GPU %d on a group that carries GPU %d's", device,
               agoq_gpu_link_device(g->gpu));
@@ -160,6 +167,11 @@ ncclResult_t agoq_coll_dev_stage(agoq_coll_comm* g, agoq_coll_req* r, bool in_de
    * send == recv), so a call needs its payload once. */
   bool alias = r->kind == AGOQ_COLL_ALLREDUCE && in_bytes > 0 && out_bytes > 0;
   pthread_mutex_lock(&g->gpu_mu);
+  /* Quantized with every buffer on the device: reduced there, nothing staged. */
+  if (agoq_coll_gpu_takes(g, r, in_dev, out_dev)) {
+    pthread_mutex_unlock(&g->gpu_mu);
+    return ncclSuccess;
+  }
   uint64_t d2h0 = agoq_gpu_link_stats_get(g->gpu)->d2h_bytes;
   ncclResult_t res = agoq_dev_stage_locked(g, r, in_bytes, out_bytes, alias, busy);
   uint64_t d2h = agoq_gpu_link_stats_get(g->gpu)->d2h_bytes - d2h0;
@@ -236,5 +248,7 @@ void agoq_coll_dev_close(agoq_coll_comm* g) {
   AGOQ_INFO(NCCL_NET, "CollNet rank %d: device path copied %llu bytes D2H in %llu copies, %llu bytes H2D in %llu copies",
             g->rank, (unsigned long long)st->d2h_bytes, (unsigned long long)st->d2h_copies,
             (unsigned long long)st->h2d_bytes, (unsigned long long)st->h2d_copies);
-  agoq_gpu_link_destroy(l); /* waits for copies still queued: they touch the staging */
+  agoq_gpu_link_destroy(l); /* waits for work still queued: it touches the staging and the GPU path's memory */
+  free(g->gslots);
+  g->gslots = NULL;
 }

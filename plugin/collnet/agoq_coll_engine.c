@@ -154,11 +154,17 @@ static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     }
     if (!posted) return ncclSuccess;
   }
+  /* A GPU request's frames are all encoded on the device first (agoq_coll_gpu.c). */
+  if (r->gpu) {
+    bool ready = false;
+    AGOQ_CHECK(agoq_coll_gpu_encode(g, s, &ready));
+    if (!ready) return ncclSuccess;
+  }
   /* Sends go to me+1, me+2, ... so the ranks do not all start on the same peer. */
   for (; s->post_sends < n; s->post_sends++) {
     int j = (me + 1 + s->post_sends) % n;
     if (!p1 || s->sl[j] == 0) continue;
-    if (r->quantized && s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
+    if (r->quantized && !r->gpu && s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
     if (j == me) continue; /* our own contribution stays here, encoded like the others */
     size_t raw = s->sl[j] * r->esz;
     if (r->quantized)
@@ -286,6 +292,7 @@ static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
     default: break;
   }
   s->pend_p2r--;
+  if (r->gpu) return agoq_coll_gpu_decode(g, s, j, size);
   if (r->quantized) return agoq_coll_quant_decode(g, s, j, size);
   if ((size_t)size == s->sl[j] * r->esz) return ncclSuccess;
   AGOQ_WARN("CollNet: rank %d sent %d bytes for a slice of %zu bytes (ranks disagree on the call?)", j, size,
@@ -350,7 +357,13 @@ static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
     agoq_coll_slot* s = agoq_slot_of(g, g->reduce_seq);
     if (s->stage == AGOQ_SLOT_WAIT_P1) {
       if (s->pend_p1r > 0) return ncclSuccess;
-      AGOQ_CHECK(agoq_slot_reduce(g, s));
+      if (s->req->gpu) {
+        bool reduced = false;
+        AGOQ_CHECK(agoq_coll_gpu_reduce(g, s, &reduced));
+        if (!reduced) return ncclSuccess; /* the device is at it: the next pass looks again */
+      } else {
+        AGOQ_CHECK(agoq_slot_reduce(g, s));
+      }
       s->stage = AGOQ_SLOT_POST_P2;
       *progressed = true;
     }
@@ -380,6 +393,11 @@ static ncclResult_t agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
     agoq_coll_slot* s = &g->slots[i];
     if (s->stage != AGOQ_SLOT_WAIT_ALL || s->pend_p1s > 0 || s->pend_p2s > 0 || s->pend_p2r > 0) continue;
     agoq_coll_req* r = s->req;
+    if (r->gpu) { /* the decodes into NCCL's buffer must have completed */
+      bool decoded = false;
+      AGOQ_CHECK(agoq_coll_gpu_retire(g, s, &decoded));
+      if (!decoded) continue;
+    }
     s->stage = AGOQ_SLOT_FREE;
     s->req = NULL;
     *progressed = true;
@@ -444,8 +462,10 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
       np += agoq_net_wait_fds(comm, g->pfds + np, g->pfds_cap - np, &hidden);
     }
   }
-  /* A device copy announces its end on no descriptor: poll it again soon. */
+  /* A device copy or kernel announces its end on no descriptor: poll it again soon. */
   if (g->admit != NULL && g->admit->in_copy) hidden = true;
+  for (int i = 0; i < AGOQ_COLL_SLOTS && !hidden; i++)
+    if (g->slots[i].stage != AGOQ_SLOT_FREE && g->slots[i].req != NULL && g->slots[i].req->gpu) hidden = true;
   atomic_store(&g->sleeping, true);
   /* A pass from test() that moved something before `sleeping` was set is seen here; one
    * after it writes the eventfd. */
@@ -593,11 +613,11 @@ static void agoq_slot_release(agoq_coll_slot* s) {
   free(s->s_off);
   free(s->s_len);
   free(s->g_off);
-  agoq_coll_buf_free(&s->sbuf);
-  agoq_coll_buf_free(&s->rbuf);
-  agoq_coll_buf_free(&s->acc);
-  agoq_coll_buf_free(&s->res);
-  agoq_coll_buf_free(&s->gbuf);
+  agoq_coll_buf_free(&s->own.sbuf);
+  agoq_coll_buf_free(&s->own.rbuf);
+  agoq_coll_buf_free(&s->own.acc);
+  agoq_coll_buf_free(&s->own.res);
+  agoq_coll_buf_free(&s->own.gbuf);
   memset(s, 0, sizeof *s);
 }
 

@@ -31,6 +31,7 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->timeout_s = (int)agoq_param_int(AGOQ_PARAM_COLLNET_TIMEOUT_S);
   cfg->codec_threads = (int)agoq_param_int(AGOQ_PARAM_COLLNET_CODEC_THREADS);
   cfg->assist = agoq_param_int(AGOQ_PARAM_COLLNET_ASSIST) != 0;
+  cfg->gpu_reduce = agoq_param_int(AGOQ_PARAM_COLLNET_GPU) != 0;
   (void)agoq_coll_min_bytes_check(cfg->min_bytes);
   return ncclSuccess;
 }

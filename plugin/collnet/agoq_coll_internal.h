@@ -39,6 +39,7 @@ typedef struct {
   int timeout_s;
   int codec_threads; /* AGOQ_COLLNET_CODEC_THREADS; 0 = the engine resolves it */
   bool assist;       /* AGOQ_COLLNET_ASSIST: test() runs passes of the pipeline */
+  bool gpu_reduce;   /* AGOQ_COLLNET_GPU: quantized calls on device buffers reduced there */
 } agoq_coll_config;
 
 typedef struct agoq_coll_ctx {
@@ -99,6 +100,9 @@ typedef struct agoq_coll_req {
   bool in_copy;           /* the input's D2H copy is queued and not yet seen complete */
   uint8_t* dev_dst;       /* allreduce/reducescatter: NCCL's receive buffer, in device memory */
   uint32_t dev_parts;     /* bit i: parts[i] is in device memory */
+  /* Quantized with every buffer in device memory, reduced on the GPU (agoq_coll_gpu.c):
+   * src and dst are NCCL's device buffers, nothing is staged. */
+  bool gpu;
   /* Engine-private progress. */
   size_t chunks_admitted, chunks_done;
   struct agoq_coll_req* next; /* queue / active list link */
@@ -111,6 +115,22 @@ typedef struct {
   uint8_t* p;
   size_t cap;
 } agoq_coll_buf;
+
+/* A slot's buffers: the frames sent (sbuf), the contributions received (rbuf), the owner's
+ * accumulator (acc), its result message (res), the results received (gbuf). */
+typedef struct {
+  agoq_coll_buf sbuf, rbuf, acc, res, gbuf;
+} agoq_coll_slot_bufs;
+
+/* Where a GPU slot's device work stands (agoq_coll_gpu.c). */
+typedef enum {
+  AGOQ_GPU_STEP_NONE = 0,
+  AGOQ_GPU_STEP_ENCODING, /* every slice's frame queued */
+  AGOQ_GPU_STEP_ENCODED,  /* frames checked and sealed: the sends may go */
+  AGOQ_GPU_STEP_SUMMING,  /* contributions decoded and summed, the sum's frame encoded */
+  AGOQ_GPU_STEP_SHARING,  /* the sum's frame copied to pinned memory and decoded into place */
+  AGOQ_GPU_STEP_REDUCED   /* the result message is sealed */
+} agoq_coll_gpu_step;
 
 typedef enum {
   AGOQ_SLOT_FREE = 0,
@@ -135,7 +155,11 @@ typedef struct {
   int post_recvs; /* next peer whose receives to post (POSTING) */
   int post_sends; /* sends posted so far (POSTING / POST_P2), in rotated order */
   int pend_p1s, pend_p1r, pend_p2s, pend_p2r; /* not yet completed */
-  /* Quantized phase-1 frames (every slice, own included). */
+  /* The buffers this chunk uses: the slot's own (host memory, grown to the largest chunk)
+   * or, for a GPU request, the group's pinned ones (agoq_coll_gpu.c). */
+  agoq_coll_slot_bufs own;
+  /* Quantized phase-1 frames (every slice, own included; a GPU request keeps its own
+   * slice's frame in device memory). */
   agoq_coll_buf sbuf;
   size_t* s_off;
   size_t* s_len;
@@ -146,7 +170,16 @@ typedef struct {
   size_t res_len;
   agoq_coll_buf gbuf; /* quantized phase-2 receives, one region per rank */
   size_t* g_off;
+  agoq_coll_gpu_step gpu_step; /* GPU requests */
 } agoq_coll_slot;
+
+/* A pipeline slot's memory for GPU requests, carved when the group's link is created:
+ * pinned frames (the kernels write and read them, the network sends and receives them)
+ * and device scratch: the fp32 sum, this rank's own frame, the sum's frame. */
+typedef struct {
+  agoq_coll_slot_bufs pinned; /* acc unused */
+  agoq_coll_buf dacc, down, dres;
+} agoq_coll_gpu_slot;
 
 /* Pending net operations of one connection, in posting order (slot indices). */
 typedef struct {
@@ -205,6 +238,8 @@ typedef struct agoq_coll_comm {
    * else is taken while it is held, and only non-blocking calls run under it. */
   pthread_mutex_t gpu_mu;
   agoq_gpu_link* gpu;
+  /* GPU requests' memory per pipeline slot; set with the link (NULL: that path is off). */
+  agoq_coll_gpu_slot* gslots;
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
 
@@ -270,6 +305,10 @@ uint8_t* agoq_coll_dst_at(const agoq_coll_req* req, size_t elem);
 
 /* ---- agoq_coll_quant.c: the quantized path of a chunk ---- */
 size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n);
+/* The buffers a chunk with slices sl[] of type dtype needs (each need's cap; p unused), the
+ * frames' offsets in sbuf (s_off) and gbuf (g_off) when given, and rbuf's stride. */
+void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, const size_t* sl, size_t* s_off,
+                           size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need);
 ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
 /* Quantizes slice j of the chunk into its phase-1 frame. */
 ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j);
@@ -278,6 +317,25 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
 /* Decodes rank j's result frame (size bytes) into place. */
 ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
 
+/* ---- agoq_coll_gpu.c: the quantized path on the GPU (requests with r->gpu) ---- */
+/* With the group's link, under gpu_mu: the link's codec results per slot it needs, and its
+ * pipeline slots' memory (AGOQ_COLLNET_GPU=1; a no-op otherwise). */
+uint32_t agoq_coll_gpu_parts(const agoq_coll_comm* g);
+ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g);
+/* At the call, under gpu_mu: whether r runs on the GPU (quantized, every buffer on the
+ * device, the path set up); if so r->gpu is set. */
+bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev);
+/* The slot's buffers are the group's pinned ones (sizes as agoq_coll_quant_reserve's). */
+ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_slot_bufs* need);
+/* Every slice's frame from NCCL's buffer: *ready once they are sealed (POSTING). */
+ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready);
+/* The owner's sum in rank order and its result message: *done once it can be sent. */
+ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
+/* Rank j's result frame (size bytes) checked and its decode into place queued. */
+ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
+/* *done = every decode of the slot has completed without error (WAIT_ALL). */
+ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
+
 /* ---- agoq_coll_reduce.c: the exact path ---- */
 ncclResult_t agoq_coll_exact_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
 ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
@@ -285,8 +343,6 @@ ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
  * scratch holds m fp32 values (narrow float types). out must not alias any input. */
 void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, size_t m, void* out,
                             float* scratch);
-/* fp32 -> dtype (fp32, bf16, fp16), RNE, IEEE overflow to Inf. */
-void agoq_coll_narrow_fp32(agoq_dtype out_type, const float* acc, size_t m, void* dst);
 
 /* ---- agoq_coll_stats.c ---- */
 /* The group's stats entry (before its engine starts); its lines at close / finalize. */

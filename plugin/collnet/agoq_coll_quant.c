@@ -9,6 +9,8 @@
  * frames that never travel get none: a rank's frame of its own slice, and the owner's result
  * frame until the owner itself has decoded it (sealed with the CRC after that, before it is
  * sent). Exact CollNet payloads carry no checksum of their own (TCP's, as on the net path). */
+#include <string.h>
+
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
@@ -18,25 +20,46 @@ size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n) {
   return agoq_frame_size_max(&p32, n);
 }
 
+static size_t agoq_coll_align16(size_t v) { return (v + 15) & ~(size_t)15; }
+
+void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, const size_t* sl, size_t* s_off,
+                           size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need) {
+  int n = g->nranks, me = g->rank;
+  size_t m = sl[me];
+  agoq_codec_params pin = agoq_coll_params(g, dtype);
+  size_t total = 0, gtotal = 0;
+  /* Every frame starts 16-byte aligned: the CUDA codec needs 4, vector loads like 16. */
+  for (int j = 0; j < n; j++) {
+    if (s_off != NULL) s_off[j] = total;
+    if (g_off != NULL) g_off[j] = gtotal;
+    if (sl[j] == 0) continue;
+    total += agoq_coll_align16(agoq_frame_size_max(&pin, sl[j]));
+    if (j != me && p2) gtotal += agoq_coll_align16(agoq_coll_quant_result_cap(g, sl[j]));
+  }
+  *r_stride = m > 0 ? agoq_coll_align16(agoq_frame_size_max(&pin, m)) : 0;
+  memset(need, 0, sizeof *need);
+  need->sbuf.cap = total;
+  need->gbuf.cap = gtotal;
+  need->rbuf.cap = *r_stride * (size_t)n;
+  need->acc.cap = m * sizeof(float);
+  need->res.cap = p2 && m > 0 ? agoq_coll_quant_result_cap(g, m) : 0;
+}
+
 ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_req* r = s->req;
-  int n = g->nranks, me = g->rank;
-  size_t m = s->sl[me];
-  agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype);
-  size_t total = 0, gtotal = 0;
-  for (int j = 0; j < n; j++) {
-    s->s_off[j] = total;
-    s->g_off[j] = gtotal;
-    if (s->sl[j] == 0) continue;
-    total += agoq_frame_size_max(&pin, s->sl[j]);
-    if (j != me && agoq_coll_has_p2(r)) gtotal += agoq_coll_quant_result_cap(g, s->sl[j]);
-  }
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->sbuf, total));
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->gbuf, gtotal));
-  s->r_stride = m > 0 ? agoq_frame_size_max(&pin, m) : 0;
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->rbuf, s->r_stride * (size_t)n));
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->acc, m * sizeof(float)));
-  if (agoq_coll_has_p2(r) && m > 0) AGOQ_CHECK(agoq_coll_buf_reserve(&s->res, agoq_coll_quant_result_cap(g, m)));
+  agoq_coll_slot_bufs need;
+  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), s->sl, s->s_off, s->g_off, &s->r_stride, &need);
+  if (r->gpu) return agoq_coll_gpu_reserve(g, s, &need);
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.sbuf, need.sbuf.cap));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.gbuf, need.gbuf.cap));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.rbuf, need.rbuf.cap));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.acc, need.acc.cap));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.res, need.res.cap));
+  s->sbuf = s->own.sbuf;
+  s->gbuf = s->own.gbuf;
+  s->rbuf = s->own.rbuf;
+  s->acc = s->own.acc;
+  s->res = s->own.res;
   return ncclSuccess;
 }
 
@@ -82,7 +105,7 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   }
   uint8_t* dst = agoq_coll_dst_at(r, s->sb[me]);
   if (r->kind == AGOQ_COLL_REDUCESCATTER) {
-    agoq_coll_narrow_fp32(r->codec_dtype, acc, m, dst);
+    agoq_codec_narrow_fp32(r->codec_dtype, acc, m, dst);
     return ncclSuccess;
   }
   /* A sum outside the output type's finite range is Inf (as NCCL's reduction gives): its

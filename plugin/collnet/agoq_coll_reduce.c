@@ -160,26 +160,18 @@ void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, siz
   }
 }
 
-void agoq_coll_narrow_fp32(agoq_dtype out_type, const float* acc, size_t m, void* dst) {
-  if (out_type == AGOQ_DTYPE_FP32) {
-    memcpy(dst, acc, m * sizeof(float));
-  } else if (out_type == AGOQ_DTYPE_BF16) {
-    uint16_t* d = dst;
-    for (size_t i = 0; i < m; i++) d[i] = agoq_fp32_to_bf16(acc[i]);
-  } else {
-    uint16_t* d = dst;
-    for (size_t i = 0; i < m; i++) d[i] = agoq_fp32_to_fp16(acc[i]);
-  }
-}
-
 /* ---- the exact path of one pipeline chunk -------------------------------------------------- */
 
 ncclResult_t agoq_coll_exact_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   size_t m = s->sl[g->rank];
   s->r_stride = m * s->req->esz;
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->rbuf, s->r_stride * (size_t)g->nranks));
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->res, m * s->req->esz));
-  return agoq_coll_buf_reserve(&s->acc, m * sizeof(float));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.rbuf, s->r_stride * (size_t)g->nranks));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.res, m * s->req->esz));
+  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.acc, m * sizeof(float)));
+  s->rbuf = s->own.rbuf;
+  s->res = s->own.res;
+  s->acc = s->own.acc;
+  return ncclSuccess;
 }
 
 ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {

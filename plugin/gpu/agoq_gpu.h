@@ -46,33 +46,37 @@ ncclResult_t agoq_gpu_range_check(const void* p, size_t size, int* device, char*
 /* ---- one connection -------------------------------------------------------------------- */
 
 /* A connection's device resources: a stream, one event per request slot, a pinned host
- * staging ring, the codec's workspace and one result per buffer of a slot's request. What
- * the link copied and coded is counted for the statistics. */
+ * staging ring, the codec's workspace, `parts` codec results per slot, and whatever memory
+ * its owner allocated through it. What the link copied and coded is counted for the
+ * statistics. */
 typedef struct agoq_gpu_link agoq_gpu_link;
 
-/* Codec results per slot: one per buffer of a grouped receive. */
+/* Codec results per slot of a net connection: one per buffer of a grouped receive. */
 #define AGOQ_GPU_PARTS_PER_SLOT 8
 
 typedef struct {
-  uint64_t d2h_bytes, h2d_bytes; /* copied between NCCL's device buffers and the staging */
+  uint64_t d2h_bytes, h2d_bytes; /* copied between device memory and pinned memory */
   uint64_t d2h_copies, h2d_copies;
-  uint64_t encodes, decodes;     /* codec kernels run on NCCL's device buffers */
-  uint64_t encoded_bytes;        /* frames the GPU wrote into the staging (crossed PCIe) */
-  uint64_t decoded_bytes;        /* frame bodies the GPU read from the staging */
+  uint64_t encodes, decodes;     /* codec kernels run */
+  uint64_t encoded_bytes;        /* frames the GPU wrote into pinned memory (crossed PCIe) */
+  uint64_t decoded_bytes;        /* frame bodies the GPU read from pinned memory (crossed PCIe) */
 } agoq_gpu_link_stats;
 
-/* Creates the stream (non-blocking, the greatest priority), `slots` events and a pinned
- * ring of `staging` bytes, on `device`. Setup only. */
-ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, agoq_gpu_link** out);
+/* Creates the stream (non-blocking, the greatest priority), `slots` events, `parts` codec
+ * results per slot and a pinned ring of `staging` bytes, on `device`. Setup only. */
+ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, uint32_t parts, agoq_gpu_link** out);
 /* Waits for the link's queued work (close only: NCCL's buffers may be gone after it), then
- * frees everything. NULL is a no-op. */
+ * frees everything, the memory allocated through it included. NULL is a no-op. */
 void agoq_gpu_link_destroy(agoq_gpu_link* l);
 int agoq_gpu_link_device(const agoq_gpu_link* l);
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l);
 const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l);
+/* Setup only: `size` bytes of device memory (device) or of pinned host memory the device
+ * reaches (!device), owned by the link and freed with it. */
+ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p);
 
-/* Queue work on the link's stream (never blocks). dst/src: a device buffer on the link's
- * device and pinned staging of this link. */
+/* Queue work on the link's stream (never blocks). dev: device memory on the link's device;
+ * host: pinned memory (the staging, or the link's own). */
 ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, size_t size);
 ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, size_t size);
 /* Records slot's event behind everything queued so far. */
@@ -81,21 +85,31 @@ ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot);
 ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done);
 
 /* The CUDA codec (kernels/cuda, the same bits as the CPU codec) on the link's stream. The
- * kernels read NCCL's device buffer and write the frame straight into the pinned staging
- * (or read a received body from it): only frame bytes cross PCIe, and no device staging is
- * needed. The device's verdict lands in slot's result, readable once slot's mark is done. */
-ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
-                                   size_t n, void* frame, size_t cap);
+ * kernels read and write device memory and pinned memory alike: a frame written into
+ * pinned memory, or a body read from it, is what crosses PCIe (counted when the memory is
+ * the link's). The device's verdict lands in result `part` of `slot`, readable once slot's
+ * mark is done. */
+ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                   const void* src, size_t n, void* frame, size_t cap);
+/* Decodes a body of n elements made with p into dst of type out. */
 ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
-                                 const void* body, size_t body_len, size_t n, void* dst);
-/* After slot's mark is done: the codec's status (agoq_codec_status) for buffer `part` of
- * the slot's request (0 for an encode) and, for an encode, the frame body's length. */
+                                 const void* body, size_t body_len, size_t n, agoq_dtype out, void* dst);
+/* Adds a body's n decoded values to the fp32 accumulator acc (device memory). */
+ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                            const void* body, size_t body_len, size_t n, float* acc);
+/* A reduction owner's steps on fp32 sums in device memory (agoq_codec_overflow_to_inf and
+ * agoq_codec_narrow_fp32, the same bits); no result is reported, arguments are checked now. */
+ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n);
+ncclResult_t agoq_gpu_narrow(agoq_gpu_link* l, agoq_dtype out, const float* acc, size_t n, void* dst);
+/* After slot's mark is done: the codec's status (agoq_codec_status) of result `part` and,
+ * for an encode, the frame body's length. */
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len);
-/* Counts a frame the GPU wrote into the staging (its length is known only afterwards). */
+/* Counts a frame the GPU wrote into pinned memory (its length is known only afterwards). */
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes);
-/* Setup only: runs one encode and decode of p's format and block for each float type and
- * waits for them, so that no codec kernel is first loaded (CUDA's lazy module loading) while
- * NCCL's kernels run: first-launch loading from a proxy thread has hung jobs elsewhere. */
+/* Setup only: runs every codec kernel of p's format and block (encode, decode to each type,
+ * decode-accumulate, overflow to Inf, narrowing) for each float type once and waits for
+ * them, so that no codec kernel is first loaded (CUDA's lazy module loading) while NCCL's
+ * kernels run: first-launch loading from a proxy thread has hung jobs elsewhere. */
 ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p);
 
 #endif

@@ -14,6 +14,14 @@
  * buffers); the spare ones keep a request tested late from exhausting the table. */
 enum { AGOQ_GPU_RING_ENTRIES_PER_SLOT = 8 };
 
+/* Memory the link's owner allocated through it: freed with the link. */
+typedef struct agoq_gpu_link_mem {
+  void* p;
+  size_t size;
+  bool device;
+  struct agoq_gpu_link_mem* next;
+} agoq_gpu_link_mem;
+
 struct agoq_gpu_link {
   int device;
   cudaStream_t stream;
@@ -23,6 +31,8 @@ struct agoq_gpu_link {
   agoq_gpu_ring ring;
   void* workspace;                 /* the codec's, device memory; calls on this stream share it */
   agoq_cuda_codec_result* results; /* per slot and part, pinned: the device writes, the host reads */
+  uint32_t parts;                  /* results per slot */
+  agoq_gpu_link_mem* mem;          /* allocated through the link (agoq_gpu_link_alloc) */
   agoq_gpu_link_stats stats;
 };
 
@@ -37,12 +47,13 @@ out:
   return res;
 }
 
-ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, agoq_gpu_link** out) {
+ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, uint32_t parts, agoq_gpu_link** out) {
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link* l = NULL;
   *out = NULL;
   AGOQ_CALLOC_GOTO(l, 1, res, fail);
   l->device = device;
+  l->parts = parts > 0 ? parts : 1;
   AGOQ_CALLOC_GOTO(l->events, slots, res, fail);
   l->slots = slots;
   AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, fail);
@@ -55,7 +66,7 @@ ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, ag
     AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->events[i], cudaEventDisableTiming), res, fail);
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&l->staging, staging, cudaHostAllocPortable), res, fail);
   AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&l->workspace, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), res, fail);
-  size_t nres = (size_t)slots * AGOQ_GPU_PARTS_PER_SLOT;
+  size_t nres = (size_t)slots * l->parts;
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc((void**)&l->results, nres * sizeof *l->results, cudaHostAllocPortable), res,
                        fail);
   memset(l->results, 0, nres * sizeof *l->results);
@@ -84,6 +95,12 @@ void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   if (l->staging != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->staging), "cudaFreeHost");
   if (l->results != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->results), "cudaFreeHost");
   if (l->workspace != NULL) (void)agoq_gpu_cuda_error(cudaFree(l->workspace), "cudaFree");
+  while (l->mem != NULL) {
+    agoq_gpu_link_mem* m = l->mem;
+    l->mem = m->next;
+    (void)agoq_gpu_cuda_error(m->device ? cudaFree(m->p) : cudaFreeHost(m->p), m->device ? "cudaFree" : "cudaFreeHost");
+    free(m);
+  }
   agoq_gpu_ring_fini(&l->ring);
   free(l->events);
   free(l);
@@ -92,6 +109,38 @@ void agoq_gpu_link_destroy(agoq_gpu_link* l) {
 int agoq_gpu_link_device(const agoq_gpu_link* l) { return l->device; }
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l) { return &l->ring; }
 const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l) { return &l->stats; }
+
+ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p) {
+  ncclResult_t res = ncclSuccess;
+  agoq_gpu_link_mem* m = NULL;
+  *p = NULL;
+  AGOQ_CALLOC_GOTO(m, 1, res, fail);
+  m->device = device;
+  m->size = size > 0 ? size : 1;
+  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, fail);
+  if (device) AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&m->p, m->size), res, fail);
+  else AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&m->p, m->size, cudaHostAllocPortable), res, fail);
+  m->next = l->mem;
+  l->mem = m;
+  *p = m->p;
+  return ncclSuccess;
+fail:
+  free(m);
+  return res;
+}
+
+/* [p, p + size) lies in pinned memory of the link (staging or its own): the device reading
+ * or writing it crosses PCIe. */
+static bool agoq_gpu_link_pinned(const agoq_gpu_link* l, const void* p, size_t size) {
+  const uint8_t* a = p;
+  const uint8_t* lo = l->staging;
+  if (a >= lo && a <= lo + l->ring.size && size <= (size_t)(lo + l->ring.size - a)) return true;
+  for (const agoq_gpu_link_mem* m = l->mem; m != NULL; m = m->next) {
+    lo = m->p;
+    if (!m->device && a >= lo && a <= lo + m->size && size <= (size_t)(lo + m->size - a)) return true;
+  }
+  return false;
+}
 
 static ncclResult_t agoq_gpu_copy(agoq_gpu_link* l, void* dst, const void* src, size_t size, enum cudaMemcpyKind kind,
                                   uint64_t* bytes, uint64_t* copies) {
@@ -114,13 +163,13 @@ ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, si
 }
 
 static ncclResult_t agoq_gpu_slot_ok(const agoq_gpu_link* l, uint32_t slot, int part) {
-  if (slot < l->slots && part >= 0 && part < AGOQ_GPU_PARTS_PER_SLOT) return ncclSuccess;
-  AGOQ_WARN("GPU link: result %u/%d out of range (%u slots)", slot, part, l->slots);
+  if (slot < l->slots && part >= 0 && (uint32_t)part < l->parts) return ncclSuccess;
+  AGOQ_WARN("GPU link: result %u/%d out of range (%u slots of %u)", slot, part, l->slots, l->parts);
   return ncclInternalError;
 }
 
 static agoq_cuda_codec_result* agoq_gpu_result(const agoq_gpu_link* l, uint32_t slot, int part) {
-  return &l->results[(size_t)slot * AGOQ_GPU_PARTS_PER_SLOT + (size_t)part];
+  return &l->results[(size_t)slot * l->parts + (size_t)part];
 }
 
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
@@ -159,11 +208,11 @@ static ncclResult_t agoq_gpu_codec_check(int rc, const char* what) {
   return ncclInternalError;
 }
 
-ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
-                                   size_t n, void* frame, size_t cap) {
-  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
+ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                   const void* src, size_t n, void* frame, size_t cap) {
+  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
   AGOQ_CHECK(agoq_gpu_link_enter(l));
-  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, 0);
+  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
   *r = (agoq_cuda_codec_result){0};
   AGOQ_CHECK(
       agoq_gpu_codec_check(agoq_cuda_frame_encode(p, src, n, frame, cap, l->workspace, r, l->stream), "GPU frame encode"));
@@ -172,20 +221,43 @@ ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_c
 }
 
 ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
-                                 const void* body, size_t body_len, size_t n, void* dst) {
+                                 const void* body, size_t body_len, size_t n, agoq_dtype out, void* dst) {
+  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
+  *r = (agoq_cuda_codec_result){0};
+  AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize(p, body, body_len, n, out, dst, l->workspace, r, l->stream),
+                                  "GPU decode"));
+  l->stats.decodes++;
+  if (agoq_gpu_link_pinned(l, body, body_len)) l->stats.decoded_bytes += body_len;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                            const void* body, size_t body_len, size_t n, float* acc) {
   AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
   AGOQ_CHECK(agoq_gpu_link_enter(l));
   agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
   *r = (agoq_cuda_codec_result){0};
   AGOQ_CHECK(agoq_gpu_codec_check(
-      agoq_cuda_dequantize(p, body, body_len, n, p->dtype, dst, l->workspace, r, l->stream), "GPU decode"));
+      agoq_cuda_dequantize_accumulate(p, body, body_len, n, acc, l->workspace, r, l->stream), "GPU decode-accumulate"));
   l->stats.decodes++;
-  l->stats.decoded_bytes += body_len;
+  if (agoq_gpu_link_pinned(l, body, body_len)) l->stats.decoded_bytes += body_len;
   return ncclSuccess;
 }
 
+ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  return agoq_gpu_codec_check(agoq_cuda_overflow_to_inf(out, acc, n, l->stream), "GPU overflow to Inf");
+}
+
+ncclResult_t agoq_gpu_narrow(agoq_gpu_link* l, agoq_dtype out, const float* acc, size_t n, void* dst) {
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  return agoq_gpu_codec_check(agoq_cuda_narrow_fp32(out, acc, n, dst, l->stream), "GPU narrowing");
+}
+
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len) {
-  bool ok = slot < l->slots && part >= 0 && part < AGOQ_GPU_PARTS_PER_SLOT;
+  bool ok = slot < l->slots && part >= 0 && (uint32_t)part < l->parts;
   const agoq_cuda_codec_result* r = agoq_gpu_result(l, ok ? slot : 0, ok ? part : 0);
   *status = r->status;
   if (body_len != NULL) *body_len = r->body_len;
@@ -214,25 +286,36 @@ ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
 static ncclResult_t agoq_gpu_codec_warm_locked(agoq_gpu_link* l, const agoq_codec_params* p) {
   static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
   /* In the staging (the kernels reach pinned memory), which nothing uses yet: no allocation,
-   * and so no cudaFree, which would wait for every kernel on the device. */
+   * and so no cudaFree, which would wait for every kernel on the device. A block of fp32
+   * zeros, its frame, and an output of a block of fp32 (every decode's destination fits). */
   size_t n = p->block;
   uint8_t* src = l->staging;
-  uint8_t* frame = src + n * 4;
+  uint8_t* dst = src + n * 4;
+  uint8_t* frame = dst + n * 4;
   memset(src, 0, n * 4);
   AGOQ_CHECK(agoq_gpu_link_enter(l));
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     agoq_codec_params q = *p;
     q.dtype = types[i];
     size_t cap = agoq_frame_size_max(&q, n);
-    if (n * 4 + cap > l->ring.size) return ncclSuccess; /* cannot happen: AGOQ_GPU_STAGING >= 64K */
+    if (2 * n * 4 + cap > l->ring.size) return ncclSuccess; /* cannot happen: AGOQ_GPU_STAGING >= 64K */
     AGOQ_CHECK(agoq_gpu_codec_check(
         agoq_cuda_frame_encode(&q, src, n, frame, cap, l->workspace, &l->results[0], l->stream),
         "GPU codec warm-up (encode)"));
     /* A block of zeros has no escaped block: the body has its nominal length. */
-    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize(&q, frame + AGOQ_FRAME_HEADER_SIZE,
-                                                         agoq_codec_body_size(&q, n, 0), n, q.dtype, src,
-                                                         l->workspace, &l->results[0], l->stream),
-                                    "GPU codec warm-up (decode)"));
+    const uint8_t* body = frame + AGOQ_FRAME_HEADER_SIZE;
+    size_t body_len = agoq_codec_body_size(&q, n, 0);
+    for (size_t o = 0; o < sizeof types / sizeof types[0]; o++)
+      AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize(&q, body, body_len, n, types[o], dst, l->workspace,
+                                                           &l->results[0], l->stream),
+                                      "GPU codec warm-up (decode)"));
+    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize_accumulate(&q, body, body_len, n, (float*)dst, l->workspace,
+                                                                    &l->results[0], l->stream),
+                                    "GPU codec warm-up (decode-accumulate)"));
+    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_overflow_to_inf(q.dtype, (float*)dst, n, l->stream),
+                                    "GPU codec warm-up (overflow to Inf)"));
+    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_narrow_fp32(q.dtype, (const float*)dst, n, src, l->stream),
+                                    "GPU codec warm-up (narrowing)"));
   }
   ncclResult_t res = ncclSuccess;
   AGOQ_CUDA_CHECK_GOTO(cudaStreamSynchronize(l->stream), res, out);

@@ -35,10 +35,11 @@ static ncclResult_t agoq_gpu_none_call(const char* what) {
   return ncclInternalError;
 }
 
-ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, agoq_gpu_link** out) {
+ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, uint32_t parts, agoq_gpu_link** out) {
   (void)device;
   (void)staging;
   (void)slots;
+  (void)parts;
   *out = NULL;
   return agoq_gpu_none_call("agoq_gpu_link_create");
 }
@@ -63,15 +64,33 @@ ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   *done = false;
   return agoq_gpu_none_call("agoq_gpu_poll");
 }
-ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, const agoq_codec_params* p, const void* src,
-                                   size_t n, void* frame, size_t cap) {
-  (void)l; (void)slot; (void)p; (void)src; (void)n; (void)frame; (void)cap;
+ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p) {
+  (void)l; (void)device; (void)size;
+  *p = NULL;
+  return agoq_gpu_none_call("agoq_gpu_link_alloc");
+}
+ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                   const void* src, size_t n, void* frame, size_t cap) {
+  (void)l; (void)slot; (void)part; (void)p; (void)src; (void)n; (void)frame; (void)cap;
   return agoq_gpu_none_call("agoq_gpu_frame_encode");
 }
 ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
-                                 const void* body, size_t body_len, size_t n, void* dst) {
-  (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)dst;
+                                 const void* body, size_t body_len, size_t n, agoq_dtype out, void* dst) {
+  (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)out; (void)dst;
   return agoq_gpu_none_call("agoq_gpu_dequantize");
+}
+ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
+                                            const void* body, size_t body_len, size_t n, float* acc) {
+  (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)acc;
+  return agoq_gpu_none_call("agoq_gpu_dequantize_accumulate");
+}
+ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {
+  (void)l; (void)out; (void)acc; (void)n;
+  return agoq_gpu_none_call("agoq_gpu_overflow_to_inf");
+}
+ncclResult_t agoq_gpu_narrow(agoq_gpu_link* l, agoq_dtype out, const float* acc, size_t n, void* dst) {
+  (void)l; (void)out; (void)acc; (void)n; (void)dst;
+  return agoq_gpu_none_call("agoq_gpu_narrow");
 }
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len) {
   (void)l; (void)slot; (void)part;

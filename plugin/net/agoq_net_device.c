@@ -42,7 +42,7 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
   }
   if (comm->gpu == NULL) {
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
-    AGOQ_CHECK(agoq_gpu_link_create(device, staging, AGOQ_REQUESTS_PER_COMM, &comm->gpu));
+    AGOQ_CHECK(agoq_gpu_link_create(device, staging, AGOQ_REQUESTS_PER_COMM, AGOQ_GPU_PARTS_PER_SLOT, &comm->gpu));
     AGOQ_CHECK(agoq_dev_warm(comm));
     AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
               comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
@@ -111,7 +111,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     /* The GPU reads NCCL's buffer and writes the frame into the pinned staging: only the
      * frame crosses PCIe. cap <= size: a frame no smaller than the payload is refused on
      * the device (ESPACE), and the payload is copied instead (agoq_dev_frame_done). */
-    AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(comm->gpu, req->pool_index, &p, data, n, host, cap), res, fail);
+    AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(comm->gpu, req->pool_index, 0, &p, data, n, host, cap), res, fail);
   } else {
     req->dev_why = (int)why;
     AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(comm->gpu, host, data, size), res, fail);
@@ -242,7 +242,7 @@ static ncclResult_t agoq_dev_frame_decode(agoq_comm* comm, agoq_request* req, in
     return ncclInvalidUsage;
   }
   AGOQ_CHECK(agoq_gpu_dequantize(comm->gpu, req->pool_index, i, &info.params, body, info.payload_len, info.count,
-                                 req->data[i]));
+                                 info.params.dtype, req->data[i]));
   req->actual[i] = info.count * esize;
   agoq_typed_count_frame(&comm->typed_stats, req->actual[i], len);
   req->quantized = true;

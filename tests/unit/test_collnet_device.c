@@ -46,6 +46,7 @@ typedef struct {
   size_t bpr, wo, wb; /* reducescatter/allgather: the window, in bytes */
   int nparts;
   unsigned in, out;
+  bool gpu; /* expected reduced on the GPU in the device run (quantized, every buffer there) */
 } ccase;
 
 static const char* kind_name(ckind k) { return k == CK_AR ? "allreduce" : k == CK_RS ? "reducescatter" : "allgather"; }
@@ -112,6 +113,7 @@ typedef struct {
   uint8_t* landed; /* the device receive buffer as it was when test() said done */
   void* req;
   int size;        /* what test() reported */
+  bool gpu;        /* the plugin reduced it on the GPU (agoq_coll_gpu.c), nothing staged */
 } rank_call;
 
 typedef struct {
@@ -204,6 +206,8 @@ static void call_post(call* k) {
       assert_int_equal(call_post_rank(k, r), ncclSuccess);
       assert_true(now_s() < deadline);
     }
+    /* Read before any test(): the request is the plugin's until then. */
+    k->rk[r].gpu = ((const agoq_coll_req*)k->rk[r].req)->gpu;
   }
 }
 
@@ -288,48 +292,74 @@ static uint64_t device_bytes(const call* k, int r, bool input) {
   return sum;
 }
 
-/* What the group's GPU links have copied, over its ranks; and what the statistics lines
- * (AGOQ_STATS's pcie_d2h / pcie_h2d, both paths) say they did. */
-static void link_bytes_ex(group* g, uint64_t* d2h, uint64_t* h2d, uint64_t* st_d2h, uint64_t* st_h2d) {
-  *d2h = *h2d = *st_d2h = *st_h2d = 0;
+/* What crossed PCIe on the group's GPU links, over its ranks: copies, frames the GPU wrote
+ * into pinned memory and bodies it read from there; and what the statistics lines
+ * (AGOQ_STATS's pcie_d2h / pcie_h2d, both paths) say crossed. */
+typedef struct {
+  uint64_t copy_d2h, copy_h2d; /* cudaMemcpyAsync */
+  uint64_t d2h, h2d;           /* everything */
+  uint64_t st_d2h, st_h2d;     /* the statistics lines */
+} pcie_bytes;
+
+static void link_bytes(group* g, pcie_bytes* b) {
+  memset(b, 0, sizeof *b);
   for (int r = 0; r < g->n; r++) {
     agoq_coll_comm* c = g->comm[r];
     for (int path = 0; path < 2; path++) {
-      *st_d2h += agoq_stats_get(&c->st->path[path].pcie_d2h);
-      *st_h2d += agoq_stats_get(&c->st->path[path].pcie_h2d);
+      b->st_d2h += agoq_stats_get(&c->st->path[path].pcie_d2h);
+      b->st_h2d += agoq_stats_get(&c->st->path[path].pcie_h2d);
     }
     if (c->gpu == NULL) continue;
-    *d2h += agoq_gpu_link_stats_get(c->gpu)->d2h_bytes;
-    *h2d += agoq_gpu_link_stats_get(c->gpu)->h2d_bytes;
+    const agoq_gpu_link_stats* ls = agoq_gpu_link_stats_get(c->gpu);
+    b->copy_d2h += ls->d2h_bytes;
+    b->copy_h2d += ls->h2d_bytes;
+    b->d2h += ls->d2h_bytes + ls->encoded_bytes;
+    b->h2d += ls->h2d_bytes + ls->decoded_bytes;
   }
+  assert_int_equal(b->st_d2h, b->d2h);
+  assert_int_equal(b->st_h2d, b->h2d);
 }
 
-static void link_bytes(group* g, uint64_t* d2h, uint64_t* h2d) {
-  uint64_t sd, sh;
-  link_bytes_ex(g, d2h, h2d, &sd, &sh);
-  assert_int_equal(sd, *d2h);
-  assert_int_equal(sh, *h2d);
-}
-
-/* The device runs of nk calls posted together: each device byte crosses once each way,
- * nothing goes on the legacy stream, no synchronous call, no allocation from the first call
- * to the last done. */
+/* The device runs of nk calls posted together, nothing on the legacy stream, no
+ * synchronous call, no allocation from the first call to the last done. PCIe: a staged
+ * call's device bytes cross once each way; a call reduced on the GPU copies nothing into
+ * NCCL's buffers and moves only frames, under 0.7 of its payload (in and out) when it is
+ * large (frames of bf16 are 0.52 of it, fp32's 0.26); the statistics say exactly what the
+ * links moved. */
 static void calls_run_device(call** ks, int nk) {
   agoq_emu_counters c0, c1;
-  uint64_t d2h0, h2d0, d2h1, h2d1, want_d2h = 0, want_h2d = 0;
+  pcie_bytes b0, b1;
+  uint64_t want_d2h = 0, want_h2d = 0, gpu_payload = 0;
   for (int q = 0; q < nk; q++)
     for (int r = 0; r < ks[q]->g->n; r++) {
       want_d2h += device_bytes(ks[q], r, true);
       want_h2d += device_bytes(ks[q], r, false);
     }
-  link_bytes(ks[0]->g, &d2h0, &h2d0);
+  link_bytes(ks[0]->g, &b0);
   agoq_emu_counters_get(&c0);
   for (int q = 0; q < nk; q++) call_post(ks[q]);
+  for (int q = 0; q < nk; q++)
+    for (int r = 0; r < ks[q]->g->n; r++) {
+      if (ks[q]->rk[r].gpu != ks[q]->c->gpu)
+        fail_msg("%s type %d, device parts in %#x out %#x: rank %d %s on the GPU", kind_name(ks[q]->c->kind),
+                 ks[q]->c->type, ks[q]->c->in, ks[q]->c->out, r, ks[q]->rk[r].gpu ? "reduced" : "not reduced");
+      if (!ks[q]->rk[r].gpu) continue;
+      uint64_t in = device_bytes(ks[q], r, true), out = device_bytes(ks[q], r, false);
+      want_d2h -= in;
+      want_h2d -= out;
+      gpu_payload += in + out;
+    }
   calls_wait(ks, nk);
   agoq_emu_counters_get(&c1);
-  link_bytes(ks[0]->g, &d2h1, &h2d1);
-  assert_int_equal(d2h1 - d2h0, want_d2h);
-  assert_int_equal(h2d1 - h2d0, want_h2d);
+  link_bytes(ks[0]->g, &b1);
+  /* The GPU calls' only copies are their result frames, out of device memory. */
+  assert_true(b1.copy_d2h - b0.copy_d2h >= want_d2h);
+  assert_int_equal(b1.copy_h2d - b0.copy_h2d, want_h2d);
+  uint64_t gpu_pcie = (b1.d2h - b0.d2h) + (b1.h2d - b0.h2d) - want_d2h - want_h2d;
+  /* A frame's 48-byte header outweighs a payload of a few elements: large calls only. */
+  if (gpu_payload >= 65536 && (double)gpu_pcie > 0.7 * (double)gpu_payload)
+    fail_msg("GPU-reduced calls moved %llu bytes across PCIe for %llu bytes of payload",
+             (unsigned long long)gpu_pcie, (unsigned long long)gpu_payload);
   assert_int_equal(c1.legacy_stream_ops, c0.legacy_stream_ops);
   assert_int_equal(c1.sync_calls, c0.sync_calls);
   assert_int_equal(c1.device_allocs, c0.device_allocs);
@@ -410,11 +440,12 @@ static void test_allreduce(void** state) {
       for (size_t t = 0; t < 3; t++)
         for (size_t p = 0; p < 3; p++) {
           ccase c = {.kind = CK_AR, .type = types[t], .op = ncclSum, .count = 100003, .nparts = 1,
-                     .in = place[p][0], .out = place[p][1]};
+                     .in = place[p][0], .out = place[p][1], .gpu = f == 0 && t < 2 && p == 0};
           run_compare(&g, &c, seed++);
         }
       ccase extra[] = {{.kind = CK_AR, .type = ncclFloat32, .op = ncclMax, .count = 4099, .nparts = 1, .in = 1, .out = 1},
-                       {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 1, .nparts = 1, .in = 1, .out = 1},
+                       {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 1, .nparts = 1, .in = 1, .out = 1,
+                        .gpu = f == 0},
                        {.kind = CK_AR, .type = ncclInt32, .op = ncclSum, .count = 0, .nparts = 1, .in = 1, .out = 1}};
       for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) run_compare(&g, &extra[i], seed++);
       group_close(&g);
@@ -441,11 +472,12 @@ static void test_reducescatter(void** state) {
         size_t wo = bpr / 2 / e * e, wb = bpr + e * 999;
         for (size_t p = 0; p < sizeof place / sizeof place[0]; p++) {
           ccase c = {.kind = CK_RS, .type = types[t], .op = ncclSum, .bpr = bpr, .wo = 0, .wb = (size_t)n * bpr,
-                     .nparts = place[p].nparts, .in = place[p].in, .out = place[p].out};
+                     .nparts = place[p].nparts, .in = place[p].in, .out = place[p].out,
+                     .gpu = f == 0 && t < 2 && p == 0};
           run_compare(&g, &c, seed++);
         }
         ccase part = {.kind = CK_RS, .type = types[t], .op = ncclSum, .bpr = bpr, .wo = wo, .wb = wb, .nparts = 1,
-                      .in = 1, .out = 1};
+                      .in = 1, .out = 1, .gpu = f == 0 && t < 2};
         run_compare(&g, &part, seed++);
       }
       group_close(&g);
@@ -487,14 +519,14 @@ static void test_in_flight_mixed(void** state) {
   group_open(&g, 4);
   size_t bpr = 4 * 20011;
   ccase cs[MAXCALLS] = {
-      {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 200003, .nparts = 1, .in = 1, .out = 1},
+      {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 200003, .nparts = 1, .in = 1, .out = 1, .gpu = true},
       {.kind = CK_AR, .type = ncclInt32, .op = ncclSum, .count = 50001, .nparts = 1, .in = 0, .out = 0},
       {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 70001, .nparts = 1, .in = 0, .out = 1},
       {.kind = CK_RS, .type = ncclFloat32, .op = ncclSum, .bpr = bpr, .wb = 4 * bpr, .nparts = 2, .in = 2, .out = 1},
       {.kind = CK_AG, .type = ncclUint8, .op = ncclSum, .bpr = bpr, .wb = 4 * bpr, .nparts = 1, .in = 1, .out = 1},
       {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 90001, .nparts = 1, .in = 1, .out = 0},
       {.kind = CK_RS, .type = ncclInt32, .op = ncclMax, .bpr = bpr, .wb = 4 * bpr, .nparts = 1, .in = 1, .out = 1},
-      {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 1000, .nparts = 1, .in = 1, .out = 1},
+      {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 1000, .nparts = 1, .in = 1, .out = 1, .gpu = true},
   };
   run_compare_many(&g, cs, MAXCALLS, 300);
   group_close(&g);
@@ -508,9 +540,10 @@ static void test_test_alone_moves_device_requests(void** state) {
   group g;
   group_open(&g, 2);
   for (int r = 0; r < 2; r++) agoq_coll_engine_hold(g.comm[r], true);
-  ccase cs[] = {{.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1},
+  ccase cs[] = {{.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1,
+                 .gpu = true},
                 {.kind = CK_RS, .type = ncclFloat32, .op = ncclSum, .bpr = 4 * 30001, .wb = 2 * 4 * 30001,
-                 .nparts = 1, .in = 1, .out = 1}};
+                 .nparts = 1, .in = 1, .out = 1, .gpu = true}};
   run_compare(&g, &cs[0], 400);
   run_compare(&g, &cs[1], 401);
   for (int r = 0; r < 2; r++) agoq_coll_engine_hold(g.comm[r], false);

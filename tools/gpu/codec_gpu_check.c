@@ -639,6 +639,68 @@ static void check_corrupt(bufs* B) {
   }
 }
 
+/* ---- a reduction owner's element-wise steps --------------------------------------------------------- */
+
+/* agoq_cuda_overflow_to_inf and agoq_cuda_narrow_fp32 against the CPU's, on fp32 sums of every
+ * kind (fill_acc) plus every magnitude around the bf16 and fp16 Inf thresholds and arbitrary
+ * bit patterns (NaN payloads included: both sides only move bits), at lengths with tails and
+ * at an offset of one element; nothing may be written past the n outputs. */
+static void check_reduce_steps(bufs* B) {
+  static const uint32_t edges[] = {0x7f7f7fffu, 0x7f7f8000u, 0x7f7f8001u, 0x7f7fffffu, 0x477fefffu, 0x477ff000u,
+                                   0x477ff001u, 0x477fe000u, 0x7f800000u, 0x7fc00001u, 0x7f800001u, 0x00000001u};
+  const size_t lens[] = {0, 1, 255, 256, 257, 65536 * 3 + 7, max_n};
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+    for (int t = 0; t < AGOQ_DTYPE_COUNT; t++) {
+      for (size_t off = 0; off <= 1; off++) {
+        const size_t n = lens[li];
+        const agoq_dtype dt = (agoq_dtype)t;
+        codec_case k;
+        memset(&k, 0, sizeof k);
+        k.p.dtype = dt;
+        k.n = n;
+        k.src_off = k.dst_off = off;
+        float* acc = (float*)B->hacc;
+        fill_acc(acc, n);
+        for (size_t i = 0; i < n; i++) {
+          uint32_t r = rnd32();
+          if (r % 8 == 0) acc[i] = f32_from(edges[(r >> 3) % (sizeof edges / sizeof edges[0])] | (r & 0x80000000u));
+          else if (r % 8 == 1) acc[i] = f32_from(rnd32());
+        }
+        /* overflow_to_inf, in place */
+        float* dacc = (float*)B->dsrc + off;
+        memcpy(B->hacc2, acc, n * 4);
+        memset(B->hacc2 + n * 4, 0x5a, GUARD);
+        CUDA_OK(cudaMemcpy(dacc, B->hacc2, n * 4 + GUARD, cudaMemcpyHostToDevice));
+        agoq_codec_overflow_to_inf(dt, (float*)B->hacc2, n);
+        CODEC_OK(agoq_cuda_overflow_to_inf(dt, dacc, n, NULL));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(B->hdst2, dacc, n * 4 + GUARD, cudaMemcpyDeviceToHost));
+        cases++;
+        same_bytes(&k, "overflow_to_inf", B->hacc2, B->hdst2, n * 4);
+        /* narrow the (overflowed) sums into the type */
+        const size_t es = agoq_dtype_size(dt);
+        uint8_t* ddst = B->ddst + off * es;
+        memset(B->hdst, 0xa5, n * es + GUARD);
+        CUDA_OK(cudaMemcpy(ddst, B->hdst, n * es + GUARD, cudaMemcpyHostToDevice));
+        agoq_codec_narrow_fp32(dt, (const float*)B->hacc2, n, B->hdst);
+        CODEC_OK(agoq_cuda_narrow_fp32(dt, dacc, n, ddst, NULL));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(B->hdst2, ddst, n * es + GUARD, cudaMemcpyDeviceToHost));
+        cases++;
+        same_bytes(&k, "narrow_fp32", B->hdst, B->hdst2, n * es);
+      }
+    }
+  }
+  /* Refused before anything runs: a dtype out of range, misaligned pointers. */
+  cases++;
+  if (agoq_cuda_overflow_to_inf((agoq_dtype)AGOQ_DTYPE_COUNT, (float*)B->dsrc, 4, NULL) != AGOQ_CODEC_EARG ||
+      agoq_cuda_narrow_fp32(AGOQ_DTYPE_BF16, (const float*)(B->dsrc + 2), 4, B->ddst, NULL) != AGOQ_CODEC_EARG ||
+      agoq_cuda_narrow_fp32(AGOQ_DTYPE_FP16, (const float*)B->dsrc, 4, B->ddst + 1, NULL) != AGOQ_CODEC_EARG)
+    mismatch(NULL, "reduce steps", "a bad argument was not refused");
+  printf("codec: reduction steps (overflow to Inf, narrowing) done, %ld checks, %ld mismatches\n", cases, mismatches);
+  fflush(stdout);
+}
+
 /* ---- the identity matrix ---------------------------------------------------------------------------- */
 
 static void check_identity(bufs* B, bool quick) {
@@ -706,6 +768,7 @@ static void check_identity(bufs* B, bool quick) {
     printf("codec: %zu-element cases done, %ld checks, %ld mismatches\n", ranges_n, cases, mismatches);
   }
   check_corrupt(B);
+  check_reduce_steps(B);
 }
 
 /* ---- throughput ---------------------------------------------------------------------------------------- */

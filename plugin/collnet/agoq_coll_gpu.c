@@ -1,0 +1,453 @@
+/* The quantized CollNet path on the GPU (AGOQ_COLLNET_GPU): a quantized call whose buffers
+ * are all in device memory runs the three codec steps of a chunk with the CUDA codec, which
+ * gives the CPU codec's bits, in the CPU path's order of fp32 additions, so its results are
+ * the host path's bit for bit:
+ *   encode  every slice of NCCL's buffer is quantized straight into the slot's pinned frames
+ *           (this rank's own slice into device memory: it never leaves the GPU); the host
+ *           seals the payload CRC of the frames for peers, which are then sent;
+ *   reduce  the host checks each contribution (header, payload CRC, lengths, scales:
+ *           agoq_frame_parse) in the pinned receive buffer; the GPU decodes rank 0's into
+ *           the fp32 sum in device memory and adds the others' in rank order; allreduce:
+ *           overflows become Inf, the sum is quantized once in fp32 parameters into device
+ *           memory, copied to pinned memory (the result message) and decoded into NCCL's
+ *           buffer; reducescatter: the sum is rounded into NCCL's buffer;
+ *   decode  each owner's result frame is checked on the host and decoded by the GPU from
+ *           the pinned receive buffer into NCCL's buffer.
+ * Only frames cross PCIe; the CPU checks and seals CRCs. Nothing waits for the device: each
+ * step queues its work on the group's link, records the pipeline slot's event and returns;
+ * a later pass (the engine's, or test()'s assisting) polls the event and goes on. A chunk
+ * retires once its slot's event says every decode into NCCL's buffer has completed, so the
+ * request is done with its result in place. All link calls run under gpu_mu (agoq_coll_device.c),
+ * and everything here under step_mu, like the rest of a pass. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "agoq_frame.h"
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+
+/* Pipeline slot i uses the link's event and results after the requests' (agoq_coll_device.c
+ * gives request k slot k). */
+static uint32_t agoq_gslot(const agoq_coll_comm* g, const agoq_coll_slot* s) {
+  return AGOQ_COLL_MAX_REQUESTS + (uint32_t)(s - g->slots);
+}
+
+/* A slot's codec results: [0, n) the slices' encodes, then the contributions' decodes; n the
+ * sum's encode; n + 1 its decode into place; n + 2 + j rank j's result frame's decode. */
+static int agoq_part_sum(const agoq_coll_comm* g) { return g->nranks; }
+static int agoq_part_share(const agoq_coll_comm* g) { return g->nranks + 1; }
+static int agoq_part_gather(const agoq_coll_comm* g, int j) { return g->nranks + 2 + j; }
+
+uint32_t agoq_coll_gpu_parts(const agoq_coll_comm* g) { return 2u * (uint32_t)g->nranks + 2u; }
+
+static size_t agoq_align256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+/* The largest slice of any chunk of a type of esz bytes, in elements: an allreduce chunk's
+ * slices are at most ceil(blocks / n) blocks, a reducescatter chunk takes at most one piece
+ * per rank. */
+static size_t agoq_gpu_slice_max(const agoq_coll_comm* g, size_t esz) {
+  size_t n = (size_t)g->nranks, b = g->cfg.block;
+  size_t ar = agoq_coll_chunk_elems(g->cfg.chunk_bytes, esz, g->cfg.block);
+  size_t ar_slice = ((ar + b - 1) / b + n - 1) / n * b;
+  size_t rs = agoq_coll_chunk_elems(g->cfg.chunk_bytes / n, esz, g->cfg.block);
+  return ar_slice > rs ? ar_slice : rs;
+}
+
+static void agoq_gpu_max(size_t* have, size_t v) {
+  if (v > *have) *have = v;
+}
+
+ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
+  if (!g->cfg.gpu_reduce || g->cfg.format == AGOQ_FORMAT_NONE || g->gslots != NULL) return ncclSuccess;
+  ncclResult_t res = ncclSuccess;
+  int n = g->nranks;
+  size_t* sl = calloc((size_t)n, sizeof *sl);
+  agoq_coll_gpu_slot* gs = calloc(AGOQ_COLL_SLOTS, sizeof *gs);
+  if (sl == NULL || gs == NULL) {
+    AGOQ_WARN("out of memory setting up CollNet's GPU path");
+    res = ncclSystemError;
+    goto out;
+  }
+  /* For each float type, every slice at its largest: no chunk needs more (sizes grow with
+   * the slices). */
+  agoq_coll_slot_bufs cap;
+  memset(&cap, 0, sizeof cap);
+  size_t own = 0, sum_frame = 0, mmax = 0;
+  static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    size_t m = agoq_gpu_slice_max(g, agoq_dtype_size(types[t]));
+    for (int j = 0; j < n; j++) sl[j] = m;
+    agoq_coll_slot_bufs need;
+    size_t stride;
+    agoq_coll_quant_sizes(g, types[t], true, sl, NULL, NULL, &stride, &need);
+    agoq_codec_params pin = agoq_coll_params(g, types[t]);
+    agoq_gpu_max(&mmax, m);
+    agoq_gpu_max(&own, agoq_frame_size_max(&pin, m));
+    agoq_gpu_max(&sum_frame, agoq_coll_quant_result_cap(g, m));
+    agoq_gpu_max(&cap.sbuf.cap, need.sbuf.cap);
+    agoq_gpu_max(&cap.rbuf.cap, need.rbuf.cap);
+    agoq_gpu_max(&cap.gbuf.cap, need.gbuf.cap);
+    agoq_gpu_max(&cap.res.cap, need.res.cap);
+  }
+  size_t pinned_slot = agoq_align256(cap.sbuf.cap) + agoq_align256(cap.rbuf.cap) + agoq_align256(cap.gbuf.cap) +
+                       agoq_align256(cap.res.cap);
+  size_t device_slot = agoq_align256(mmax * sizeof(float)) + agoq_align256(own) + agoq_align256(sum_frame);
+  uint8_t *pinned = NULL, *device = NULL;
+  AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, false, pinned_slot * AGOQ_COLL_SLOTS, (void**)&pinned), res, out);
+  AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, true, device_slot * AGOQ_COLL_SLOTS, (void**)&device), res, out);
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    uint8_t* p = pinned + (size_t)i * pinned_slot;
+    uint8_t* d = device + (size_t)i * device_slot;
+    agoq_coll_buf* pb[] = {&gs[i].pinned.sbuf, &gs[i].pinned.rbuf, &gs[i].pinned.gbuf, &gs[i].pinned.res};
+    size_t pc[] = {cap.sbuf.cap, cap.rbuf.cap, cap.gbuf.cap, cap.res.cap};
+    for (int k = 0; k < 4; k++) {
+      *pb[k] = (agoq_coll_buf){.p = p, .cap = pc[k]};
+      p += agoq_align256(pc[k]);
+    }
+    agoq_coll_buf* db[] = {&gs[i].dacc, &gs[i].down, &gs[i].dres};
+    size_t dc[] = {mmax * sizeof(float), own, sum_frame};
+    for (int k = 0; k < 3; k++) {
+      *db[k] = (agoq_coll_buf){.p = d, .cap = dc[k]};
+      d += agoq_align256(dc[k]);
+    }
+  }
+  /* Every kernel of the group's format and block is loaded now, not under NCCL's kernels. */
+  agoq_codec_params warm = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  AGOQ_CHECK_GOTO(agoq_gpu_codec_warm(g->gpu, &warm), res, out);
+  AGOQ_INFO(NCCL_INIT | NCCL_NET,
+            "CollNet rank %d: quantized calls on device buffers reduced on GPU %d (AGOQ_COLLNET_GPU=1): %zu bytes of "
+            "pinned frames and %zu bytes of device memory for %d chunks of up to %zu elements per slice",
+            g->rank, agoq_gpu_link_device(g->gpu), pinned_slot * AGOQ_COLL_SLOTS, device_slot * AGOQ_COLL_SLOTS,
+            AGOQ_COLL_SLOTS, mmax);
+  g->gslots = gs;
+  gs = NULL;
+out:
+  /* The memory itself belongs to the link: freed with it. */
+  free(gs);
+  free(sl);
+  return res;
+}
+
+/* dst in device memory, aligned to its element size (NCCL's buffers are). */
+static bool agoq_gpu_aligned(const void* p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
+bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev) {
+  if (!r->quantized || g->gslots == NULL || !in_dev || !out_dev || r->kind == AGOQ_COLL_ALLGATHER) return false;
+  if (r->kind == AGOQ_COLL_REDUCESCATTER && (r->nparts != 1 || r->dev_parts != 1u)) return false;
+  if (!agoq_gpu_aligned(r->src, r->esz) || !agoq_gpu_aligned(r->dst, r->esz)) return false;
+  r->gpu = true;
+  agoq_stats_device(g->st, AGOQ_STATS_QUANT, 0, 0); /* its PCIe bytes are counted as they move */
+  return true;
+}
+
+ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_slot_bufs* need) {
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  if (need->sbuf.cap > gs->pinned.sbuf.cap || need->rbuf.cap > gs->pinned.rbuf.cap ||
+      need->gbuf.cap > gs->pinned.gbuf.cap || need->res.cap > gs->pinned.res.cap || need->acc.cap > gs->dacc.cap) {
+    AGOQ_WARN("CollNet rank %d: a chunk needs more GPU path memory than was set aside (frames %zu/%zu/%zu/%zu "
+              "bytes, sum %zu bytes): internal error", g->rank, need->sbuf.cap, need->rbuf.cap, need->gbuf.cap,
+              need->res.cap, need->acc.cap);
+    return ncclInternalError;
+  }
+  s->sbuf = gs->pinned.sbuf;
+  s->rbuf = gs->pinned.rbuf;
+  s->gbuf = gs->pinned.gbuf;
+  s->res = gs->pinned.res;
+  s->acc = gs->dacc; /* device memory: the host never touches it */
+  s->gpu_step = AGOQ_GPU_STEP_NONE;
+  return ncclSuccess;
+}
+
+/* *done = the work queued before the slot's last mark has completed. */
+static ncclResult_t agoq_gpu_poll_slot(agoq_coll_comm* g, const agoq_coll_slot* s, bool* done) {
+  pthread_mutex_lock(&g->gpu_mu);
+  ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_gslot(g, s), done);
+  pthread_mutex_unlock(&g->gpu_mu);
+  return res;
+}
+
+static uint32_t agoq_gpu_status(agoq_coll_comm* g, const agoq_coll_slot* s, int part, uint64_t* body_len) {
+  uint32_t status = 0;
+  pthread_mutex_lock(&g->gpu_mu);
+  agoq_gpu_codec_result(g->gpu, agoq_gslot(g, s), part, &status, body_len);
+  pthread_mutex_unlock(&g->gpu_mu);
+  return status;
+}
+
+/* The CPU's part of a GPU step (CRCs, the checks) counts as codec time, as on the host path. */
+static void agoq_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0) {
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
+}
+
+static ncclResult_t agoq_gpu_encode_queue(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_req* r = s->req;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
+  uint32_t slot = agoq_gslot(g, s);
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&g->gpu_mu);
+  for (int j = 0; j < g->nranks; j++) {
+    if (s->sl[j] == 0) continue;
+    const uint8_t* src = agoq_coll_src_at(r, s->sb[j]);
+    if (j == g->rank) {
+      AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], gs->down.p, gs->down.cap), res, out);
+    } else {
+      AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], s->sbuf.p + s->s_off[j],
+                                            s->sbuf.cap - s->s_off[j]),
+                      res, out);
+    }
+  }
+  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, slot), res, out);
+out:
+  pthread_mutex_unlock(&g->gpu_mu);
+  return res;
+}
+
+ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
+  agoq_coll_req* r = s->req;
+  *ready = s->gpu_step >= AGOQ_GPU_STEP_ENCODED;
+  if (*ready) return ncclSuccess;
+  if (s->gpu_step == AGOQ_GPU_STEP_NONE) {
+    AGOQ_CHECK(agoq_gpu_encode_queue(g, s));
+    s->gpu_step = AGOQ_GPU_STEP_ENCODING;
+    return ncclSuccess;
+  }
+  bool done = false;
+  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, &done));
+  if (!done) return ncclSuccess;
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns(), d2h = 0;
+  for (int j = 0; j < g->nranks; j++) {
+    if (s->sl[j] == 0) continue;
+    uint64_t body_len = 0;
+    uint32_t status = agoq_gpu_status(g, s, j, &body_len);
+    if (status != AGOQ_CODEC_OK) {
+      AGOQ_WARN("CollNet rank %d: the GPU could not quantize elements [%zu, %zu) of the call: %s", g->rank, s->sb[j],
+                s->sb[j] + s->sl[j], agoq_codec_status_str((agoq_codec_status)status));
+      return ncclInternalError;
+    }
+    s->s_len[j] = AGOQ_FRAME_HEADER_SIZE + (size_t)body_len;
+    if (j == g->rank) continue; /* stays in device memory: decoded there, never sent */
+    /* As the host path's frames for peers: the same bytes on the wire. */
+    agoq_codec_status st = agoq_frame_seal_payload_crc(s->sbuf.p + s->s_off[j], s->s_len[j]);
+    if (st != AGOQ_CODEC_OK) {
+      AGOQ_WARN("CollNet rank %d: the GPU's frame of elements [%zu, %zu) could not be sealed: %s", g->rank, s->sb[j],
+                s->sb[j] + s->sl[j], agoq_codec_status_str(st));
+      return ncclInternalError;
+    }
+    d2h += s->s_len[j];
+  }
+  pthread_mutex_lock(&g->gpu_mu);
+  agoq_gpu_note_encoded(g->gpu, d2h);
+  pthread_mutex_unlock(&g->gpu_mu);
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, d2h);
+  agoq_gpu_cpu_time(g, r, t0, crc0);
+  s->gpu_step = AGOQ_GPU_STEP_ENCODED;
+  *ready = true;
+  return ncclSuccess;
+}
+
+/* Rank k's contribution to this rank's slice, checked on the host as the CPU path's decoder
+ * checks it (header and payload CRC32C, lengths, bitmap, scales); *body and *p for the GPU. */
+static ncclResult_t agoq_gpu_check_contribution(agoq_coll_comm* g, agoq_coll_slot* s, int k, agoq_frame_info* info,
+                                                const void** body) {
+  int me = g->rank;
+  size_t m = s->sl[me];
+  const uint8_t* f = s->rbuf.p + (size_t)k * s->r_stride;
+  size_t len = (size_t)s->p1r_size[k];
+  if (!agoq_frame_has_payload_crc(f, len)) {
+    AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
+              "(%zu bytes; another agoq version?): refused, nothing decoded", me, k, s->sb[me], s->sb[me] + m, len);
+    return ncclSystemError;
+  }
+  agoq_codec_status st = agoq_frame_parse(f, len, info, body);
+  if (st == AGOQ_CODEC_OK && info->count != (uint64_t)m) st = AGOQ_CODEC_ECORRUPT;
+  if (st != AGOQ_CODEC_OK) {
+    AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call rejected before decoding: %s "
+              "(%zu bytes; header and payload CRC32C, lengths and scales are checked first); nothing decoded, "
+              "the call fails", me, k, s->sb[me], s->sb[me] + m, agoq_codec_status_str(st), len);
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+/* The contributions in rank order into the fp32 sum, then the owner's step: allreduce
+ * overflow to Inf and the sum's frame; reducescatter the sum rounded into NCCL's buffer. */
+static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t* h2d) {
+  agoq_coll_req* r = s->req;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  int n = g->nranks, me = g->rank;
+  size_t m = s->sl[me];
+  uint32_t slot = agoq_gslot(g, s);
+  float* acc = (float*)gs->dacc.p;
+  ncclResult_t res = ncclSuccess;
+  *h2d = 0;
+  for (int k = 0; k < n; k++) {
+    agoq_frame_info info;
+    const void* body = NULL;
+    if (k == me) {
+      info.params = agoq_coll_params(g, r->codec_dtype);
+      info.payload_len = s->s_len[me] - AGOQ_FRAME_HEADER_SIZE;
+      body = gs->down.p + AGOQ_FRAME_HEADER_SIZE;
+    } else {
+      AGOQ_CHECK(agoq_gpu_check_contribution(g, s, k, &info, &body));
+      *h2d += info.payload_len;
+    }
+    /* acc = y_0, then acc += y_k in rank order: the host path's additions. */
+    pthread_mutex_lock(&g->gpu_mu);
+    if (k == 0)
+      res = agoq_gpu_dequantize(g->gpu, slot, k, &info.params, body, (size_t)info.payload_len, m, AGOQ_DTYPE_FP32, acc);
+    else
+      res = agoq_gpu_dequantize_accumulate(g->gpu, slot, k, &info.params, body, (size_t)info.payload_len, m, acc);
+    pthread_mutex_unlock(&g->gpu_mu);
+    AGOQ_CHECK(res);
+  }
+  pthread_mutex_lock(&g->gpu_mu);
+  if (r->kind == AGOQ_COLL_REDUCESCATTER) {
+    AGOQ_CHECK_GOTO(agoq_gpu_narrow(g->gpu, r->codec_dtype, acc, m, agoq_coll_dst_at(r, s->sb[me])), res, out);
+  } else {
+    /* A sum outside the output type's finite range is Inf, and the owner takes the same
+     * decoded bytes as everyone else (agoq_coll_quant_reduce). */
+    AGOQ_CHECK_GOTO(agoq_gpu_overflow_to_inf(g->gpu, r->codec_dtype, acc, m), res, out);
+    agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+    AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(g->gpu, slot, agoq_part_sum(g), &p32, acc, m, gs->dres.p, gs->dres.cap), res,
+                    out);
+  }
+  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, slot), res, out);
+out:
+  pthread_mutex_unlock(&g->gpu_mu);
+  return res;
+}
+
+/* The sum's frame is in device memory: its copy to the result message and its decode into
+ * NCCL's buffer. */
+static ncclResult_t agoq_gpu_share_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t body_len) {
+  agoq_coll_req* r = s->req;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  size_t m = s->sl[g->rank];
+  uint32_t slot = agoq_gslot(g, s);
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  ncclResult_t res = ncclSuccess;
+  s->res_len = AGOQ_FRAME_HEADER_SIZE + (size_t)body_len;
+  if (s->res_len > s->res.cap) {
+    AGOQ_WARN("CollNet rank %d: the GPU's sum frame (%zu bytes) exceeds its message buffer (%zu)", g->rank, s->res_len,
+              s->res.cap);
+    return ncclInternalError;
+  }
+  pthread_mutex_lock(&g->gpu_mu);
+  if (g->nranks > 1) AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(g->gpu, s->res.p, gs->dres.p, s->res_len), res, out);
+  AGOQ_CHECK_GOTO(agoq_gpu_dequantize(g->gpu, slot, agoq_part_share(g), &p32, gs->dres.p + AGOQ_FRAME_HEADER_SIZE,
+                                      (size_t)body_len, m, r->codec_dtype, agoq_coll_dst_at(r, s->sb[g->rank])),
+                  res, out);
+  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, slot), res, out);
+out:
+  pthread_mutex_unlock(&g->gpu_mu);
+  if (res == ncclSuccess && g->nranks > 1) agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, s->res_len);
+  return res;
+}
+
+/* The device's verdict on parts [from, to) of the slot; anything but OK fails the call. */
+static ncclResult_t agoq_gpu_check_parts(agoq_coll_comm* g, agoq_coll_slot* s, int from, int to, const char* what) {
+  for (int part = from; part < to; part++) {
+    uint32_t status = agoq_gpu_status(g, s, part, NULL);
+    if (status == AGOQ_CODEC_OK) continue;
+    AGOQ_WARN("CollNet rank %d: %s on the GPU failed (result %d of the chunk): %s", g->rank, what, part,
+              agoq_codec_status_str((agoq_codec_status)status));
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
+  agoq_coll_req* r = s->req;
+  *done = s->gpu_step == AGOQ_GPU_STEP_REDUCED || s->sl[g->rank] == 0;
+  if (*done) return ncclSuccess;
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns();
+  ncclResult_t res = ncclSuccess;
+  if (s->gpu_step == AGOQ_GPU_STEP_ENCODED) {
+    uint64_t h2d = 0;
+    res = agoq_gpu_sum_queue(g, s, &h2d);
+    agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, h2d);
+    if (res == ncclSuccess) s->gpu_step = AGOQ_GPU_STEP_SUMMING;
+    agoq_gpu_cpu_time(g, r, t0, crc0);
+    return res;
+  }
+  bool ready = false;
+  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, &ready));
+  if (!ready) return ncclSuccess;
+  if (s->gpu_step == AGOQ_GPU_STEP_SUMMING) {
+    AGOQ_CHECK(agoq_gpu_check_parts(g, s, 0, g->nranks, "decoding a contribution"));
+    if (r->kind == AGOQ_COLL_REDUCESCATTER) {
+      s->gpu_step = AGOQ_GPU_STEP_REDUCED;
+      *done = true;
+      return ncclSuccess;
+    }
+    AGOQ_CHECK(agoq_gpu_check_parts(g, s, agoq_part_sum(g), agoq_part_sum(g) + 1, "quantizing the sum"));
+    uint64_t body_len = 0;
+    (void)agoq_gpu_status(g, s, agoq_part_sum(g), &body_len);
+    AGOQ_CHECK(agoq_gpu_share_queue(g, s, body_len));
+    s->gpu_step = AGOQ_GPU_STEP_SHARING;
+    return ncclSuccess;
+  }
+  /* SHARING: the result message is in pinned memory; its copy on the wire gets the CRC. */
+  AGOQ_CHECK(agoq_gpu_check_parts(g, s, agoq_part_share(g), agoq_part_share(g) + 1, "decoding the sum"));
+  if (g->nranks > 1) {
+    agoq_codec_status st = agoq_frame_seal_payload_crc(s->res.p, s->res_len);
+    if (st != AGOQ_CODEC_OK) {
+      AGOQ_WARN("CollNet rank %d: the GPU's sum frame could not be sealed: %s", g->rank, agoq_codec_status_str(st));
+      return ncclInternalError;
+    }
+  }
+  agoq_gpu_cpu_time(g, r, t0, crc0);
+  s->gpu_step = AGOQ_GPU_STEP_REDUCED;
+  *done = true;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
+  agoq_coll_req* r = s->req;
+  const uint8_t* f = s->gbuf.p + s->g_off[j];
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns();
+  if (!agoq_frame_has_payload_crc(f, (size_t)size)) {
+    AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
+              "(%d bytes; another agoq version?): refused, nothing decoded", g->rank, j, s->sb[j], s->sb[j] + s->sl[j],
+              size);
+    return ncclSystemError;
+  }
+  agoq_frame_info info;
+  const void* body = NULL;
+  agoq_codec_status st = agoq_frame_parse(f, (size_t)size, &info, &body);
+  if (st == AGOQ_CODEC_OK && info.count != (uint64_t)s->sl[j]) st = AGOQ_CODEC_ECORRUPT;
+  agoq_gpu_cpu_time(g, r, t0, crc0);
+  if (st != AGOQ_CODEC_OK) {
+    AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call rejected before "
+              "decoding: %s (%d bytes; header and payload CRC32C, lengths and scales are checked first); the call "
+              "fails", g->rank, j, s->sb[j], s->sb[j] + s->sl[j], agoq_codec_status_str(st), size);
+    return ncclSystemError;
+  }
+  ncclResult_t res = ncclSuccess;
+  pthread_mutex_lock(&g->gpu_mu);
+  AGOQ_CHECK_GOTO(agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), agoq_part_gather(g, j), &info.params, body,
+                                      (size_t)info.payload_len, s->sl[j], r->codec_dtype,
+                                      agoq_coll_dst_at(r, s->sb[j])),
+                  res, out);
+  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, agoq_gslot(g, s)), res, out);
+out:
+  pthread_mutex_unlock(&g->gpu_mu);
+  if (res == ncclSuccess) agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, info.payload_len);
+  return res;
+}
+
+ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
+  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, done));
+  if (!*done || !agoq_coll_has_p2(s->req)) return ncclSuccess;
+  for (int j = 0; j < g->nranks; j++) {
+    if (j == g->rank || s->sl[j] == 0) continue;
+    AGOQ_CHECK(agoq_gpu_check_parts(g, s, agoq_part_gather(g, j), agoq_part_gather(g, j) + 1,
+                                    "decoding a result frame"));
+  }
+  return ncclSuccess;
+}
