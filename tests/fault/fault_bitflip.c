@@ -24,6 +24,11 @@
 #include <unistd.h>
 
 #include "agoq_frame.h"
+#if defined(AGOQ_FAULT_DEVICE)
+#include <cuda_runtime_api.h>
+
+#include "collnet/agoq_coll_internal.h"
+#endif
 #include "collnet/agoq_coll_wire.h"
 #include "collnet/agoq_collnet.h"
 #include "core/agoq_log.h"
@@ -464,7 +469,10 @@ int fault_sc_bitflip(int seeds, uint64_t seed0, fault_path path) {
  * other ranks receive, by a proxy that forwards to it, and one proxy flips one bit of one
  * socket (a data socket, or 1 case in 4 the control socket). Each rank reports a hash of
  * all its results; a first run without a flip gives the reference. Every rank must end
- * with the reference bits or with an error; wrong data or a hang fails the test. */
+ * with the reference bits or with an error; wrong data or a hang fails the test.
+ * agoq-fault-emu (AGOQ_FAULT_DEVICE, over the CUDA emulation) puts each rank's buffers in
+ * device memory: every call must then be reduced on the GPU (agoq_coll_gpu.c), whose host
+ * checks of the frames the flips must hit. */
 
 #define BC_NRANKS 3
 #define BC_CALLS 8
@@ -495,18 +503,30 @@ static int bc_rank(int fd, void* varg) {
   void *smh = NULL, *rmh = NULL;
   void* reqs[BC_CALLS] = {0};
   int step = 0;
-  if (err == ncclSuccess) {
-    agoq_coll_reg_mr(cc, send, bytes, NCCL_PTR_HOST, &smh);
-    agoq_coll_reg_mr(cc, recv, bytes, NCCL_PTR_HOST, &rmh);
-  }
+  uint16_t* sbuf = send;
+  uint16_t* rbuf = recv;
+  int type = NCCL_PTR_HOST;
+#if defined(AGOQ_FAULT_DEVICE)
+  if (cudaMalloc((void**)&sbuf, bytes) != cudaSuccess || cudaMalloc((void**)&rbuf, bytes) != cudaSuccess ||
+      cudaMemcpy(sbuf, send, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(rbuf, recv, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+    return fault_report_fail(fd, "device buffers could not be set up");
+  type = NCCL_PTR_CUDA;
+#endif
+  if (err == ncclSuccess) err = agoq_coll_reg_mr(cc, sbuf, bytes, type, &smh);
+  if (err == ncclSuccess) err = agoq_coll_reg_mr(cc, rbuf, bytes, type, &rmh);
   for (int k = 0; k < BC_CALLS && err == ncclSuccess; k++) {
     step = k;
     int64_t end = fault_now_ms() + 20000;
     while (reqs[k] == NULL && err == ncclSuccess) {
-      err = agoq_coll_iallreduce(cc, send + (size_t)k * BC_COUNT, recv + (size_t)k * BC_COUNT, BC_COUNT,
+      err = agoq_coll_iallreduce(cc, sbuf + (size_t)k * BC_COUNT, rbuf + (size_t)k * BC_COUNT, BC_COUNT,
                                  ncclBfloat16, ncclSum, smh, rmh, &reqs[k]);
       if (fault_now_ms() > end) return fault_report_fail(fd, "call %d could not be posted in 20 s", k);
     }
+#if defined(AGOQ_FAULT_DEVICE)
+    if (reqs[k] != NULL && !((const agoq_coll_req*)reqs[k])->gpu)
+      return fault_report_fail(fd, "call %d on device buffers was not reduced on the GPU", k);
+#endif
   }
   for (int k = 0; k < BC_CALLS && err == ncclSuccess; k++) {
     step = k;
@@ -515,6 +535,10 @@ static int bc_rank(int fd, void* varg) {
     while (!done && (err = agoq_coll_test(reqs[k], &done, &size)) == ncclSuccess)
       if (fault_now_ms() > end) return fault_report_fail(fd, "call %d neither completed nor failed in 20 s", k);
   }
+#if defined(AGOQ_FAULT_DEVICE)
+  if (err == ncclSuccess && cudaMemcpy(recv, rbuf, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return fault_report_fail(fd, "the device results could not be read");
+#endif
   if (err != ncclSuccess) {
     fault_event_send(fd, FAULT_MSG_ERROR, step, err);
   } else {
@@ -529,6 +553,10 @@ static int bc_rank(int fd, void* varg) {
   if (cc) agoq_coll_close_coll(cc);
   agoq_coll_close_listen(lc);
   agoq_coll_finalize(ctx);
+#if defined(AGOQ_FAULT_DEVICE)
+  cudaFree(sbuf);
+  cudaFree(rbuf);
+#endif
   free(send);
   free(recv);
   return 0;
