@@ -44,7 +44,10 @@ ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_
     /* Setup time (NCCL registers its buffers at connect): groups that only ever see host
      * memory pin nothing. */
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
-    res = agoq_gpu_link_create(device, staging, AGOQ_COLL_GPU_SLOTS, agoq_coll_gpu_parts(g), &g->gpu);
+    /* Codec calls in flight: at most the GPU path's, per pipeline slot 3 per rank and 2. */
+    agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_COLL_GPU_SLOTS, .parts = agoq_coll_gpu_parts(g),
+                               .timed = AGOQ_COLL_SLOTS * (3u * (uint32_t)g->nranks + 2u)};
+    res = agoq_gpu_link_create(device, &lc, &g->gpu);
     if (res == ncclSuccess)
       AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet rank %d: device buffers of GPU %d staged through %zu bytes of pinned memory",
                 g->rank, device, staging);

@@ -162,7 +162,9 @@ ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s, const a
 static ncclResult_t agoq_gpu_poll_slot(agoq_coll_comm* g, const agoq_coll_slot* s, bool* done) {
   pthread_mutex_lock(&g->gpu_mu);
   ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_gslot(g, s), done);
+  uint64_t gpu_ns = agoq_gpu_codec_ns_take(g->gpu); /* the codec's time of what completed */
   pthread_mutex_unlock(&g->gpu_mu);
+  agoq_stats_add(&g->st->path[AGOQ_STATS_QUANT].gpu_ns, gpu_ns);
   return res;
 }
 

@@ -122,13 +122,14 @@ size_t agoq_stats_format(const agoq_stats_entry* e, int path, const char* event,
                    "agoq-stats pid=%d host=%s event=%s id=%" PRIu64 " comm=0x%" PRIxPTR " kind=%s%s path=%s "
                    "calls=%" PRIu64 " bytes_in=%" PRIu64 " wire_raw=%" PRIu64 " wire_bytes=%" PRIu64
                    " ratio=%.3f codec_ms=%.3f crc_ms=%.3f wire_ms=%.3f device_calls=%" PRIu64
-                   " pcie_d2h=%" PRIu64 " pcie_h2d=%" PRIu64 "%s%s",
+                   " pcie_d2h=%" PRIu64 " pcie_h2d=%" PRIu64 " gpu_ms=%.3f%s%s",
                    pid, host, event, e->id, e->comm, agoq_stats_kind_name(e->kind), who,
                    path == AGOQ_STATS_QUANT ? "quantized" : "exact", agoq_stats_get(&s->calls),
                    agoq_stats_get(&s->bytes_in), raw, wire, raw ? (double)wire / (double)raw : 1.0,
                    (double)agoq_stats_get(&s->codec_ns) / 1e6, (double)agoq_stats_get(&s->crc_ns) / 1e6,
                    (double)agoq_stats_get(&s->wire_ns) / 1e6, agoq_stats_get(&s->device_calls),
-                   agoq_stats_get(&s->pcie_d2h), agoq_stats_get(&s->pcie_h2d), e->config[0] ? " " : "", e->config);
+                   agoq_stats_get(&s->pcie_d2h), agoq_stats_get(&s->pcie_h2d),
+                   (double)agoq_stats_get(&s->gpu_ns) / 1e6, e->config[0] ? " " : "", e->config);
   if (n < 0 || (size_t)n >= outlen) return 0;
   size_t len = (size_t)n;
   if (path == AGOQ_STATS_EXACT) {

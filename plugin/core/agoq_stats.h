@@ -55,6 +55,7 @@ typedef struct {
   atomic_uint_least64_t device_calls;
   atomic_uint_least64_t pcie_d2h;
   atomic_uint_least64_t pcie_h2d;
+  atomic_uint_least64_t gpu_ns; /* the CUDA codec's time on the GPU (timing events) */
 } agoq_stats_path;
 
 typedef struct agoq_stats_entry {

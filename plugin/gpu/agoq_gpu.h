@@ -60,11 +60,20 @@ typedef struct {
   uint64_t encodes, decodes;     /* codec kernels run */
   uint64_t encoded_bytes;        /* frames the GPU wrote into pinned memory (crossed PCIe) */
   uint64_t decoded_bytes;        /* frame bodies the GPU read from pinned memory (crossed PCIe) */
+  uint64_t codec_ns;             /* GPU time of the codec calls seen complete (timing events) */
+  uint64_t untimed;              /* codec calls run while `timed` others awaited their time */
 } agoq_gpu_link_stats;
 
-/* Creates the stream (non-blocking, the greatest priority), `slots` events, `parts` codec
- * results per slot and a pinned ring of `staging` bytes, on `device`. Setup only. */
-ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, uint32_t parts, agoq_gpu_link** out);
+typedef struct {
+  size_t staging; /* bytes of the pinned ring */
+  uint32_t slots; /* events: one per request (or step) the owner tracks */
+  uint32_t parts; /* codec results per slot */
+  uint32_t timed; /* codec calls whose GPU time may await collection at once */
+} agoq_gpu_link_config;
+
+/* Creates the stream (non-blocking, the greatest priority), the slots' events, their codec
+ * results, the timing events and the pinned ring, on `device`. Setup only. */
+ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out);
 /* Waits for the link's queued work (close only: NCCL's buffers may be gone after it), then
  * frees everything, the memory allocated through it included. NULL is a no-op. */
 void agoq_gpu_link_destroy(agoq_gpu_link* l);
@@ -81,14 +90,15 @@ ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, si
 ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, size_t size);
 /* Records slot's event behind everything queued so far. */
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot);
-/* *done = the work queued before slot's mark has completed. Only queries the event. */
+/* *done = the work queued before slot's mark has completed. Only queries events: the slot's,
+ * and those of completed codec calls, whose GPU time it adds to stats.codec_ns. */
 ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done);
 
 /* The CUDA codec (kernels/cuda, the same bits as the CPU codec) on the link's stream. The
  * kernels read and write device memory and pinned memory alike: a frame written into
  * pinned memory, or a body read from it, is what crosses PCIe (counted when the memory is
  * the link's). The device's verdict lands in result `part` of `slot`, readable once slot's
- * mark is done. */
+ * mark is done. Each call is bracketed by timing events (its GPU time: agoq_gpu_poll). */
 ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
                                    const void* src, size_t n, void* frame, size_t cap);
 /* Decodes a body of n elements made with p into dst of type out. */
@@ -101,6 +111,8 @@ ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int
  * agoq_codec_narrow_fp32, the same bits); no result is reported, arguments are checked now. */
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n);
 ncclResult_t agoq_gpu_narrow(agoq_gpu_link* l, agoq_dtype out, const float* acc, size_t n, void* dst);
+/* GPU time of codec calls (ns) seen complete since the last take: for the owner's statistics. */
+uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l);
 /* After slot's mark is done: the codec's status (agoq_codec_status) of result `part` and,
  * for an encode, the frame body's length. */
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len);

@@ -33,6 +33,12 @@ struct agoq_gpu_link {
   agoq_cuda_codec_result* results; /* per slot and part, pinned: the device writes, the host reads */
   uint32_t parts;                  /* results per slot */
   agoq_gpu_link_mem* mem;          /* allocated through the link (agoq_gpu_link_alloc) */
+  /* Timing events around each codec call, a ring in stream order: [thead, thead + tcount)
+   * await collection; they complete in that order, as the stream runs them. */
+  cudaEvent_t* tbegin;
+  cudaEvent_t* tend;
+  uint32_t ntimed, thead, tcount;
+  uint64_t codec_ns_taken; /* of stats.codec_ns, handed to the owner (agoq_gpu_codec_ns_take) */
   agoq_gpu_link_stats stats;
 };
 
@@ -47,13 +53,20 @@ out:
   return res;
 }
 
-ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, uint32_t parts, agoq_gpu_link** out) {
+ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link* l = NULL;
+  uint32_t slots = cfg->slots;
+  size_t staging = cfg->staging;
   *out = NULL;
   AGOQ_CALLOC_GOTO(l, 1, res, fail);
   l->device = device;
-  l->parts = parts > 0 ? parts : 1;
+  l->parts = cfg->parts > 0 ? cfg->parts : 1;
+  l->ntimed = cfg->timed;
+  if (l->ntimed > 0) {
+    AGOQ_CALLOC_GOTO(l->tbegin, l->ntimed, res, fail);
+    AGOQ_CALLOC_GOTO(l->tend, l->ntimed, res, fail);
+  }
   AGOQ_CALLOC_GOTO(l->events, slots, res, fail);
   l->slots = slots;
   AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, fail);
@@ -64,6 +77,10 @@ ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, ui
   AGOQ_CUDA_CHECK_GOTO(cudaStreamCreateWithPriority(&l->stream, cudaStreamNonBlocking, greatest), res, fail);
   for (uint32_t i = 0; i < slots; i++)
     AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->events[i], cudaEventDisableTiming), res, fail);
+  for (uint32_t i = 0; i < l->ntimed; i++) {
+    AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->tbegin[i], cudaEventDefault), res, fail);
+    AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->tend[i], cudaEventDefault), res, fail);
+  }
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&l->staging, staging, cudaHostAllocPortable), res, fail);
   AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&l->workspace, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), res, fail);
   size_t nres = (size_t)slots * l->parts;
@@ -91,6 +108,10 @@ void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   if (l->events != NULL)
     for (uint32_t i = 0; i < l->slots; i++)
       if (l->events[i] != NULL) (void)agoq_gpu_cuda_error(cudaEventDestroy(l->events[i]), "cudaEventDestroy");
+  for (uint32_t i = 0; i < l->ntimed; i++) {
+    if (l->tbegin != NULL && l->tbegin[i] != NULL) (void)agoq_gpu_cuda_error(cudaEventDestroy(l->tbegin[i]), "cudaEventDestroy");
+    if (l->tend != NULL && l->tend[i] != NULL) (void)agoq_gpu_cuda_error(cudaEventDestroy(l->tend[i]), "cudaEventDestroy");
+  }
   if (l->stream != NULL) (void)agoq_gpu_cuda_error(cudaStreamDestroy(l->stream), "cudaStreamDestroy");
   if (l->staging != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->staging), "cudaFreeHost");
   if (l->results != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->results), "cudaFreeHost");
@@ -103,6 +124,8 @@ void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   }
   agoq_gpu_ring_fini(&l->ring);
   free(l->events);
+  free(l->tbegin);
+  free(l->tend);
   free(l);
 }
 
@@ -181,6 +204,62 @@ out:
   return res;
 }
 
+/* ---- GPU time of the codec calls ---------------------------------------------------------- */
+
+/* Before a codec call's launches: the next timing pair's begin, or none (the call goes
+ * untimed) while every pair awaits collection. Returns the pair, or -1. A failed record
+ * only loses the figure: the statistics never fail the data path. */
+static int agoq_gpu_time_begin(agoq_gpu_link* l) {
+  if (l->tcount == l->ntimed) {
+    l->stats.untimed++;
+    return -1;
+  }
+  uint32_t i = (l->thead + l->tcount) % l->ntimed;
+  if (cudaEventRecord(l->tbegin[i], l->stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    l->stats.untimed++;
+    return -1;
+  }
+  return (int)i;
+}
+
+/* After the launches: the pair's end; it now awaits collection. */
+static void agoq_gpu_time_end(agoq_gpu_link* l, int pair) {
+  if (pair < 0) return;
+  if (cudaEventRecord(l->tend[pair], l->stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    l->stats.untimed++;
+    return;
+  }
+  l->tcount++;
+}
+
+/* The GPU time of every bracketed call that has completed, oldest first; never waits. */
+static void agoq_gpu_time_collect(agoq_gpu_link* l) {
+  while (l->tcount > 0) {
+    uint32_t i = l->thead;
+    cudaError_t e = cudaEventQuery(l->tend[i]);
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return;
+    }
+    float ms = 0;
+    if (e == cudaSuccess && cudaEventElapsedTime(&ms, l->tbegin[i], l->tend[i]) == cudaSuccess && ms > 0)
+      l->stats.codec_ns += (uint64_t)((double)ms * 1e6);
+    else if (e != cudaSuccess || ms < 0)
+      l->stats.untimed++;
+    (void)cudaGetLastError();
+    l->thead = (l->thead + 1) % l->ntimed;
+    l->tcount--;
+  }
+}
+
+uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l) {
+  uint64_t v = l->stats.codec_ns - l->codec_ns_taken;
+  l->codec_ns_taken = l->stats.codec_ns;
+  return v;
+}
+
 ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   *done = false;
   AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
@@ -188,10 +267,13 @@ ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   cudaError_t e = cudaEventQuery(l->events[slot]);
   if (e == cudaErrorNotReady) {
     (void)cudaGetLastError();
+    agoq_gpu_time_collect(l);
     return ncclSuccess;
   }
   if (e != cudaSuccess) return agoq_gpu_cuda_error(e, "cudaEventQuery");
   *done = true;
+  /* Every codec call queued before the mark is complete: its time is there to collect. */
+  agoq_gpu_time_collect(l);
   return ncclSuccess;
 }
 
@@ -214,8 +296,11 @@ ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, co
   AGOQ_CHECK(agoq_gpu_link_enter(l));
   agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
   *r = (agoq_cuda_codec_result){0};
-  AGOQ_CHECK(
-      agoq_gpu_codec_check(agoq_cuda_frame_encode(p, src, n, frame, cap, l->workspace, r, l->stream), "GPU frame encode"));
+  int pair = agoq_gpu_time_begin(l);
+  ncclResult_t res =
+      agoq_gpu_codec_check(agoq_cuda_frame_encode(p, src, n, frame, cap, l->workspace, r, l->stream), "GPU frame encode");
+  agoq_gpu_time_end(l, pair);
+  AGOQ_CHECK(res);
   l->stats.encodes++;
   return ncclSuccess;
 }
@@ -226,8 +311,11 @@ ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, cons
   AGOQ_CHECK(agoq_gpu_link_enter(l));
   agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
   *r = (agoq_cuda_codec_result){0};
-  AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize(p, body, body_len, n, out, dst, l->workspace, r, l->stream),
-                                  "GPU decode"));
+  int pair = agoq_gpu_time_begin(l);
+  ncclResult_t res = agoq_gpu_codec_check(
+      agoq_cuda_dequantize(p, body, body_len, n, out, dst, l->workspace, r, l->stream), "GPU decode");
+  agoq_gpu_time_end(l, pair);
+  AGOQ_CHECK(res);
   l->stats.decodes++;
   if (agoq_gpu_link_pinned(l, body, body_len)) l->stats.decoded_bytes += body_len;
   return ncclSuccess;
@@ -239,8 +327,11 @@ ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int
   AGOQ_CHECK(agoq_gpu_link_enter(l));
   agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
   *r = (agoq_cuda_codec_result){0};
-  AGOQ_CHECK(agoq_gpu_codec_check(
-      agoq_cuda_dequantize_accumulate(p, body, body_len, n, acc, l->workspace, r, l->stream), "GPU decode-accumulate"));
+  int pair = agoq_gpu_time_begin(l);
+  ncclResult_t res = agoq_gpu_codec_check(
+      agoq_cuda_dequantize_accumulate(p, body, body_len, n, acc, l->workspace, r, l->stream), "GPU decode-accumulate");
+  agoq_gpu_time_end(l, pair);
+  AGOQ_CHECK(res);
   l->stats.decodes++;
   if (agoq_gpu_link_pinned(l, body, body_len)) l->stats.decoded_bytes += body_len;
   return ncclSuccess;
@@ -248,12 +339,18 @@ ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int
 
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {
   AGOQ_CHECK(agoq_gpu_link_enter(l));
-  return agoq_gpu_codec_check(agoq_cuda_overflow_to_inf(out, acc, n, l->stream), "GPU overflow to Inf");
+  int pair = agoq_gpu_time_begin(l);
+  ncclResult_t res = agoq_gpu_codec_check(agoq_cuda_overflow_to_inf(out, acc, n, l->stream), "GPU overflow to Inf");
+  agoq_gpu_time_end(l, pair);
+  return res;
 }
 
 ncclResult_t agoq_gpu_narrow(agoq_gpu_link* l, agoq_dtype out, const float* acc, size_t n, void* dst) {
   AGOQ_CHECK(agoq_gpu_link_enter(l));
-  return agoq_gpu_codec_check(agoq_cuda_narrow_fp32(out, acc, n, dst, l->stream), "GPU narrowing");
+  int pair = agoq_gpu_time_begin(l);
+  ncclResult_t res = agoq_gpu_codec_check(agoq_cuda_narrow_fp32(out, acc, n, dst, l->stream), "GPU narrowing");
+  agoq_gpu_time_end(l, pair);
+  return res;
 }
 
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len) {

@@ -35,11 +35,9 @@ static ncclResult_t agoq_gpu_none_call(const char* what) {
   return ncclInternalError;
 }
 
-ncclResult_t agoq_gpu_link_create(int device, size_t staging, uint32_t slots, uint32_t parts, agoq_gpu_link** out) {
+ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   (void)device;
-  (void)staging;
-  (void)slots;
-  (void)parts;
+  (void)cfg;
   *out = NULL;
   return agoq_gpu_none_call("agoq_gpu_link_create");
 }
@@ -97,6 +95,7 @@ void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint
   *status = AGOQ_CODEC_EARG;
   if (body_len != NULL) *body_len = 0;
 }
+uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l) { (void)l; return 0; }
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { (void)l; (void)frame_bytes; }
 ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
   (void)l; (void)p;

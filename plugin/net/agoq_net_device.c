@@ -42,7 +42,10 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
   }
   if (comm->gpu == NULL) {
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
-    AGOQ_CHECK(agoq_gpu_link_create(device, staging, AGOQ_REQUESTS_PER_COMM, AGOQ_GPU_PARTS_PER_SLOT, &comm->gpu));
+    /* A request's codec calls: one encode, or a decode per buffer of a grouped receive. */
+    agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_REQUESTS_PER_COMM, .parts = AGOQ_GPU_PARTS_PER_SLOT,
+                               .timed = AGOQ_REQUESTS_PER_COMM * AGOQ_GPU_PARTS_PER_SLOT};
+    AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
     AGOQ_CHECK(agoq_dev_warm(comm));
     AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
               comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
@@ -167,11 +170,19 @@ static ncclResult_t agoq_dev_frame_done(agoq_comm* comm, agoq_request* req, bool
   return ncclSuccess;
 }
 
+/* The request's event, and the GPU time of the codec calls seen complete meanwhile. */
+static ncclResult_t agoq_dev_poll(agoq_comm* comm, const agoq_request* req, bool* done) {
+  ncclResult_t res = agoq_gpu_poll(comm->gpu, req->pool_index, done);
+  uint64_t gpu_ns = agoq_gpu_codec_ns_take(comm->gpu);
+  if (comm->st != NULL && gpu_ns > 0) agoq_stats_add(&comm->st->path[AGOQ_STATS_QUANT].gpu_ns, gpu_ns);
+  return res;
+}
+
 ncclResult_t agoq_dev_advance(agoq_comm* comm) {
   while (comm->dev_count > 0) {
     agoq_request* req = &comm->pool.slots[comm->dev_fifo[comm->dev_first]];
     bool done = false;
-    AGOQ_CHECK(agoq_gpu_poll(comm->gpu, req->pool_index, &done));
+    AGOQ_CHECK(agoq_dev_poll(comm, req, &done));
     if (!done) return ncclSuccess; /* the later ones are behind it on the stream */
     if (req->dev_frame) {
       bool requeued = false;
@@ -271,7 +282,7 @@ ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req) {
 }
 
 ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done) {
-  AGOQ_CHECK(agoq_gpu_poll(comm->gpu, req->pool_index, done));
+  AGOQ_CHECK(agoq_dev_poll(comm, req, done));
   if (!*done) return ncclSuccess;
   /* A body the device found inconsistent left NCCL's buffer untouched: an error, never
    * wrong data. */

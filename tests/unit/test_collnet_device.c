@@ -16,6 +16,7 @@
  * AGOQ_COLLNET_GPU=0 (every device call staged and reduced on the CPU), and with
  * AGOQ_GPU=off, where device memory must be refused. */
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -562,6 +563,40 @@ static void test_test_alone_moves_device_requests(void** state) {
   group_close(&g);
 }
 
+/* The emulated device's clock: one microsecond per event it stamps, so GPU times are exact
+ * multiples of ticks whatever the machine. */
+static _Atomic unsigned long emu_ticks;
+static double tick_clock(void) { return 1e-6 * (double)atomic_fetch_add(&emu_ticks, 1); }
+
+/* AGOQ_STATS's gpu_ms: every codec call of the GPU reduction is bracketed by timing events
+ * and its time lands on the quantized line once it completed: at least a tick per call,
+ * all of what the link measured, none left untimed. */
+static void test_gpu_time_is_counted(void** state) {
+  (void)state;
+  if (!gpu_reduce_on()) skip();
+  env_set("int8", "0", "64K");
+  agoq_emu_clock_set(tick_clock);
+  group g;
+  group_open(&g, 2);
+  ccase c = {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1,
+             .gpu = true};
+  run_compare(&g, &c, 500);
+  for (int r = 0; r < 2; r++) {
+    agoq_coll_comm* cm = g.comm[r];
+    const agoq_gpu_link_stats* ls = agoq_gpu_link_stats_get(cm->gpu);
+    uint64_t gpu_ns = agoq_stats_get(&cm->st->path[AGOQ_STATS_QUANT].gpu_ns);
+    assert_true(ls->encodes > 0 && ls->decodes > 0);
+    assert_int_equal(ls->untimed, 0);
+    assert_int_equal(gpu_ns, ls->codec_ns);
+    if (gpu_ns < 1000 * (ls->encodes + ls->decodes))
+      fail_msg("rank %d: %llu ns of GPU time for %llu codec calls", r, (unsigned long long)gpu_ns,
+               (unsigned long long)(ls->encodes + ls->decodes));
+    assert_int_equal(agoq_stats_get(&cm->st->path[AGOQ_STATS_EXACT].gpu_ns), 0);
+  }
+  group_close(&g);
+  agoq_emu_clock_set(NULL);
+}
+
 static void staging_env(const char* bytes) {
   if (bytes != NULL) setenv("AGOQ_GPU_STAGING", bytes, 1);
   else unsetenv("AGOQ_GPU_STAGING");
@@ -711,6 +746,7 @@ static const struct CMUnitTest tests_gpu[] = {
     cmocka_unit_test(test_allgather),
     cmocka_unit_test(test_in_flight_mixed),
     cmocka_unit_test(test_test_alone_moves_device_requests),
+    cmocka_unit_test(test_gpu_time_is_counted),
     cmocka_unit_test(test_staging_too_large),
     cmocka_unit_test(test_staging_full_is_busy),
     cmocka_unit_test(test_refusals_and_iflush),

@@ -89,6 +89,7 @@ static void test_line_format(void** state) {
   agoq_stats_add(&e.path[AGOQ_STATS_QUANT].crc_ns, 250000);
   agoq_stats_add(&e.path[AGOQ_STATS_QUANT].wire_ns, 1000);
   agoq_stats_device(&e, AGOQ_STATS_QUANT, 516, 0);
+  agoq_stats_add(&e.path[AGOQ_STATS_QUANT].gpu_ns, 1234567);
   agoq_stats_count(&e, AGOQ_STATS_EXACT, 10);
   agoq_stats_count(&e, AGOQ_STATS_EXACT, 20);
   agoq_stats_exact(&e, AGOQ_EXACT_SMALL);
@@ -100,7 +101,7 @@ static void test_line_format(void** state) {
   assert_string_equal(line,
                       "agoq-stats pid=99 host=h1 event=exit id=7 comm=0xabc0 kind=collnet rank=1 nranks=4 "
                       "path=quantized calls=1 bytes_in=1000 wire_raw=1000 wire_bytes=516 ratio=0.516 codec_ms=2.500 "
-                      "crc_ms=0.250 wire_ms=0.001 device_calls=1 pcie_d2h=516 pcie_h2d=0 format=int8 block=128 "
+                      "crc_ms=0.250 wire_ms=0.001 device_calls=1 pcie_d2h=516 pcie_h2d=0 gpu_ms=1.235 format=int8 block=128 "
                       "min_bytes=65536\n");
   n = agoq_stats_format(&e, AGOQ_STATS_EXACT, "close", "h1", 99, line, sizeof line);
   assert_true(n > 0);

@@ -100,7 +100,11 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+std::atomic<double (*)(void)> g_clock{nullptr};
+
 double now_s() {
+  double (*clock)(void) = g_clock.load();
+  if (clock != nullptr) return clock();
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -613,6 +617,8 @@ int agoq_emu_peek(void* host, const void* dev, size_t bytes) {
   if (bytes > 0) memcpy(host, reach(dev, bytes), bytes);
   return 0;
 }
+
+void agoq_emu_clock_set(double (*clock)(void)) { g_clock.store(clock); }
 
 /* agoq_cuda_probe.h: one emulated device. */
 int agoq_cuda_device_count(void) { return 1; }

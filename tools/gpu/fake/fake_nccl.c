@@ -155,7 +155,7 @@ static void write_fake_stats(const fake_comm* c) {
           "agoq-stats pid=%d host=%s event=close id=1 comm=%p kind=%s rank=%d nranks=%d "
           "path=%s calls=%lu bytes_in=%zu wire_raw=%zu wire_bytes=%zu ratio=1.000 "
           "codec_ms=0.000 crc_ms=0.000 wire_ms=0.000 device_calls=%lu pcie_d2h=%zu "
-          "pcie_h2d=%zu format=%s fake=1\n",
+          "pcie_h2d=%zu gpu_ms=0.000 format=%s fake=1\n",
           (int)getpid(), host, (const void*)c,
           env_is("NCCL_COLLNET_ENABLE", "1") ? "collnet" : "p2p_send", c->rank, c->nranks,
           quantized ? "quantized" : "exact", c->calls, c->bytes_moved, c->bytes_moved,

@@ -125,6 +125,10 @@ void agoq_emu_counters_get(agoq_emu_counters* c);
  * look at what the plugin claims is already there). -1 unless [dev, dev + bytes) is device
  * memory. */
 int agoq_emu_peek(void* host, const void* dev, size_t bytes);
+/* Not CUDA: the clock (seconds) that stamps an event when the device reaches its record
+ * (cudaEventElapsedTime's differences); NULL restores CLOCK_MONOTONIC. Tests inject a
+ * counter so that GPU times are exact and do not depend on the machine. */
+void agoq_emu_clock_set(double (*clock)(void));
 
 #ifdef __cplusplus
 }
