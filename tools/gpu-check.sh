@@ -13,8 +13,11 @@
 # gives busbw, the host CPU seconds of the whole run (user+sys of the launcher and its
 # waited-for rank processes: logs/<run>.cpu), CPU seconds per GB of payload (the bytes_in of
 # the plugin's collnet and p2p_send stats lines; agoq runs only), and PCIe bytes per payload
-# byte (the plugin's pcie_d2h+pcie_h2d over that payload; device runs only, since on
-# host-staged runs NCCL does the copies), with ratios device/host-staged.
+# byte at each end (the plugin's pcie_d2h+pcie_h2d over the bytes NCCL's buffers gave it and
+# took from it: p2p_send plus p2p_recv bytes_in, and collnet bytes_in twice, since its runs
+# are all-reduces whose result is as large as the input; a host-staged transfer crosses
+# PCIe once per byte at each end, 1.0; device runs only, since on host-staged runs NCCL does
+# the copies), with ratios device/host-staged.
 #
 # usage: tools/gpu-check.sh NCCL_TESTS_SRC OUT_DIR
 #        tools/gpu-check.sh --summarize OUT_DIR     (re-reads OUT_DIR/logs, rewrites summary)
@@ -273,10 +276,12 @@ run_cpu_seconds() {
     echo n/a
 }
 
-# The plugin's statistics of one run: "payload_bytes pcie_bytes device_calls entries", where
-# payload is bytes_in of the kind=collnet and kind=p2p_send entries and pcie the
-# pcie_d2h + pcie_h2d of all entries; each entry (host, pid, id, path) counts once, by its
-# last line. "0 0 0 0" without stats lines.
+# The plugin's statistics of one run: "payload_bytes pcie_bytes device_calls entries
+# end_bytes", where payload is bytes_in of the kind=collnet and kind=p2p_send entries, pcie
+# the pcie_d2h + pcie_h2d of all entries, and end_bytes what NCCL's buffers gave the plugin
+# and took from it (p2p_send + p2p_recv bytes_in, collnet bytes_in twice: all-reduces);
+# each entry (host, pid, id, path) counts once, by its last line. "0 0 0 0 0" without stats
+# lines.
 run_stats() {
   cat "$logs/$1".stats.* "$logs/$1.out" 2>/dev/null | awk '
     /^agoq-stats / {
@@ -296,10 +301,12 @@ run_stats() {
       for (i = 0; i < n; i++) {
         k = order[i]
         if (kind[k] == "collnet" || kind[k] == "p2p_send") payload += bytes[k]
+        if (kind[k] == "collnet") ends += 2 * bytes[k]
+        if (kind[k] == "p2p_send" || kind[k] == "p2p_recv") ends += bytes[k]
         p += pcie[k]
         d += dev[k]
       }
-      printf "%.0f %.0f %.0f %d\n", payload, p, d, n
+      printf "%.0f %.0f %.0f %d %.0f\n", payload, p, d, n, ends
     }'
 }
 
@@ -311,7 +318,7 @@ ratio() {
 
 write_summary() {
   local run config test rc wrong avg last rows net status failed=0 codec_failed=0 torch_failed=0
-  local gdr cpu payload pcie devcalls entries gb cpu_gb pcie_b
+  local gdr cpu payload pcie devcalls entries ends gb cpu_gb pcie_b
   local problems=() cost_rows=()
   declare -A avg_of last_of cpugb_of
   {
@@ -363,7 +370,7 @@ write_summary() {
       fi
       # Costs: CPU seconds of the run; per GB and PCIe bytes from the plugin's statistics.
       cpu=$(run_cpu_seconds "$run")
-      read -r payload pcie devcalls entries < <(run_stats "$run")
+      read -r payload pcie devcalls entries ends < <(run_stats "$run")
       gb=- cpu_gb=- pcie_b=-
       if is_agoq_config "$config"; then
         if ((entries == 0)) || [[ "$payload" == 0 ]]; then
@@ -378,7 +385,7 @@ write_summary() {
         elif ((entries == 0)) || [[ "$payload" == 0 ]]; then
           pcie_b="n/a (no stats)"
         else
-          pcie_b=$(awk -v p="$pcie" -v b="$payload" 'BEGIN { printf "%.3f", p / b }')
+          pcie_b=$(awk -v p="$pcie" -v b="$ends" 'BEGIN { if (b > 0) printf "%.3f", p / b; else printf "n/a" }')
         fi
       fi
       cost_rows+=("$(printf '%-28s %8s %10s %12s %19s %6s  %s' "$run" "$cpu" "$gb" "$cpu_gb" \
@@ -394,7 +401,8 @@ write_summary() {
     echo
     echo "Host cost per run: CPU s = user+sys seconds of the launcher and its rank processes;"
     echo "GB = payload the plugin was given (stats bytes_in, collnet + p2p_send); PCIe B/B ="
-    echo "the plugin's pcie_d2h+pcie_h2d per payload byte (device runs; host-staged: NCCL copies)."
+    echo "the plugin's pcie_d2h+pcie_h2d per byte NCCL's buffers gave it or took from it (p2p both ends,"
+    echo "collnet input and result; 1.0 when every byte is copied; device runs; host-staged: NCCL copies)."
     printf '%-28s %8s %10s %12s %19s %6s  %s\n' run "CPU s" "GB" "CPU s/GB" "PCIe B/B" GDRDMA ""
     printf '%s\n' "${cost_rows[@]}"
     # NCCL's own words about plugin loading and failures, for the runs that went wrong.
