@@ -1,8 +1,10 @@
 /*
  * kill: every rank streams 1 MiB bf16 all-reduce calls, 8 in flight, as NCCL's proxy does.
- * After 40 completed calls the victim (rank nranks / 2) posts its next calls, reports its
- * time of death and SIGKILLs itself: its peers are then waiting for its data. Each survivor
- * must see a post or a test fail (never hang, never succeed forever) within
+ * After 40 completed calls (--device: 12 calls of 256 KiB, since over the CUDA emulation the
+ * GPU path's kernels run on the CPU, slowly under the sanitizers) the victim (rank
+ * nranks / 2) posts its next calls, reports its time of death and SIGKILLs itself: its peers
+ * are then waiting for its data. Each survivor must see a post or a test fail (never hang,
+ * never succeed forever) within
  * CN_DEATH_LIMIT_MS of the death, and closeColl and finalize must return after that.
  */
 #include <sched.h>
@@ -14,8 +16,10 @@
 #include "collnet_harness.h"
 
 #define CN_KILL_CALL_BYTES (1u << 20)
+#define CN_KILL_CALL_BYTES_DEVICE (1u << 18)
 #define CN_KILL_WINDOWS 8
 #define CN_KILL_AFTER 40
+#define CN_KILL_AFTER_DEVICE 12 /* still more than the 8 in flight */
 /* Survivors give up on a silent plugin after this long without any call completing. */
 #define CN_KILL_STALL_MS 30000
 
@@ -24,12 +28,13 @@ int cn_sc_kill(cn_worker* w);
 int cn_sc_kill(cn_worker* w) {
   if (cn_open(w) != 0 || cn_connect(w) != 0) return -1;
   int victim = w->nranks / 2;
-  size_t bytes = (size_t)CN_KILL_CALL_BYTES * CN_KILL_WINDOWS;
+  bool dev = cn_device_mode();
+  const size_t call_bytes = dev ? CN_KILL_CALL_BYTES_DEVICE : CN_KILL_CALL_BYTES;
+  size_t bytes = call_bytes * CN_KILL_WINDOWS;
   uint8_t* send = aligned_alloc(4096, bytes);
   uint8_t* recv = aligned_alloc(4096, bytes);
   void *smh = NULL, *rmh = NULL;
   void* reqs[CN_MAX_INFLIGHT] = {0};
-  bool dev = cn_device_mode();
   CN_REQUIRE(w, send != NULL && recv != NULL, "out of memory");
   perf_input_fill(ncclBfloat16, send, bytes / 2, perf_rank_seed(77, w->rank), w->nranks, 0);
   memset(recv, 0, bytes);
@@ -51,10 +56,10 @@ int cn_sc_kill(cn_worker* w) {
   while (done < limit) {
     bool progress = false;
     while (posted - done < CN_MAX_INFLIGHT) {
-      size_t off = (size_t)(posted % CN_KILL_WINDOWS) * CN_KILL_CALL_BYTES;
+      size_t off = (size_t)(posted % CN_KILL_WINDOWS) * call_bytes;
       void* req = NULL;
       err = agoq_collnet_view_iallreduce(&w->view, w->coll_comm, dsend + off, drecv + off,
-                                         CN_KILL_CALL_BYTES / 2, ncclBfloat16, ncclSum, smh, rmh,
+                                         call_bytes / 2, ncclBfloat16, ncclSum, smh, rmh,
                                          &req);
       if (err != ncclSuccess) {
         where = "iallreduce";
@@ -66,7 +71,7 @@ int cn_sc_kill(cn_worker* w) {
       progress = true;
     }
     if (where != NULL) break;
-    if (w->rank == victim && done >= CN_KILL_AFTER) {
+    if (w->rank == victim && done >= (dev ? CN_KILL_AFTER_DEVICE : CN_KILL_AFTER)) {
       /* Calls of ours are in flight and the peers wait for our contributions. */
       int64_t now = cn_now_ns();
       cn_send_result(w, CN_RESULT_DYING, now, "victim");
