@@ -11,12 +11,17 @@
 #include "gpu/agoq_gpu.h"
 #include "gpu/agoq_gpu_internal.h"
 
+/* The driver's cuMemGetAddressRange_v2 (CUdeviceptr is 64 bits, CUDA_SUCCESS 0), reached
+ * through the runtime without linking the driver API: the exact bounds of an allocation. */
+typedef int (*agoq_cu_mem_range_fn)(unsigned long long* base, size_t* size, unsigned long long ptr);
+
 static struct {
   pthread_mutex_t mu;
   bool done;
   ncclResult_t res;
   bool active;
   char describe[192];
+  agoq_cu_mem_range_fn mem_range; /* NULL: only both ends of a range can be checked */
 } agoq_gpu_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 const char* agoq_gpu_backend(void) { return AGOQ_GPU_BACKEND; }
@@ -55,6 +60,17 @@ static ncclResult_t agoq_gpu_probe_locked(void) {
   if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
     (void)cudaGetLastError();
     snprintf(prop.name, sizeof prop.name, "device %d", dev);
+  }
+  /* cudaVersion 12000: the symbol as the CUDA 12 runtime API names it (_v2, 64-bit sizes). */
+  void* fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess && fn != NULL) {
+    agoq_gpu_state.mem_range = (agoq_cu_mem_range_fn)fn;
+  } else {
+    (void)cudaGetLastError();
+    AGOQ_INFO(NCCL_INIT, "GPU: the driver's cuMemGetAddressRange is not available: device ranges are checked at "
+              "both ends only");
   }
   agoq_gpu_state.active = true;
   snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "on: %d device%s (%.100s), backend %s", count,
@@ -115,6 +131,24 @@ ncclResult_t agoq_gpu_range_check(const void* p, size_t size, int* device, char*
   }
   int first = -1, last = -1;
   if (!agoq_gpu_is_device(p, &first, why, why_len, "first")) return ncclInvalidUsage;
+  /* The driver knows the allocation's bounds: the whole range must lie inside the one that
+   * holds its first byte (its last byte in another allocation would pass the ends' check). */
+  if (agoq_gpu_state.mem_range != NULL) {
+    unsigned long long base = 0;
+    size_t alloc = 0;
+    uintptr_t a = (uintptr_t)p;
+    int rc = agoq_gpu_state.mem_range(&base, &alloc, (unsigned long long)a);
+    if (rc != 0) {
+      snprintf(why, why_len, "the driver knows no allocation at %p (cuMemGetAddressRange: %d)", p, rc);
+      return ncclInvalidUsage;
+    }
+    if (a < base || size > alloc - (size_t)(a - base)) {
+      snprintf(why, why_len, "the range runs past its allocation [%#llx, +%zu bytes)", base, alloc);
+      return ncclInvalidUsage;
+    }
+    *device = first;
+    return ncclSuccess;
+  }
   /* Both ends in device memory of one device. The runtime API has no allocation bounds
    * query; an end byte past the allocation is unmapped or another allocation's, which a
    * copy would fault on or corrupt, so the ends are what can be checked without the

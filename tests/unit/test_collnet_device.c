@@ -682,6 +682,16 @@ static void test_refusals_and_iflush(void** state) {
   uint8_t* d = NULL;
   assert_int_equal(cudaMalloc((void**)&d, 4096), cudaSuccess);
   assert_int_equal(agoq_coll_reg_mr(comm, d, 1u << 20, NCCL_PTR_CUDA, &mh), ncclInvalidUsage); /* runs past it */
+  /* From one allocation into another: both ends are device memory, the range is not one
+   * buffer (the driver's bounds refuse it). */
+  uint8_t* e = NULL;
+  assert_int_equal(cudaMalloc((void**)&e, 4096), cudaSuccess);
+  uint8_t* lo = d < e ? d : e;
+  uint8_t* hi = d < e ? e : d;
+  capture_reset();
+  assert_int_equal(agoq_coll_reg_mr(comm, lo, (size_t)(hi - lo) + 1, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
+  assert_non_null(strstr(log_buf, "runs past its allocation"));
+  cudaFree(e);
   assert_int_not_equal(agoq_coll_reg_mr_dmabuf(comm, d, 4096, NCCL_PTR_CUDA, 0, 3, &mh), ncclSuccess);
   void *dmh = NULL, *hmh = NULL;
   reg(&g, 0, d, 4096, NCCL_PTR_CUDA, &dmh);

@@ -493,6 +493,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
   }
   return "cudaErrorUnknown";
 }
@@ -619,6 +620,32 @@ int agoq_emu_peek(void* host, const void* dev, size_t bytes) {
 }
 
 void agoq_emu_clock_set(double (*clock)(void)) { g_clock.store(clock); }
+
+/* The driver's cuMemGetAddressRange_v2: the device allocation that holds ptr. */
+static int emu_mem_get_address_range(unsigned long long* base, size_t* size, unsigned long long ptr) {
+  Session lk;
+  uintptr_t b = 0;
+  const Alloc* a = find(reinterpret_cast<const void*>(static_cast<uintptr_t>(ptr)), 1, &b);
+  if (a == nullptr || !a->device) return 1; /* CUDA_ERROR_INVALID_VALUE */
+  if (base != nullptr) *base = b;
+  if (size != nullptr) *size = a->size;
+  return 0;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult* status) {
+  (void)cuda_version;
+  if (symbol == nullptr || fn == nullptr || flags != cudaEnableDefault) return fail(cudaErrorInvalidValue);
+  *fn = nullptr;
+  if (strcmp(symbol, "cuMemGetAddressRange") != 0) {
+    if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
+    return fail(cudaErrorSymbolNotFound);
+  }
+  *fn = reinterpret_cast<void*>(&emu_mem_get_address_range);
+  if (status != nullptr) *status = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
 
 /* agoq_cuda_probe.h: one emulated device. */
 int agoq_cuda_device_count(void) { return 1; }

@@ -94,6 +94,34 @@ static void test_pointer_attributes(void** state) {
   (void)cudaGetLastError();
 }
 
+/* The driver's cuMemGetAddressRange through the runtime: the allocation holding a pointer,
+ * nothing for host memory; any other symbol is not found. */
+static void test_driver_address_range(void** state) {
+  (void)state;
+  typedef int (*range_fn)(unsigned long long*, size_t*, unsigned long long);
+  void* fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSuccess;
+  assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, cudaEnableDefault, &q),
+                   cudaErrorSymbolNotFound);
+  assert_int_equal(q, cudaDriverEntryPointSymbolNotFound);
+  assert_null(fn);
+  (void)cudaGetLastError();
+  assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q),
+                   cudaSuccess);
+  assert_int_equal(q, cudaDriverEntryPointSuccess);
+  range_fn range = (range_fn)fn;
+  uint8_t* d = NULL;
+  assert_int_equal(cudaMalloc((void**)&d, 1000), cudaSuccess);
+  unsigned long long base = 0;
+  size_t size = 0;
+  assert_int_equal(range(&base, &size, (unsigned long long)(uintptr_t)(d + 999)), 0);
+  assert_int_equal(base, (unsigned long long)(uintptr_t)d);
+  assert_int_equal(size, 1000);
+  char host[16];
+  assert_int_not_equal(range(&base, &size, (unsigned long long)(uintptr_t)host), 0);
+  assert_int_equal(cudaFree(d), cudaSuccess);
+}
+
 static void test_copy_directions(void** state) {
   (void)state;
   void *d = NULL, *d2 = NULL, *h = NULL;
@@ -303,6 +331,7 @@ int main(void) {
       cmocka_unit_test(test_host_cannot_touch_device_memory),
       cmocka_unit_test(test_pointer_attributes),
       cmocka_unit_test(test_copy_directions),
+      cmocka_unit_test(test_driver_address_range),
       cmocka_unit_test(test_work_is_done_only_when_its_event_says_so),
       cmocka_unit_test(test_streams_are_independent),
       cmocka_unit_test(test_legacy_stream_and_sync_calls_are_counted),

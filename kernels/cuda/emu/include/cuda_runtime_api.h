@@ -34,7 +34,19 @@ typedef enum cudaError {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorSymbolNotFound = 500,
 } cudaError_t;
+
+/* cudaGetDriverEntryPointByVersion: the driver API without linking it. The emulation knows
+ * one symbol, "cuMemGetAddressRange" (the _v2 signature: int (*)(unsigned long long* base,
+ * size_t* size, unsigned long long ptr), CUDA_SUCCESS 0, CUDA_ERROR_INVALID_VALUE 1 for a
+ * pointer in no device allocation). */
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
+#define cudaEnableDefault 0x0ull
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -110,6 +122,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult* status);
 
 /* Not CUDA: what the emulation saw, for tests of code that must never use the legacy
  * default stream or block (NCCL's proxy thread). */
