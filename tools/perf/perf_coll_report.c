@@ -91,8 +91,8 @@ void perf_coll_report_line(const perf_coll_opts* o, const perf_coll_net* c,
   }
   printf("{\"test\":\"%s\",\"collnet_version\":%d,\"device\":\"%s\",\"nranks\":%d,"
          "\"dtype\":\"%s\",\"op\":\"%s\",\"format\":\"%s\",\"size\":%zu,\"count\":%zu,"
-         "\"chunk\":%zu,\"inflight\":%d,\"iters\":%d,\"time_us\":%.3f,\"algbw_GBps\":%.4f,"
-         "\"busbw_GBps\":%.4f,\"wire_ratio\":%.4f,\"codec_ms\":%.3f,\"crc_ms\":%.3f,\"rel_l2\":%.6e,\"max_abs\":%.6e,"
+         "\"chunk\":%zu,\"inflight\":%d,\"iters\":%d,\"time_us\":%.3f,\"algbw_GBps\":%.6g,"
+         "\"busbw_GBps\":%.6g,\"wire_ratio\":%.4f,\"codec_ms\":%.3f,\"crc_ms\":%.3f,\"rel_l2\":%.6e,\"max_abs\":%.6e,"
          "\"nonfinite\":%llu,",
          perf_coll_kind_name(o->kind), c->view.version, c->props.name, o->nranks,
          perf_dtype_name(o->dtype), op, w->format, r->bytes, r->count,

@@ -83,8 +83,9 @@ void perf_report_line(const perf_opts* o, const perf_net* n, const perf_result* 
   perf_json_string(r->test);
   printf(",\"net_version\":%d,\"device\":", n->view.version);
   perf_json_string(n->props.name);
-  printf(",\"size\":%zu,\"iters\":%d,\"inflight\":%d,\"time_us\":%.3f,\"bw_GBps\":%.4f,"
-         "\"bw_Gbps\":%.4f,\"checked\":%s",
+  /* Bandwidths in significant digits: a fixed %.4f printed a slow 8-byte transfer's as 0. */
+  printf(",\"size\":%zu,\"iters\":%d,\"inflight\":%d,\"time_us\":%.3f,\"bw_GBps\":%.6g,"
+         "\"bw_Gbps\":%.6g,\"checked\":%s",
          r->bytes, r->iters, r->inflight, r->time_us, gbytes, gbytes * 8.0,
          r->checked ? "true" : "false");
   if (r->typed)
