@@ -1,0 +1,396 @@
+/*
+ * agoq_ibv.h against rdma-core's <infiniband/verbs.h>: every struct agoq declares has the
+ * size, and every member the offset, of its libibverbs counterpart; every enum value agoq
+ * uses is the library's. Built only where verbs.h exists (CI installs libibverbs-dev), so a
+ * layout slip fails the build. At run time it loads the system's libibverbs.so.1 through
+ * the production loader (every required symbol at its version) and checks what
+ * ibv_get_device_list says: a list, or NULL with the errno the reason text will show.
+ * Generated once from the member lists below; edit it as a normal file.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "transport/ib/agoq_ibv_load.h"
+
+#define AGOQ_SAME_SIZE(s) _Static_assert(sizeof(struct agoq_ibv_##s) == sizeof(struct ibv_##s), "size of " #s)
+#define AGOQ_SAME_OFFSET(s, ofield, tfield) \
+  _Static_assert(offsetof(struct agoq_ibv_##s, ofield) == offsetof(struct ibv_##s, tfield), #s "." #tfield)
+#define AGOQ_SAME_VALUE(name) _Static_assert((int)(AGOQ_IBV_##name) == (int)(IBV_##name), #name)
+
+AGOQ_SAME_SIZE(device);
+AGOQ_SAME_OFFSET(device, _obsolete_ops, _ops);
+AGOQ_SAME_OFFSET(device, node_type, node_type);
+AGOQ_SAME_OFFSET(device, transport_type, transport_type);
+AGOQ_SAME_OFFSET(device, name, name);
+AGOQ_SAME_OFFSET(device, dev_name, dev_name);
+AGOQ_SAME_OFFSET(device, dev_path, dev_path);
+AGOQ_SAME_OFFSET(device, ibdev_path, ibdev_path);
+AGOQ_SAME_SIZE(device_attr);
+AGOQ_SAME_OFFSET(device_attr, fw_ver, fw_ver);
+AGOQ_SAME_OFFSET(device_attr, node_guid, node_guid);
+AGOQ_SAME_OFFSET(device_attr, sys_image_guid, sys_image_guid);
+AGOQ_SAME_OFFSET(device_attr, max_mr_size, max_mr_size);
+AGOQ_SAME_OFFSET(device_attr, page_size_cap, page_size_cap);
+AGOQ_SAME_OFFSET(device_attr, vendor_id, vendor_id);
+AGOQ_SAME_OFFSET(device_attr, vendor_part_id, vendor_part_id);
+AGOQ_SAME_OFFSET(device_attr, hw_ver, hw_ver);
+AGOQ_SAME_OFFSET(device_attr, max_qp, max_qp);
+AGOQ_SAME_OFFSET(device_attr, max_qp_wr, max_qp_wr);
+AGOQ_SAME_OFFSET(device_attr, device_cap_flags, device_cap_flags);
+AGOQ_SAME_OFFSET(device_attr, max_sge, max_sge);
+AGOQ_SAME_OFFSET(device_attr, max_sge_rd, max_sge_rd);
+AGOQ_SAME_OFFSET(device_attr, max_cq, max_cq);
+AGOQ_SAME_OFFSET(device_attr, max_cqe, max_cqe);
+AGOQ_SAME_OFFSET(device_attr, max_mr, max_mr);
+AGOQ_SAME_OFFSET(device_attr, max_pd, max_pd);
+AGOQ_SAME_OFFSET(device_attr, max_qp_rd_atom, max_qp_rd_atom);
+AGOQ_SAME_OFFSET(device_attr, max_ee_rd_atom, max_ee_rd_atom);
+AGOQ_SAME_OFFSET(device_attr, max_res_rd_atom, max_res_rd_atom);
+AGOQ_SAME_OFFSET(device_attr, max_qp_init_rd_atom, max_qp_init_rd_atom);
+AGOQ_SAME_OFFSET(device_attr, max_ee_init_rd_atom, max_ee_init_rd_atom);
+AGOQ_SAME_OFFSET(device_attr, atomic_cap, atomic_cap);
+AGOQ_SAME_OFFSET(device_attr, max_ee, max_ee);
+AGOQ_SAME_OFFSET(device_attr, max_rdd, max_rdd);
+AGOQ_SAME_OFFSET(device_attr, max_mw, max_mw);
+AGOQ_SAME_OFFSET(device_attr, max_raw_ipv6_qp, max_raw_ipv6_qp);
+AGOQ_SAME_OFFSET(device_attr, max_raw_ethy_qp, max_raw_ethy_qp);
+AGOQ_SAME_OFFSET(device_attr, max_mcast_grp, max_mcast_grp);
+AGOQ_SAME_OFFSET(device_attr, max_mcast_qp_attach, max_mcast_qp_attach);
+AGOQ_SAME_OFFSET(device_attr, max_total_mcast_qp_attach, max_total_mcast_qp_attach);
+AGOQ_SAME_OFFSET(device_attr, max_ah, max_ah);
+AGOQ_SAME_OFFSET(device_attr, max_fmr, max_fmr);
+AGOQ_SAME_OFFSET(device_attr, max_map_per_fmr, max_map_per_fmr);
+AGOQ_SAME_OFFSET(device_attr, max_srq, max_srq);
+AGOQ_SAME_OFFSET(device_attr, max_srq_wr, max_srq_wr);
+AGOQ_SAME_OFFSET(device_attr, max_srq_sge, max_srq_sge);
+AGOQ_SAME_OFFSET(device_attr, max_pkeys, max_pkeys);
+AGOQ_SAME_OFFSET(device_attr, local_ca_ack_delay, local_ca_ack_delay);
+AGOQ_SAME_OFFSET(device_attr, phys_port_cnt, phys_port_cnt);
+AGOQ_SAME_SIZE(port_attr);
+AGOQ_SAME_OFFSET(port_attr, state, state);
+AGOQ_SAME_OFFSET(port_attr, max_mtu, max_mtu);
+AGOQ_SAME_OFFSET(port_attr, active_mtu, active_mtu);
+AGOQ_SAME_OFFSET(port_attr, gid_tbl_len, gid_tbl_len);
+AGOQ_SAME_OFFSET(port_attr, port_cap_flags, port_cap_flags);
+AGOQ_SAME_OFFSET(port_attr, max_msg_sz, max_msg_sz);
+AGOQ_SAME_OFFSET(port_attr, bad_pkey_cntr, bad_pkey_cntr);
+AGOQ_SAME_OFFSET(port_attr, qkey_viol_cntr, qkey_viol_cntr);
+AGOQ_SAME_OFFSET(port_attr, pkey_tbl_len, pkey_tbl_len);
+AGOQ_SAME_OFFSET(port_attr, lid, lid);
+AGOQ_SAME_OFFSET(port_attr, sm_lid, sm_lid);
+AGOQ_SAME_OFFSET(port_attr, lmc, lmc);
+AGOQ_SAME_OFFSET(port_attr, max_vl_num, max_vl_num);
+AGOQ_SAME_OFFSET(port_attr, sm_sl, sm_sl);
+AGOQ_SAME_OFFSET(port_attr, subnet_timeout, subnet_timeout);
+AGOQ_SAME_OFFSET(port_attr, init_type_reply, init_type_reply);
+AGOQ_SAME_OFFSET(port_attr, active_width, active_width);
+AGOQ_SAME_OFFSET(port_attr, active_speed, active_speed);
+AGOQ_SAME_OFFSET(port_attr, phys_state, phys_state);
+AGOQ_SAME_OFFSET(port_attr, link_layer, link_layer);
+AGOQ_SAME_OFFSET(port_attr, flags, flags);
+AGOQ_SAME_OFFSET(port_attr, port_cap_flags2, port_cap_flags2);
+AGOQ_SAME_SIZE(gid_entry);
+AGOQ_SAME_OFFSET(gid_entry, gid, gid);
+AGOQ_SAME_OFFSET(gid_entry, gid_index, gid_index);
+AGOQ_SAME_OFFSET(gid_entry, port_num, port_num);
+AGOQ_SAME_OFFSET(gid_entry, gid_type, gid_type);
+AGOQ_SAME_OFFSET(gid_entry, ndev_ifindex, ndev_ifindex);
+AGOQ_SAME_SIZE(pd);
+AGOQ_SAME_OFFSET(pd, context, context);
+AGOQ_SAME_OFFSET(pd, handle, handle);
+AGOQ_SAME_SIZE(mr);
+AGOQ_SAME_OFFSET(mr, context, context);
+AGOQ_SAME_OFFSET(mr, pd, pd);
+AGOQ_SAME_OFFSET(mr, addr, addr);
+AGOQ_SAME_OFFSET(mr, length, length);
+AGOQ_SAME_OFFSET(mr, handle, handle);
+AGOQ_SAME_OFFSET(mr, lkey, lkey);
+AGOQ_SAME_OFFSET(mr, rkey, rkey);
+AGOQ_SAME_SIZE(comp_channel);
+AGOQ_SAME_OFFSET(comp_channel, context, context);
+AGOQ_SAME_OFFSET(comp_channel, fd, fd);
+AGOQ_SAME_OFFSET(comp_channel, refcnt, refcnt);
+AGOQ_SAME_SIZE(cq);
+AGOQ_SAME_OFFSET(cq, context, context);
+AGOQ_SAME_OFFSET(cq, channel, channel);
+AGOQ_SAME_OFFSET(cq, cq_context, cq_context);
+AGOQ_SAME_OFFSET(cq, handle, handle);
+AGOQ_SAME_OFFSET(cq, cqe, cqe);
+AGOQ_SAME_OFFSET(cq, mutex, mutex);
+AGOQ_SAME_OFFSET(cq, cond, cond);
+AGOQ_SAME_OFFSET(cq, comp_events_completed, comp_events_completed);
+AGOQ_SAME_OFFSET(cq, async_events_completed, async_events_completed);
+AGOQ_SAME_SIZE(qp_cap);
+AGOQ_SAME_OFFSET(qp_cap, max_send_wr, max_send_wr);
+AGOQ_SAME_OFFSET(qp_cap, max_recv_wr, max_recv_wr);
+AGOQ_SAME_OFFSET(qp_cap, max_send_sge, max_send_sge);
+AGOQ_SAME_OFFSET(qp_cap, max_recv_sge, max_recv_sge);
+AGOQ_SAME_OFFSET(qp_cap, max_inline_data, max_inline_data);
+AGOQ_SAME_SIZE(qp_init_attr);
+AGOQ_SAME_OFFSET(qp_init_attr, qp_context, qp_context);
+AGOQ_SAME_OFFSET(qp_init_attr, send_cq, send_cq);
+AGOQ_SAME_OFFSET(qp_init_attr, recv_cq, recv_cq);
+AGOQ_SAME_OFFSET(qp_init_attr, srq, srq);
+AGOQ_SAME_OFFSET(qp_init_attr, cap, cap);
+AGOQ_SAME_OFFSET(qp_init_attr, qp_type, qp_type);
+AGOQ_SAME_OFFSET(qp_init_attr, sq_sig_all, sq_sig_all);
+AGOQ_SAME_SIZE(global_route);
+AGOQ_SAME_OFFSET(global_route, dgid, dgid);
+AGOQ_SAME_OFFSET(global_route, flow_label, flow_label);
+AGOQ_SAME_OFFSET(global_route, sgid_index, sgid_index);
+AGOQ_SAME_OFFSET(global_route, hop_limit, hop_limit);
+AGOQ_SAME_OFFSET(global_route, traffic_class, traffic_class);
+AGOQ_SAME_SIZE(ah_attr);
+AGOQ_SAME_OFFSET(ah_attr, grh, grh);
+AGOQ_SAME_OFFSET(ah_attr, dlid, dlid);
+AGOQ_SAME_OFFSET(ah_attr, sl, sl);
+AGOQ_SAME_OFFSET(ah_attr, src_path_bits, src_path_bits);
+AGOQ_SAME_OFFSET(ah_attr, static_rate, static_rate);
+AGOQ_SAME_OFFSET(ah_attr, is_global, is_global);
+AGOQ_SAME_OFFSET(ah_attr, port_num, port_num);
+AGOQ_SAME_SIZE(qp_attr);
+AGOQ_SAME_OFFSET(qp_attr, qp_state, qp_state);
+AGOQ_SAME_OFFSET(qp_attr, cur_qp_state, cur_qp_state);
+AGOQ_SAME_OFFSET(qp_attr, path_mtu, path_mtu);
+AGOQ_SAME_OFFSET(qp_attr, path_mig_state, path_mig_state);
+AGOQ_SAME_OFFSET(qp_attr, qkey, qkey);
+AGOQ_SAME_OFFSET(qp_attr, rq_psn, rq_psn);
+AGOQ_SAME_OFFSET(qp_attr, sq_psn, sq_psn);
+AGOQ_SAME_OFFSET(qp_attr, dest_qp_num, dest_qp_num);
+AGOQ_SAME_OFFSET(qp_attr, qp_access_flags, qp_access_flags);
+AGOQ_SAME_OFFSET(qp_attr, cap, cap);
+AGOQ_SAME_OFFSET(qp_attr, ah_attr, ah_attr);
+AGOQ_SAME_OFFSET(qp_attr, alt_ah_attr, alt_ah_attr);
+AGOQ_SAME_OFFSET(qp_attr, pkey_index, pkey_index);
+AGOQ_SAME_OFFSET(qp_attr, alt_pkey_index, alt_pkey_index);
+AGOQ_SAME_OFFSET(qp_attr, en_sqd_async_notify, en_sqd_async_notify);
+AGOQ_SAME_OFFSET(qp_attr, sq_draining, sq_draining);
+AGOQ_SAME_OFFSET(qp_attr, max_rd_atomic, max_rd_atomic);
+AGOQ_SAME_OFFSET(qp_attr, max_dest_rd_atomic, max_dest_rd_atomic);
+AGOQ_SAME_OFFSET(qp_attr, min_rnr_timer, min_rnr_timer);
+AGOQ_SAME_OFFSET(qp_attr, port_num, port_num);
+AGOQ_SAME_OFFSET(qp_attr, timeout, timeout);
+AGOQ_SAME_OFFSET(qp_attr, retry_cnt, retry_cnt);
+AGOQ_SAME_OFFSET(qp_attr, rnr_retry, rnr_retry);
+AGOQ_SAME_OFFSET(qp_attr, alt_port_num, alt_port_num);
+AGOQ_SAME_OFFSET(qp_attr, alt_timeout, alt_timeout);
+AGOQ_SAME_OFFSET(qp_attr, rate_limit, rate_limit);
+AGOQ_SAME_SIZE(qp);
+AGOQ_SAME_OFFSET(qp, context, context);
+AGOQ_SAME_OFFSET(qp, qp_context, qp_context);
+AGOQ_SAME_OFFSET(qp, pd, pd);
+AGOQ_SAME_OFFSET(qp, send_cq, send_cq);
+AGOQ_SAME_OFFSET(qp, recv_cq, recv_cq);
+AGOQ_SAME_OFFSET(qp, srq, srq);
+AGOQ_SAME_OFFSET(qp, handle, handle);
+AGOQ_SAME_OFFSET(qp, qp_num, qp_num);
+AGOQ_SAME_OFFSET(qp, state, state);
+AGOQ_SAME_OFFSET(qp, qp_type, qp_type);
+AGOQ_SAME_OFFSET(qp, mutex, mutex);
+AGOQ_SAME_OFFSET(qp, cond, cond);
+AGOQ_SAME_OFFSET(qp, events_completed, events_completed);
+AGOQ_SAME_SIZE(sge);
+AGOQ_SAME_OFFSET(sge, addr, addr);
+AGOQ_SAME_OFFSET(sge, length, length);
+AGOQ_SAME_OFFSET(sge, lkey, lkey);
+AGOQ_SAME_SIZE(send_wr);
+AGOQ_SAME_OFFSET(send_wr, wr_id, wr_id);
+AGOQ_SAME_OFFSET(send_wr, next, next);
+AGOQ_SAME_OFFSET(send_wr, sg_list, sg_list);
+AGOQ_SAME_OFFSET(send_wr, num_sge, num_sge);
+AGOQ_SAME_OFFSET(send_wr, opcode, opcode);
+AGOQ_SAME_OFFSET(send_wr, send_flags, send_flags);
+AGOQ_SAME_OFFSET(send_wr, imm_data, imm_data);
+AGOQ_SAME_OFFSET(send_wr, wr.rdma.remote_addr, wr.rdma.remote_addr);
+AGOQ_SAME_OFFSET(send_wr, wr.rdma.rkey, wr.rdma.rkey);
+AGOQ_SAME_OFFSET(send_wr, qp_type.xrc.remote_srqn, qp_type.xrc.remote_srqn);
+AGOQ_SAME_OFFSET(send_wr, ext.bind_mw.bind_info.mw_access_flags, bind_mw.bind_info.mw_access_flags);
+AGOQ_SAME_OFFSET(send_wr, ext.tso.mss, tso.mss);
+AGOQ_SAME_SIZE(recv_wr);
+AGOQ_SAME_OFFSET(recv_wr, wr_id, wr_id);
+AGOQ_SAME_OFFSET(recv_wr, next, next);
+AGOQ_SAME_OFFSET(recv_wr, sg_list, sg_list);
+AGOQ_SAME_OFFSET(recv_wr, num_sge, num_sge);
+AGOQ_SAME_SIZE(wc);
+AGOQ_SAME_OFFSET(wc, wr_id, wr_id);
+AGOQ_SAME_OFFSET(wc, status, status);
+AGOQ_SAME_OFFSET(wc, opcode, opcode);
+AGOQ_SAME_OFFSET(wc, vendor_err, vendor_err);
+AGOQ_SAME_OFFSET(wc, byte_len, byte_len);
+AGOQ_SAME_OFFSET(wc, imm_data, imm_data);
+AGOQ_SAME_OFFSET(wc, qp_num, qp_num);
+AGOQ_SAME_OFFSET(wc, src_qp, src_qp);
+AGOQ_SAME_OFFSET(wc, wc_flags, wc_flags);
+AGOQ_SAME_OFFSET(wc, pkey_index, pkey_index);
+AGOQ_SAME_OFFSET(wc, slid, slid);
+AGOQ_SAME_OFFSET(wc, sl, sl);
+AGOQ_SAME_OFFSET(wc, dlid_path_bits, dlid_path_bits);
+AGOQ_SAME_SIZE(async_event);
+AGOQ_SAME_OFFSET(async_event, element, element);
+AGOQ_SAME_OFFSET(async_event, event_type, event_type);
+AGOQ_SAME_SIZE(context);
+AGOQ_SAME_OFFSET(context, device, device);
+AGOQ_SAME_OFFSET(context, ops, ops);
+AGOQ_SAME_OFFSET(context, cmd_fd, cmd_fd);
+AGOQ_SAME_OFFSET(context, async_fd, async_fd);
+AGOQ_SAME_OFFSET(context, num_comp_vectors, num_comp_vectors);
+AGOQ_SAME_OFFSET(context, mutex, mutex);
+AGOQ_SAME_OFFSET(context, abi_compat, abi_compat);
+AGOQ_SAME_OFFSET(context, ops.poll_cq, ops.poll_cq);
+AGOQ_SAME_OFFSET(context, ops.req_notify_cq, ops.req_notify_cq);
+AGOQ_SAME_OFFSET(context, ops.post_send, ops.post_send);
+AGOQ_SAME_OFFSET(context, ops.post_recv, ops.post_recv);
+_Static_assert(sizeof(agoq_ibv_gid) == sizeof(union ibv_gid), "gid");
+_Static_assert(sizeof(struct agoq_ibv_context_ops) == sizeof(struct ibv_context_ops), "ops");
+_Static_assert(AGOQ_IBV_PORT_ATTR_COMPAT_SIZE == ((offsetof(struct ibv_port_attr, link_layer) + 1 + 3) / 4) * 4,
+               "compat port attr");
+AGOQ_SAME_VALUE(PORT_DOWN);
+AGOQ_SAME_VALUE(PORT_INIT);
+AGOQ_SAME_VALUE(PORT_ARMED);
+AGOQ_SAME_VALUE(PORT_ACTIVE);
+AGOQ_SAME_VALUE(PORT_ACTIVE_DEFER);
+AGOQ_SAME_VALUE(LINK_LAYER_UNSPECIFIED);
+AGOQ_SAME_VALUE(LINK_LAYER_INFINIBAND);
+AGOQ_SAME_VALUE(LINK_LAYER_ETHERNET);
+AGOQ_SAME_VALUE(MTU_256);
+AGOQ_SAME_VALUE(MTU_512);
+AGOQ_SAME_VALUE(MTU_1024);
+AGOQ_SAME_VALUE(MTU_2048);
+AGOQ_SAME_VALUE(MTU_4096);
+AGOQ_SAME_VALUE(GID_TYPE_IB);
+AGOQ_SAME_VALUE(GID_TYPE_ROCE_V1);
+AGOQ_SAME_VALUE(GID_TYPE_ROCE_V2);
+AGOQ_SAME_VALUE(NODE_CA);
+AGOQ_SAME_VALUE(TRANSPORT_IB);
+AGOQ_SAME_VALUE(ACCESS_LOCAL_WRITE);
+AGOQ_SAME_VALUE(ACCESS_REMOTE_WRITE);
+AGOQ_SAME_VALUE(ACCESS_REMOTE_READ);
+AGOQ_SAME_VALUE(ACCESS_REMOTE_ATOMIC);
+AGOQ_SAME_VALUE(ACCESS_RELAXED_ORDERING);
+AGOQ_SAME_VALUE(QPT_RC);
+AGOQ_SAME_VALUE(QPS_RESET);
+AGOQ_SAME_VALUE(QPS_INIT);
+AGOQ_SAME_VALUE(QPS_RTR);
+AGOQ_SAME_VALUE(QPS_RTS);
+AGOQ_SAME_VALUE(QPS_SQD);
+AGOQ_SAME_VALUE(QPS_SQE);
+AGOQ_SAME_VALUE(QPS_ERR);
+AGOQ_SAME_VALUE(QPS_UNKNOWN);
+AGOQ_SAME_VALUE(QP_STATE);
+AGOQ_SAME_VALUE(QP_CUR_STATE);
+AGOQ_SAME_VALUE(QP_EN_SQD_ASYNC_NOTIFY);
+AGOQ_SAME_VALUE(QP_ACCESS_FLAGS);
+AGOQ_SAME_VALUE(QP_PKEY_INDEX);
+AGOQ_SAME_VALUE(QP_PORT);
+AGOQ_SAME_VALUE(QP_QKEY);
+AGOQ_SAME_VALUE(QP_AV);
+AGOQ_SAME_VALUE(QP_PATH_MTU);
+AGOQ_SAME_VALUE(QP_TIMEOUT);
+AGOQ_SAME_VALUE(QP_RETRY_CNT);
+AGOQ_SAME_VALUE(QP_RNR_RETRY);
+AGOQ_SAME_VALUE(QP_RQ_PSN);
+AGOQ_SAME_VALUE(QP_MAX_QP_RD_ATOMIC);
+AGOQ_SAME_VALUE(QP_ALT_PATH);
+AGOQ_SAME_VALUE(QP_MIN_RNR_TIMER);
+AGOQ_SAME_VALUE(QP_SQ_PSN);
+AGOQ_SAME_VALUE(QP_MAX_DEST_RD_ATOMIC);
+AGOQ_SAME_VALUE(QP_PATH_MIG_STATE);
+AGOQ_SAME_VALUE(QP_CAP);
+AGOQ_SAME_VALUE(QP_DEST_QPN);
+AGOQ_SAME_VALUE(QP_RATE_LIMIT);
+AGOQ_SAME_VALUE(WR_RDMA_WRITE);
+AGOQ_SAME_VALUE(WR_RDMA_WRITE_WITH_IMM);
+AGOQ_SAME_VALUE(WR_SEND);
+AGOQ_SAME_VALUE(WR_SEND_WITH_IMM);
+AGOQ_SAME_VALUE(WR_RDMA_READ);
+AGOQ_SAME_VALUE(SEND_FENCE);
+AGOQ_SAME_VALUE(SEND_SIGNALED);
+AGOQ_SAME_VALUE(SEND_SOLICITED);
+AGOQ_SAME_VALUE(SEND_INLINE);
+AGOQ_SAME_VALUE(WC_SUCCESS);
+AGOQ_SAME_VALUE(WC_LOC_LEN_ERR);
+AGOQ_SAME_VALUE(WC_LOC_QP_OP_ERR);
+AGOQ_SAME_VALUE(WC_LOC_EEC_OP_ERR);
+AGOQ_SAME_VALUE(WC_LOC_PROT_ERR);
+AGOQ_SAME_VALUE(WC_WR_FLUSH_ERR);
+AGOQ_SAME_VALUE(WC_MW_BIND_ERR);
+AGOQ_SAME_VALUE(WC_BAD_RESP_ERR);
+AGOQ_SAME_VALUE(WC_LOC_ACCESS_ERR);
+AGOQ_SAME_VALUE(WC_REM_INV_REQ_ERR);
+AGOQ_SAME_VALUE(WC_REM_ACCESS_ERR);
+AGOQ_SAME_VALUE(WC_REM_OP_ERR);
+AGOQ_SAME_VALUE(WC_RETRY_EXC_ERR);
+AGOQ_SAME_VALUE(WC_RNR_RETRY_EXC_ERR);
+AGOQ_SAME_VALUE(WC_LOC_RDD_VIOL_ERR);
+AGOQ_SAME_VALUE(WC_REM_INV_RD_REQ_ERR);
+AGOQ_SAME_VALUE(WC_REM_ABORT_ERR);
+AGOQ_SAME_VALUE(WC_INV_EECN_ERR);
+AGOQ_SAME_VALUE(WC_INV_EEC_STATE_ERR);
+AGOQ_SAME_VALUE(WC_FATAL_ERR);
+AGOQ_SAME_VALUE(WC_RESP_TIMEOUT_ERR);
+AGOQ_SAME_VALUE(WC_GENERAL_ERR);
+AGOQ_SAME_VALUE(WC_SEND);
+AGOQ_SAME_VALUE(WC_RDMA_WRITE);
+AGOQ_SAME_VALUE(WC_RDMA_READ);
+AGOQ_SAME_VALUE(WC_RECV);
+AGOQ_SAME_VALUE(WC_RECV_RDMA_WITH_IMM);
+AGOQ_SAME_VALUE(WC_GRH);
+AGOQ_SAME_VALUE(WC_WITH_IMM);
+AGOQ_SAME_VALUE(EVENT_CQ_ERR);
+AGOQ_SAME_VALUE(EVENT_QP_FATAL);
+AGOQ_SAME_VALUE(EVENT_QP_REQ_ERR);
+AGOQ_SAME_VALUE(EVENT_QP_ACCESS_ERR);
+AGOQ_SAME_VALUE(EVENT_COMM_EST);
+AGOQ_SAME_VALUE(EVENT_SQ_DRAINED);
+AGOQ_SAME_VALUE(EVENT_PATH_MIG);
+AGOQ_SAME_VALUE(EVENT_PATH_MIG_ERR);
+AGOQ_SAME_VALUE(EVENT_DEVICE_FATAL);
+AGOQ_SAME_VALUE(EVENT_PORT_ACTIVE);
+AGOQ_SAME_VALUE(EVENT_PORT_ERR);
+AGOQ_SAME_VALUE(EVENT_LID_CHANGE);
+AGOQ_SAME_VALUE(EVENT_PKEY_CHANGE);
+AGOQ_SAME_VALUE(EVENT_SM_CHANGE);
+AGOQ_SAME_VALUE(EVENT_SRQ_ERR);
+AGOQ_SAME_VALUE(EVENT_SRQ_LIMIT_REACHED);
+AGOQ_SAME_VALUE(EVENT_QP_LAST_WQE_REACHED);
+AGOQ_SAME_VALUE(EVENT_CLIENT_REREGISTER);
+AGOQ_SAME_VALUE(EVENT_GID_CHANGE);
+_Static_assert(AGOQ_IBV_SYSFS_NAME_MAX == IBV_SYSFS_NAME_MAX && AGOQ_IBV_SYSFS_PATH_MAX == IBV_SYSFS_PATH_MAX, "sysfs");
+
+int main(void) {
+  /* The system library through the production loader: every required entry point binds at
+   * the version agoq declares (the optional ones exist in rdma-core v44 as well). */
+  agoq_ibv_api api;
+  char why[256] = "";
+  int rc = agoq_ibv_api_load(AGOQ_IBV_DEFAULT_LIBRARY, &api, why, sizeof why);
+  if (rc != 0) {
+    fprintf(stderr, "FAIL: %s\n", why);
+    return 1;
+  }
+  if (api.query_gid_ex == NULL || api.reg_mr_iova2 == NULL || api.reg_dmabuf_mr == NULL) {
+    fprintf(stderr, "FAIL: optional entry points missing from %s\n", api.path);
+    return 1;
+  }
+  int n = -1;
+  errno = 0;
+  struct agoq_ibv_device** list = api.get_device_list(&n);
+  if (list == NULL) {
+    /* A kernel without RDMA (ENOSYS) or no device: what the transport logs as its reason. */
+    printf("ibv_get_device_list: NULL, errno %d (%s)\n", errno, strerror(errno));
+    if (errno == 0) {
+      fprintf(stderr, "FAIL: NULL list without an errno\n");
+      return 1;
+    }
+  } else {
+    printf("ibv_get_device_list: %d device(s)\n", n);
+    for (int i = 0; i < n; i++) printf("  %s\n", list[i]->name);
+    api.free_device_list(list);
+  }
+  agoq_ibv_api_unload(&api);
+  if (api.handle != NULL) return 1;
+  printf("ok: the layout of 20 structs matches verbs.h; %s binds\n", AGOQ_IBV_DEFAULT_LIBRARY);
+  return 0;
+}
