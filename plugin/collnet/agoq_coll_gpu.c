@@ -182,28 +182,38 @@ static void agoq_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
 }
 
-static ncclResult_t agoq_gpu_encode_queue(agoq_coll_comm* g, agoq_coll_slot* s) {
+/* Work queued on the group's link (agoq_gpu_queue), under gpu_mu. */
+typedef ncclResult_t (*agoq_gpu_queue_fn)(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg);
+
+/* Queues fn's work on the link under gpu_mu and, with mark, the slot's mark after it: the
+ * event agoq_gpu_poll_slot polls. */
+static ncclResult_t agoq_gpu_queue(agoq_coll_comm* g, agoq_coll_slot* s, bool mark, agoq_gpu_queue_fn fn,
+                                   const void* arg) {
+  pthread_mutex_lock(&g->gpu_mu);
+  ncclResult_t res = fn(g, s, arg);
+  if (res == ncclSuccess && mark) AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, agoq_gslot(g, s)), res, out);
+out:
+  pthread_mutex_unlock(&g->gpu_mu);
+  return res;
+}
+
+/* Every slice's frame from NCCL's buffer; this rank's own into device memory. */
+static ncclResult_t agoq_gpu_encode_slices(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
   agoq_coll_req* r = s->req;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
   uint32_t slot = agoq_gslot(g, s);
-  ncclResult_t res = ncclSuccess;
-  pthread_mutex_lock(&g->gpu_mu);
   for (int j = 0; j < g->nranks; j++) {
     if (s->sl[j] == 0) continue;
     const uint8_t* src = agoq_coll_src_at(r, s->sb[j]);
     if (j == g->rank) {
-      AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], gs->down.p, gs->down.cap), res, out);
+      AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], gs->down.p, gs->down.cap));
     } else {
-      AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], s->sbuf.p + s->s_off[j],
-                                            s->sbuf.cap - s->s_off[j]),
-                      res, out);
+      AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], s->sbuf.p + s->s_off[j],
+                                       s->sbuf.cap - s->s_off[j]));
     }
   }
-  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, slot), res, out);
-out:
-  pthread_mutex_unlock(&g->gpu_mu);
-  return res;
+  return ncclSuccess;
 }
 
 ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
@@ -211,7 +221,7 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
   *ready = s->gpu_step >= AGOQ_GPU_STEP_ENCODED;
   if (*ready) return ncclSuccess;
   if (s->gpu_step == AGOQ_GPU_STEP_NONE) {
-    AGOQ_CHECK(agoq_gpu_encode_queue(g, s));
+    AGOQ_CHECK(agoq_gpu_queue(g, s, true, agoq_gpu_encode_slices, NULL));
     s->gpu_step = AGOQ_GPU_STEP_ENCODING;
     return ncclSuccess;
   }
@@ -250,102 +260,118 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
   return ncclSuccess;
 }
 
+/* A received frame parsed on the host for the GPU's decode: *info and *body, its count
+ * checked against the slice's; with r, the check's CPU time is counted (agoq_gpu_cpu_time). */
+typedef struct {
+  agoq_coll_comm* g;
+  const agoq_coll_req* r;
+  int64_t t0;
+  uint64_t crc0;
+  size_t count;
+  agoq_frame_info* info;
+  const void** body;
+} agoq_gpu_parse_arg;
+
+static agoq_codec_status agoq_gpu_parse_step(void* arg, const uint8_t* f, size_t len) {
+  const agoq_gpu_parse_arg* a = arg;
+  agoq_codec_status st = agoq_frame_parse(f, len, a->info, a->body);
+  if (st == AGOQ_CODEC_OK && a->info->count != (uint64_t)a->count) st = AGOQ_CODEC_ECORRUPT;
+  if (a->r != NULL) agoq_gpu_cpu_time(a->g, a->r, a->t0, a->crc0);
+  return st;
+}
+
 /* Rank k's contribution to this rank's slice, checked on the host as the CPU path's decoder
  * checks it (header and payload CRC32C, lengths, bitmap, scales); *body and *p for the GPU. */
 static ncclResult_t agoq_gpu_check_contribution(agoq_coll_comm* g, agoq_coll_slot* s, int k, agoq_frame_info* info,
                                                 const void** body) {
-  int me = g->rank;
-  size_t m = s->sl[me];
-  const uint8_t* f = s->rbuf.p + (size_t)k * s->r_stride;
-  size_t len = (size_t)s->p1r_size[k];
-  if (!agoq_frame_has_payload_crc(f, len)) {
-    AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
-              "(%zu bytes; another agoq version?): refused, nothing decoded", me, k, s->sb[me], s->sb[me] + m, len);
-    return ncclSystemError;
+  agoq_gpu_parse_arg a = {.g = g, .count = s->sl[g->rank], .info = info, .body = body};
+  return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_CONTRIBUTION, k, true, s->rbuf.p + (size_t)k * s->r_stride,
+                                     (size_t)s->p1r_size[k], agoq_gpu_parse_step, &a);
+}
+
+/* Rank k's frame, checked (or this rank's own): its parameters and body for the GPU. */
+typedef struct {
+  int k;
+  const agoq_frame_info* info;
+  const void* body;
+} agoq_gpu_frame;
+
+/* A contribution's decode: rank 0's into the fp32 sum, the others' added to it. */
+static ncclResult_t agoq_gpu_add_contribution(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  const agoq_gpu_frame* c = arg;
+  float* acc = (float*)g->gslots[s - g->slots].dacc.p;
+  size_t m = s->sl[g->rank], len = (size_t)c->info->payload_len;
+  if (c->k == 0)
+    return agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), c->k, &c->info->params, c->body, len, m, AGOQ_DTYPE_FP32,
+                               acc);
+  return agoq_gpu_dequantize_accumulate(g->gpu, agoq_gslot(g, s), c->k, &c->info->params, c->body, len, m, acc);
+}
+
+/* The owner's step on the sum: allreduce overflow to Inf and the sum's frame; reducescatter
+ * the sum rounded into NCCL's buffer. */
+static ncclResult_t agoq_gpu_finish_sum(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  agoq_coll_req* r = s->req;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  size_t m = s->sl[g->rank];
+  float* acc = (float*)gs->dacc.p;
+  if (r->kind == AGOQ_COLL_REDUCESCATTER) {
+    AGOQ_CHECK(agoq_gpu_narrow(g->gpu, r->codec_dtype, acc, m, agoq_coll_dst_at(r, s->sb[g->rank])));
+    return ncclSuccess;
   }
-  agoq_codec_status st = agoq_frame_parse(f, len, info, body);
-  if (st == AGOQ_CODEC_OK && info->count != (uint64_t)m) st = AGOQ_CODEC_ECORRUPT;
-  if (st != AGOQ_CODEC_OK) {
-    AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call rejected before decoding: %s "
-              "(%zu bytes; header and payload CRC32C, lengths and scales are checked first); nothing decoded, "
-              "the call fails", me, k, s->sb[me], s->sb[me] + m, agoq_codec_status_str(st), len);
-    return ncclSystemError;
-  }
+  /* A sum outside the output type's finite range is Inf, and the owner takes the same
+   * decoded bytes as everyone else (agoq_coll_quant_reduce). */
+  AGOQ_CHECK(agoq_gpu_overflow_to_inf(g->gpu, r->codec_dtype, acc, m));
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, agoq_gslot(g, s), agoq_part_sum(g), &p32, acc, m, gs->dres.p, gs->dres.cap));
   return ncclSuccess;
 }
 
-/* The contributions in rank order into the fp32 sum, then the owner's step: allreduce
- * overflow to Inf and the sum's frame; reducescatter the sum rounded into NCCL's buffer. */
+/* The contributions in rank order into the fp32 sum, then the owner's step. */
 static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t* h2d) {
   agoq_coll_req* r = s->req;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   int n = g->nranks, me = g->rank;
-  size_t m = s->sl[me];
-  uint32_t slot = agoq_gslot(g, s);
-  float* acc = (float*)gs->dacc.p;
-  ncclResult_t res = ncclSuccess;
   *h2d = 0;
   for (int k = 0; k < n; k++) {
     agoq_frame_info info;
-    const void* body = NULL;
+    agoq_gpu_frame c = {.k = k, .info = &info};
     if (k == me) {
       info.params = agoq_coll_params(g, r->codec_dtype);
       info.payload_len = s->s_len[me] - AGOQ_FRAME_HEADER_SIZE;
-      body = gs->down.p + AGOQ_FRAME_HEADER_SIZE;
+      c.body = gs->down.p + AGOQ_FRAME_HEADER_SIZE;
     } else {
-      AGOQ_CHECK(agoq_gpu_check_contribution(g, s, k, &info, &body));
+      AGOQ_CHECK(agoq_gpu_check_contribution(g, s, k, &info, &c.body));
       *h2d += info.payload_len;
     }
     /* acc = y_0, then acc += y_k in rank order: the host path's additions. */
-    pthread_mutex_lock(&g->gpu_mu);
-    if (k == 0)
-      res = agoq_gpu_dequantize(g->gpu, slot, k, &info.params, body, (size_t)info.payload_len, m, AGOQ_DTYPE_FP32, acc);
-    else
-      res = agoq_gpu_dequantize_accumulate(g->gpu, slot, k, &info.params, body, (size_t)info.payload_len, m, acc);
-    pthread_mutex_unlock(&g->gpu_mu);
-    AGOQ_CHECK(res);
+    AGOQ_CHECK(agoq_gpu_queue(g, s, false, agoq_gpu_add_contribution, &c));
   }
-  pthread_mutex_lock(&g->gpu_mu);
-  if (r->kind == AGOQ_COLL_REDUCESCATTER) {
-    AGOQ_CHECK_GOTO(agoq_gpu_narrow(g->gpu, r->codec_dtype, acc, m, agoq_coll_dst_at(r, s->sb[me])), res, out);
-  } else {
-    /* A sum outside the output type's finite range is Inf, and the owner takes the same
-     * decoded bytes as everyone else (agoq_coll_quant_reduce). */
-    AGOQ_CHECK_GOTO(agoq_gpu_overflow_to_inf(g->gpu, r->codec_dtype, acc, m), res, out);
-    agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-    AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(g->gpu, slot, agoq_part_sum(g), &p32, acc, m, gs->dres.p, gs->dres.cap), res,
-                    out);
-  }
-  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, slot), res, out);
-out:
-  pthread_mutex_unlock(&g->gpu_mu);
-  return res;
+  return agoq_gpu_queue(g, s, true, agoq_gpu_finish_sum, NULL);
 }
 
-/* The sum's frame is in device memory: its copy to the result message and its decode into
- * NCCL's buffer. */
-static ncclResult_t agoq_gpu_share_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t body_len) {
+/* The sum's frame (body_len bytes of body) from device memory: its copy to the result
+ * message and its decode into NCCL's buffer. */
+static ncclResult_t agoq_gpu_share_sum(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  uint64_t body_len = *(const uint64_t*)arg;
   agoq_coll_req* r = s->req;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
-  size_t m = s->sl[g->rank];
-  uint32_t slot = agoq_gslot(g, s);
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-  ncclResult_t res = ncclSuccess;
+  if (g->nranks > 1) AGOQ_CHECK(agoq_gpu_copy_d2h(g->gpu, s->res.p, gs->dres.p, s->res_len));
+  AGOQ_CHECK(agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), agoq_part_share(g), &p32,
+                                 gs->dres.p + AGOQ_FRAME_HEADER_SIZE, (size_t)body_len, s->sl[g->rank], r->codec_dtype,
+                                 agoq_coll_dst_at(r, s->sb[g->rank])));
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_gpu_share_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t body_len) {
   s->res_len = AGOQ_FRAME_HEADER_SIZE + (size_t)body_len;
   if (s->res_len > s->res.cap) {
     AGOQ_WARN("CollNet rank %d: the GPU's sum frame (%zu bytes) exceeds its message buffer (%zu)", g->rank, s->res_len,
               s->res.cap);
     return ncclInternalError;
   }
-  pthread_mutex_lock(&g->gpu_mu);
-  if (g->nranks > 1) AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(g->gpu, s->res.p, gs->dres.p, s->res_len), res, out);
-  AGOQ_CHECK_GOTO(agoq_gpu_dequantize(g->gpu, slot, agoq_part_share(g), &p32, gs->dres.p + AGOQ_FRAME_HEADER_SIZE,
-                                      (size_t)body_len, m, r->codec_dtype, agoq_coll_dst_at(r, s->sb[g->rank])),
-                  res, out);
-  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, slot), res, out);
-out:
-  pthread_mutex_unlock(&g->gpu_mu);
-  if (res == ncclSuccess && g->nranks > 1) agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, s->res_len);
+  ncclResult_t res = agoq_gpu_queue(g, s, true, agoq_gpu_share_sum, &body_len);
+  if (res == ncclSuccess && g->nranks > 1) agoq_stats_add(&agoq_coll_req_stats(g, s->req)->pcie_d2h, s->res_len);
   return res;
 }
 
@@ -408,37 +434,27 @@ ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
   return ncclSuccess;
 }
 
+/* Owner k's checked result frame decoded into NCCL's buffer. */
+static ncclResult_t agoq_gpu_decode_result(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  const agoq_gpu_frame* c = arg;
+  agoq_coll_req* r = s->req;
+  AGOQ_CHECK(agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), agoq_part_gather(g, c->k), &c->info->params, c->body,
+                                 (size_t)c->info->payload_len, s->sl[c->k], r->codec_dtype,
+                                 agoq_coll_dst_at(r, s->sb[c->k])));
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
   agoq_coll_req* r = s->req;
-  const uint8_t* f = s->gbuf.p + s->g_off[j];
-  int64_t t0 = agoq_coll_now_ns();
-  uint64_t crc0 = agoq_frame_crc_ns();
-  if (!agoq_frame_has_payload_crc(f, (size_t)size)) {
-    AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
-              "(%d bytes; another agoq version?): refused, nothing decoded", g->rank, j, s->sb[j], s->sb[j] + s->sl[j],
-              size);
-    return ncclSystemError;
-  }
   agoq_frame_info info;
-  const void* body = NULL;
-  agoq_codec_status st = agoq_frame_parse(f, (size_t)size, &info, &body);
-  if (st == AGOQ_CODEC_OK && info.count != (uint64_t)s->sl[j]) st = AGOQ_CODEC_ECORRUPT;
-  agoq_gpu_cpu_time(g, r, t0, crc0);
-  if (st != AGOQ_CODEC_OK) {
-    AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call rejected before "
-              "decoding: %s (%d bytes; header and payload CRC32C, lengths and scales are checked first); the call "
-              "fails", g->rank, j, s->sb[j], s->sb[j] + s->sl[j], agoq_codec_status_str(st), size);
-    return ncclSystemError;
-  }
-  ncclResult_t res = ncclSuccess;
-  pthread_mutex_lock(&g->gpu_mu);
-  AGOQ_CHECK_GOTO(agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), agoq_part_gather(g, j), &info.params, body,
-                                      (size_t)info.payload_len, s->sl[j], r->codec_dtype,
-                                      agoq_coll_dst_at(r, s->sb[j])),
-                  res, out);
-  AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, agoq_gslot(g, s)), res, out);
-out:
-  pthread_mutex_unlock(&g->gpu_mu);
+  agoq_gpu_frame c = {.k = j, .info = &info};
+  agoq_gpu_parse_arg a = {
+      .g = g, .r = r, .t0 = agoq_coll_now_ns(), .crc0 = agoq_frame_crc_ns(), .count = s->sl[j], .info = &info,
+      .body = &c.body};
+  ncclResult_t res = agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->gbuf.p + s->g_off[j],
+                                                 (size_t)size, agoq_gpu_parse_step, &a);
+  if (res != ncclSuccess) return res;
+  res = agoq_gpu_queue(g, s, true, agoq_gpu_decode_result, &c);
   if (res == ncclSuccess) agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, info.payload_len);
   return res;
 }

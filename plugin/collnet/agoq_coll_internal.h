@@ -316,6 +316,17 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
 ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
 /* Decodes rank j's result frame (size bytes) into place. */
 ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
+/* A received quantized frame: a contribution to this rank's slice (phase 1), or its owner's
+ * result frame of a slice (phase 2). */
+typedef enum { AGOQ_COLL_FRAME_CONTRIBUTION, AGOQ_COLL_FRAME_RESULT } agoq_coll_frame_kind;
+/* What is done with a frame once it may be read (parsed, decoded); its status is the verdict. */
+typedef agoq_codec_status (*agoq_coll_frame_step_fn)(void* arg, const uint8_t* f, size_t len);
+/* Rank k's frame f of len bytes, for the host and the GPU path alike: refused unless it
+ * carries a payload CRC when sealed (it crossed the wire), then step(arg, f, len); a refusal
+ * or a failed step is warned about and fails the call (ncclSystemError). */
+ncclResult_t agoq_coll_quant_frame_check(agoq_coll_comm* g, const agoq_coll_slot* s, agoq_coll_frame_kind kind, int k,
+                                         bool sealed, const uint8_t* f, size_t len, agoq_coll_frame_step_fn step,
+                                         void* arg);
 
 /* ---- agoq_coll_gpu.c: the quantized path on the GPU (requests with r->gpu) ---- */
 /* With the group's link, under gpu_mu: the link's codec results per slot it needs, and its

@@ -80,6 +80,20 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
   return ncclSuccess;
 }
 
+/* Decodes a contribution into the fp32 sum (agoq_coll_quant_reduce). */
+typedef struct {
+  float* acc;
+  size_t m;
+  bool first; /* rank 0's: acc = y_0; the others' are added */
+  int threads;
+} agoq_quant_sum_arg;
+
+static agoq_codec_status agoq_quant_sum_step(void* arg, const uint8_t* f, size_t len) {
+  const agoq_quant_sum_arg* a = arg;
+  return a->first ? agoq_frame_decode_mt(f, len, AGOQ_DTYPE_FP32, a->acc, a->m, a->threads)
+                  : agoq_frame_decode_accumulate_mt(f, len, a->acc, a->m, a->threads);
+}
+
 ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_req* r = s->req;
   int n = g->nranks, me = g->rank;
@@ -89,19 +103,11 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   for (int k = 0; k < n; k++) {
     const uint8_t* f = k == me ? s->sbuf.p + s->s_off[me] : s->rbuf.p + (size_t)k * s->r_stride;
     size_t len = k == me ? s->s_len[me] : (size_t)s->p1r_size[k];
-    if (k != me && !agoq_frame_has_payload_crc(f, len)) {
-      AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
-                "(%zu bytes; another agoq version?): refused, nothing decoded", me, k, s->sb[me], s->sb[me] + m, len);
-      return ncclSystemError;
-    }
-    agoq_codec_status st = k == 0 ? agoq_frame_decode_mt(f, len, AGOQ_DTYPE_FP32, acc, m, g->codec_threads)
-                                  : agoq_frame_decode_accumulate_mt(f, len, acc, m, g->codec_threads);
-    if (st != AGOQ_CODEC_OK) {
-      AGOQ_WARN("CollNet rank %d: frame from rank %d for elements [%zu, %zu) of the call rejected before decoding: %s "
-                "(%zu bytes; header and payload CRC32C, lengths and scales are checked first); nothing decoded, "
-                "the call fails", me, k, s->sb[me], s->sb[me] + m, agoq_codec_status_str(st), len);
-      return ncclSystemError;
-    }
+    agoq_quant_sum_arg a = {.acc = acc, .m = m, .first = k == 0, .threads = g->codec_threads};
+    /* Our own frame never travelled: it has no payload CRC. */
+    ncclResult_t res = agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_CONTRIBUTION, k, k != me, f, len,
+                                                   agoq_quant_sum_step, &a);
+    if (res != ncclSuccess) return res;
   }
   uint8_t* dst = agoq_coll_dst_at(r, s->sb[me]);
   if (r->kind == AGOQ_COLL_REDUCESCATTER) {
@@ -124,25 +130,54 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   return ncclSuccess;
 }
 
-ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
+/* Decodes a result frame into NCCL's buffer (agoq_coll_quant_decode); codec time. */
+typedef struct {
+  agoq_coll_comm* g;
+  agoq_coll_slot* s;
+  int j;
+} agoq_quant_result_arg;
+
+static agoq_codec_status agoq_quant_result_step(void* arg, const uint8_t* f, size_t len) {
+  const agoq_quant_result_arg* a = arg;
+  agoq_coll_comm* g = a->g;
+  agoq_coll_slot* s = a->s;
   agoq_coll_req* r = s->req;
-  const uint8_t* f = s->gbuf.p + s->g_off[j];
-  if (!agoq_frame_has_payload_crc(f, (size_t)size)) {
-    AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call has no payload CRC "
-              "(%d bytes; another agoq version?): refused, nothing decoded", g->rank, j, s->sb[j], s->sb[j] + s->sl[j],
-              size);
-    return ncclSystemError;
-  }
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns();
+  /* The decoder writes nothing into NCCL's buffer unless the whole frame checked out. */
   agoq_codec_status st =
-      agoq_frame_decode_mt(f, (size_t)size, r->codec_dtype, agoq_coll_dst_at(r, s->sb[j]), s->sl[j], g->codec_threads);
+      agoq_frame_decode_mt(f, len, r->codec_dtype, agoq_coll_dst_at(r, s->sb[a->j]), s->sl[a->j], g->codec_threads);
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
+  return st;
+}
+
+ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
+  agoq_quant_result_arg a = {.g = g, .s = s, .j = j};
+  return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->gbuf.p + s->g_off[j], (size_t)size,
+                                     agoq_quant_result_step, &a);
+}
+
+/* The host path and the GPU path (agoq_coll_gpu.c) check a received frame here, with the
+ * same refusals: one that travelled without a payload CRC is refused before it is read,
+ * and step's verdict (parsing or decoding it, which validates it first) fails the call. */
+ncclResult_t agoq_coll_quant_frame_check(agoq_coll_comm* g, const agoq_coll_slot* s, agoq_coll_frame_kind kind, int k,
+                                         bool sealed, const uint8_t* f, size_t len, agoq_coll_frame_step_fn step,
+                                         void* arg) {
+  bool result = kind == AGOQ_COLL_FRAME_RESULT;
+  /* Its elements: a contribution is to this rank's slice, a result frame is of its owner's. */
+  int at = result ? k : g->rank;
+  size_t b = s->sb[at], e = s->sb[at] + s->sl[at];
+  if (sealed && !agoq_frame_has_payload_crc(f, len)) {
+    AGOQ_WARN("CollNet rank %d: %sframe from rank %d for elements [%zu, %zu) of the call has no payload CRC "
+              "(%zu bytes; another agoq version?): refused, nothing decoded", g->rank, result ? "result " : "", k, b,
+              e, len);
+    return ncclSystemError;
+  }
+  agoq_codec_status st = step(arg, f, len);
   if (st == AGOQ_CODEC_OK) return ncclSuccess;
-  /* The decoder writes nothing into NCCL's buffer unless the whole frame checked out. */
-  AGOQ_WARN("CollNet rank %d: result frame from rank %d for elements [%zu, %zu) of the call rejected before "
-            "decoding: %s (%d bytes; header and payload CRC32C, lengths and scales are checked first); the call "
-            "fails", g->rank, j, s->sb[j], s->sb[j] + s->sl[j], agoq_codec_status_str(st), size);
+  AGOQ_WARN("CollNet rank %d: %sframe from rank %d for elements [%zu, %zu) of the call rejected before decoding: %s "
+            "(%zu bytes; header and payload CRC32C, lengths and scales are checked first); %sthe call fails", g->rank,
+            result ? "result " : "", k, b, e, agoq_codec_status_str(st), len, result ? "" : "nothing decoded, ");
   return ncclSystemError;
 }

@@ -290,67 +290,114 @@ static ncclResult_t agoq_gpu_codec_check(int rc, const char* what) {
   return ncclInternalError;
 }
 
+/* One call of the CUDA codec on the link's stream (agoq_gpu_codec_run). */
+typedef enum {
+  AGOQ_GPU_OP_ENCODE,            /* in: n elements of p's type; out: their frame, at most cap bytes */
+  AGOQ_GPU_OP_DECODE,            /* in: a body of in_len bytes; out: its n elements as dtype */
+  AGOQ_GPU_OP_DECODE_ACCUMULATE, /* in: a body of in_len bytes; out: n fp32 sums it is added to */
+  AGOQ_GPU_OP_OVERFLOW_TO_INF,   /* out: n fp32 sums, Inf beyond dtype's finite range */
+  AGOQ_GPU_OP_NARROW,            /* in: n fp32 sums; out: rounded to dtype */
+} agoq_gpu_op_kind;
+
+typedef struct {
+  agoq_gpu_op_kind kind;
+  const agoq_codec_params* p;
+  const void* in;
+  size_t in_len;
+  size_t n;
+  agoq_dtype dtype;
+  void* out;
+  size_t cap;
+} agoq_gpu_op;
+
+/* The encode and the decodes write a codec result (the slot's part) and count in the link's
+ * statistics; overflow to Inf and narrowing do neither. */
+static bool agoq_gpu_op_has_result(agoq_gpu_op_kind kind) {
+  return kind == AGOQ_GPU_OP_ENCODE || kind == AGOQ_GPU_OP_DECODE || kind == AGOQ_GPU_OP_DECODE_ACCUMULATE;
+}
+
+/* Queues op on the link's stream between a timing pair (agoq_gpu_time_begin); r: its result. */
+static ncclResult_t agoq_gpu_op_launch(agoq_gpu_link* l, const agoq_gpu_op* op, agoq_cuda_codec_result* r) {
+  int rc = AGOQ_CODEC_EARG;
+  const char* what = "GPU codec";
+  int pair = agoq_gpu_time_begin(l);
+  switch (op->kind) {
+    case AGOQ_GPU_OP_ENCODE:
+      rc = agoq_cuda_frame_encode(op->p, op->in, op->n, op->out, op->cap, l->workspace, r, l->stream);
+      what = "GPU frame encode";
+      break;
+    case AGOQ_GPU_OP_DECODE:
+      rc = agoq_cuda_dequantize(op->p, op->in, op->in_len, op->n, op->dtype, op->out, l->workspace, r, l->stream);
+      what = "GPU decode";
+      break;
+    case AGOQ_GPU_OP_DECODE_ACCUMULATE:
+      rc = agoq_cuda_dequantize_accumulate(op->p, op->in, op->in_len, op->n, op->out, l->workspace, r, l->stream);
+      what = "GPU decode-accumulate";
+      break;
+    case AGOQ_GPU_OP_OVERFLOW_TO_INF:
+      rc = agoq_cuda_overflow_to_inf(op->dtype, op->out, op->n, l->stream);
+      what = "GPU overflow to Inf";
+      break;
+    case AGOQ_GPU_OP_NARROW:
+      rc = agoq_cuda_narrow_fp32(op->dtype, op->in, op->n, op->out, l->stream);
+      what = "GPU narrowing";
+      break;
+  }
+  ncclResult_t res = agoq_gpu_codec_check(rc, what);
+  agoq_gpu_time_end(l, pair);
+  return res;
+}
+
+/* Every codec call of the data path: the slot's part checked and its result cleared, the
+ * device entered, op queued (timed), then the link's statistics. */
+static ncclResult_t agoq_gpu_codec_run(agoq_gpu_link* l, uint32_t slot, int part, const agoq_gpu_op* op) {
+  bool with_result = agoq_gpu_op_has_result(op->kind);
+  agoq_cuda_codec_result* r = NULL;
+  if (with_result) AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  if (with_result) {
+    r = agoq_gpu_result(l, slot, part);
+    *r = (agoq_cuda_codec_result){0};
+  }
+  ncclResult_t res = agoq_gpu_op_launch(l, op, r);
+  if (!with_result) return res; /* overflow to Inf and narrowing: their failure untraced, as always */
+  AGOQ_CHECK(res);
+  if (op->kind == AGOQ_GPU_OP_ENCODE) {
+    l->stats.encodes++;
+    return ncclSuccess;
+  }
+  l->stats.decodes++;
+  if (agoq_gpu_link_pinned(l, op->in, op->in_len)) l->stats.decoded_bytes += op->in_len;
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
                                    const void* src, size_t n, void* frame, size_t cap) {
-  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
-  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
-  *r = (agoq_cuda_codec_result){0};
-  int pair = agoq_gpu_time_begin(l);
-  ncclResult_t res =
-      agoq_gpu_codec_check(agoq_cuda_frame_encode(p, src, n, frame, cap, l->workspace, r, l->stream), "GPU frame encode");
-  agoq_gpu_time_end(l, pair);
-  AGOQ_CHECK(res);
-  l->stats.encodes++;
-  return ncclSuccess;
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_ENCODE, .p = p, .in = src, .n = n, .out = frame, .cap = cap};
+  return agoq_gpu_codec_run(l, slot, part, &op);
 }
 
 ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
                                  const void* body, size_t body_len, size_t n, agoq_dtype out, void* dst) {
-  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
-  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
-  *r = (agoq_cuda_codec_result){0};
-  int pair = agoq_gpu_time_begin(l);
-  ncclResult_t res = agoq_gpu_codec_check(
-      agoq_cuda_dequantize(p, body, body_len, n, out, dst, l->workspace, r, l->stream), "GPU decode");
-  agoq_gpu_time_end(l, pair);
-  AGOQ_CHECK(res);
-  l->stats.decodes++;
-  if (agoq_gpu_link_pinned(l, body, body_len)) l->stats.decoded_bytes += body_len;
-  return ncclSuccess;
+  agoq_gpu_op op = {
+      .kind = AGOQ_GPU_OP_DECODE, .p = p, .in = body, .in_len = body_len, .n = n, .dtype = out, .out = dst};
+  return agoq_gpu_codec_run(l, slot, part, &op);
 }
 
 ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
                                             const void* body, size_t body_len, size_t n, float* acc) {
-  AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
-  agoq_cuda_codec_result* r = agoq_gpu_result(l, slot, part);
-  *r = (agoq_cuda_codec_result){0};
-  int pair = agoq_gpu_time_begin(l);
-  ncclResult_t res = agoq_gpu_codec_check(
-      agoq_cuda_dequantize_accumulate(p, body, body_len, n, acc, l->workspace, r, l->stream), "GPU decode-accumulate");
-  agoq_gpu_time_end(l, pair);
-  AGOQ_CHECK(res);
-  l->stats.decodes++;
-  if (agoq_gpu_link_pinned(l, body, body_len)) l->stats.decoded_bytes += body_len;
-  return ncclSuccess;
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_DECODE_ACCUMULATE, .p = p, .in = body, .in_len = body_len, .n = n, .out = acc};
+  return agoq_gpu_codec_run(l, slot, part, &op);
 }
 
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
-  int pair = agoq_gpu_time_begin(l);
-  ncclResult_t res = agoq_gpu_codec_check(agoq_cuda_overflow_to_inf(out, acc, n, l->stream), "GPU overflow to Inf");
-  agoq_gpu_time_end(l, pair);
-  return res;
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_OVERFLOW_TO_INF, .n = n, .dtype = out, .out = acc};
+  return agoq_gpu_codec_run(l, 0, 0, &op);
 }
 
 ncclResult_t agoq_gpu_narrow(agoq_gpu_link* l, agoq_dtype out, const float* acc, size_t n, void* dst) {
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
-  int pair = agoq_gpu_time_begin(l);
-  ncclResult_t res = agoq_gpu_codec_check(agoq_cuda_narrow_fp32(out, acc, n, dst, l->stream), "GPU narrowing");
-  agoq_gpu_time_end(l, pair);
-  return res;
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_NARROW, .in = acc, .n = n, .dtype = out, .out = dst};
+  return agoq_gpu_codec_run(l, 0, 0, &op);
 }
 
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len) {
