@@ -142,7 +142,7 @@ if [[ "${AGOQ_SKIP_FUZZ:-0}" != 1 ]]; then
   # libFuzzer needs clang; each target runs briefly over its seed corpus (tests/fuzz).
   CC=clang phase configure-fuzz cmake -S . -B build-fuzz \
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_FUZZ=ON -DAGOQ_CUDA=OFF
-  phase build-fuzz cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_params fuzz_frame fuzz_collnet_msg fuzz_topo_xml fuzz_ib_hca
+  phase build-fuzz cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_params fuzz_frame fuzz_collnet_msg fuzz_topo_xml fuzz_ib_hca fuzz_ib_wire
   phase test-fuzz run_ctest build-fuzz -L '^fuzz$'
 fi
 

@@ -23,9 +23,8 @@ static struct {
 
 static ncclResult_t agoq_config_load(void) {
   AGOQ_CHECK(agoq_params_load());
-  /* One transport today; the verbs transport joins through the same table. */
-  const agoq_transport* tp = &agoq_transport_tcp;
-  AGOQ_CHECK(tp->init());
+  const agoq_transport* tp = NULL;
+  AGOQ_CHECK(agoq_transport_choose(&tp));
   AGOQ_CHECK(agoq_gpu_init());
   agoq_net_tp = tp;
   agoq_typed_policy_load();

@@ -1,7 +1,7 @@
 /*
  * The transport interface: what the net core (plugin/net/, NCCL's net contract) and CollNet
  * need from a way of moving bytes between hosts. One implementation per folder below
- * (tcp/ now, ib/ next); the net core never sees a socket or a queue pair.
+ * (tcp/, ib/); the net core never sees a socket or a queue pair.
  *
  * A transport provides devices and their properties, connection setup with its own
  * handshake through NCCL's 128-byte handle (listen/connect/accept never block: a NULL
@@ -138,8 +138,21 @@ typedef struct {
   const char* (*peer)(agoq_tp_conn* c);
   /* Releases everything; after it returns no helper thread touches posted buffers. */
   void (*close)(agoq_tp_conn* c);
+
+  /* Bootstrap for another transport (NULL where unsupported): on a connection with nothing
+   * posted, sends out[0, out_len) and receives exactly in_len bytes into in, both ways on
+   * the connection's control channel, without blocking; call again until *done (the
+   * buffers must stay the same until then). A closed or failed peer is ncclRemoteError,
+   * logged at INFO only: the caller knows what it means and warns. */
+  ncclResult_t (*exchange)(agoq_tp_conn* c, const void* out, size_t out_len, void* in, size_t in_len, bool* done);
 } agoq_transport;
 
 extern const agoq_transport agoq_transport_tcp;
+extern const agoq_transport agoq_transport_ib;
+
+/* The transport AGOQ_TRANSPORT asks for, initialized (agoq_transport_choose.c): tcp, ib
+ * (an error, logged with its reason, when no verbs port is usable), or auto (ib where a
+ * port is usable, else tcp with the reason at INFO). */
+ncclResult_t agoq_transport_choose(const agoq_transport** out);
 
 #endif

@@ -41,6 +41,9 @@ void agoq_info_net_print_buffers(FILE* out, const agoq_info_net* n, int dev);
 void agoq_info_net_print_counts(FILE* out, const agoq_info_net* n);
 /* `agoq-info -c`'s interface section: 0, or 1 when no interface matches. */
 int agoq_info_config_interfaces(FILE* out);
+/* `agoq-info -c`'s verbs section: 0, or 1 when AGOQ_TRANSPORT=ib (or an invalid AGOQ_IB_HCA)
+ * would fail init. */
+int agoq_info_config_ports(FILE* out);
 
 /* Shared formatting helpers. */
 /* "64K" when v is a whole number of K/M/G/T, else the decimal bytes. */

@@ -196,8 +196,9 @@ int agoq_info_config_text(FILE* out) {
                         : "parameters failed to load");
     return 1;
   }
-  /* Valid values can still select nothing: resolve the interfaces as init does. */
-  return agoq_info_config_interfaces(out);
+  /* Valid values can still select nothing: resolve the interfaces and ports as init does. */
+  int rc = agoq_info_config_interfaces(out);
+  return agoq_info_config_ports(out) != 0 ? 1 : rc;
 }
 
 /* ---- Markdown ---------------------------------------------------------------------------- */

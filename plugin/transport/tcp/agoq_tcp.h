@@ -161,6 +161,8 @@ struct agoq_tp_conn {
   size_t rx_inline_got;
   agoq_tp_match_fn match;
   void* match_arg;
+  /* agoq_tcp_exchange in progress: bytes sent and received so far. */
+  size_t xchg_sent, xchg_got;
   char peer[64];
 };
 
@@ -169,6 +171,9 @@ ncclResult_t agoq_socket_configure(int fd, int dev, const char* peer);
 ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int* data_fds, unsigned nsocks,
                                   const char* peer, agoq_tp_conn** out);
 void agoq_tcp_conn_destroy(agoq_tp_conn* c);
+
+/* The bootstrap of another transport over the control socket (agoq_tcp_data.c). */
+ncclResult_t agoq_tcp_exchange(agoq_tp_conn* c, const void* out, size_t out_len, void* in, size_t in_len, bool* done);
 
 /* The data path (agoq_tcp_data.c). */
 ncclResult_t agoq_tcp_post_send(agoq_tp_conn* c, agoq_xfer* x);

@@ -320,3 +320,35 @@ int agoq_tcp_wait_fds(agoq_tp_conn* c, struct pollfd* out, int max, bool* hidden
   if (waiting && n < max) out[n++] = (struct pollfd){.fd = c->ctrl_fd, .events = c->is_send ? POLLOUT : POLLIN};
   return n;
 }
+
+ncclResult_t agoq_tcp_exchange(agoq_tp_conn* c, const void* out, size_t out_len, void* in, size_t in_len,
+                               bool* done) {
+  *done = false;
+  while (c->xchg_sent < out_len) {
+    ssize_t n = send(c->ctrl_fd, (const uint8_t*)out + c->xchg_sent, out_len - c->xchg_sent,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      c->xchg_sent += (size_t)n;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      break;
+    } else {
+      AGOQ_INFO(NCCL_NET, "bootstrap with %s: %s", c->peer, n < 0 ? strerror(errno) : "connection closed");
+      return ncclRemoteError;
+    }
+  }
+  while (c->xchg_got < in_len) {
+    ssize_t n = recv(c->ctrl_fd, (uint8_t*)in + c->xchg_got, in_len - c->xchg_got, MSG_DONTWAIT);
+    if (n > 0) {
+      c->xchg_got += (size_t)n;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      break;
+    } else {
+      AGOQ_INFO(NCCL_NET, "bootstrap with %s: %s", c->peer, n < 0 ? strerror(errno) : "the peer closed it");
+      return ncclRemoteError;
+    }
+  }
+  if (c->xchg_sent < out_len || c->xchg_got < in_len) return ncclSuccess;
+  c->xchg_sent = c->xchg_got = 0;
+  *done = true;
+  return ncclSuccess;
+}

@@ -160,4 +160,5 @@ const agoq_transport agoq_transport_tcp = {
     .fail = agoq_tcp_fail,
     .peer = agoq_tcp_peer,
     .close = agoq_tcp_conn_destroy,
+    .exchange = agoq_tcp_exchange,
 };

@@ -1,0 +1,42 @@
+/* AGOQ_TRANSPORT: which transport carries this process's connections. */
+#include <stdio.h>
+
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+#include "transport/agoq_transport.h"
+#include "transport/ib/agoq_ib.h"
+
+enum { AGOQ_TRANSPORT_AUTO = 0, AGOQ_TRANSPORT_TCP = 1, AGOQ_TRANSPORT_IB = 2 };
+
+ncclResult_t agoq_transport_choose(const agoq_transport** out) {
+  int64_t mode = agoq_param_int(AGOQ_PARAM_TRANSPORT);
+  /* TCP first in every mode: it is the verbs transport's bootstrap, or the transport. */
+  AGOQ_CHECK(agoq_transport_tcp.init());
+  if (mode == AGOQ_TRANSPORT_TCP) {
+    *out = &agoq_transport_tcp;
+    return ncclSuccess;
+  }
+  char why[768];
+  ncclResult_t res = agoq_ib_discover(&agoq_ib, NULL, NULL, why, sizeof why);
+  if (res == ncclSuccess) {
+    char line[1024] = "";
+    for (int i = 0, len = 0; i < agoq_ib.ndevs && len < (int)sizeof line; i++) {
+      const agoq_ib_dev* d = &agoq_ib.devs[i];
+      int n = snprintf(line + len, sizeof line - (size_t)len, "%s[%d]%.64s/%s", i ? " " : "", i, d->describe,
+                       d->link_layer == AGOQ_IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
+      len += n > 0 ? n : 0;
+    }
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "Using verbs (%s, %s) on %s; %d queue pair%s per connection; bootstrap over TCP",
+              agoq_param_str(AGOQ_PARAM_TRANSPORT), agoq_ib.api.path, line, agoq_ib.nqps, agoq_ib.nqps == 1 ? "" : "s");
+    *out = &agoq_transport_ib;
+    return ncclSuccess;
+  }
+  if (mode == AGOQ_TRANSPORT_IB || res == ncclInvalidArgument) {
+    AGOQ_WARN("%s=%s: the verbs transport cannot be used: %s", agoq_param_source(AGOQ_PARAM_TRANSPORT),
+              agoq_param_str(AGOQ_PARAM_TRANSPORT), why);
+    return res == ncclInvalidArgument ? ncclInvalidArgument : ncclSystemError;
+  }
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, "verbs transport off: %s; using TCP (AGOQ_TRANSPORT=auto)", why);
+  *out = &agoq_transport_tcp;
+  return ncclSuccess;
+}
