@@ -150,6 +150,10 @@ typedef struct {
 extern const agoq_transport agoq_transport_tcp;
 extern const agoq_transport agoq_transport_ib;
 
+/* Clears p and fills what every transport's device shares: host pointers, NCCL's receive and
+ * size limits, one physical device, no rail or plane (agoq_transport_choose.c). */
+void agoq_tp_props_defaults(agoq_tp_props* p, int dev);
+
 /* The transport AGOQ_TRANSPORT asks for, initialized (agoq_transport_choose.c): tcp, ib
  * (an error, logged with its reason, when no verbs port is usable), or auto (ib where a
  * port is usable, else tcp with the reason at INFO). */

@@ -1,10 +1,26 @@
-/* AGOQ_TRANSPORT: which transport carries this process's connections. */
+/* AGOQ_TRANSPORT: which transport carries this process's connections; what the transports
+ * share. */
 #include <stdio.h>
 
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 #include "transport/agoq_transport.h"
 #include "transport/ib/agoq_ib.h"
+
+void agoq_tp_props_defaults(agoq_tp_props* p, int dev) {
+  memset(p, 0, sizeof *p);
+  p->ptr_support = NCCL_PTR_HOST;
+  p->max_recvs = AGOQ_XFER_MAX_BUFS;
+  p->net_device_type = NCCL_NET_DEVICE_HOST;
+  p->net_device_version = NCCL_NET_DEVICE_INVALID_VERSION;
+  p->vdev_count = 1;
+  p->vdevs[0] = dev;
+  p->max_p2p_bytes = NCCL_MAX_NET_SIZE_BYTES;
+  p->max_coll_bytes = AGOQ_NCCL_MAX_COLLNET_SIZE;
+  p->max_multi_request_size = 1;
+  p->rail_id = NCCL_NET_ID_UNDEF;
+  p->plane_id = NCCL_NET_ID_UNDEF;
+}
 
 enum { AGOQ_TRANSPORT_AUTO = 0, AGOQ_TRANSPORT_TCP = 1, AGOQ_TRANSPORT_IB = 2 };
 

@@ -288,25 +288,13 @@ static ncclResult_t agoq_ib_get_properties(int dev, agoq_tp_props* p) {
     return ncclInternalError;
   }
   const agoq_ib_dev* d = &agoq_ib.devs[dev];
-  memset(p, 0, sizeof *p);
+  agoq_tp_props_defaults(p, dev);
   p->name = d->dev_name;
   p->pci_path = d->has_pci_path ? d->pci_path : NULL;
   p->guid = d->guid;
-  p->ptr_support = NCCL_PTR_HOST;
   p->speed_mbps = d->speed_mbps;
   p->port = d->port;
-  p->latency_us = 0;
   p->max_comms = d->max_qp / agoq_ib.nqps > 0 ? d->max_qp / agoq_ib.nqps : 1;
-  p->max_recvs = AGOQ_XFER_MAX_BUFS;
-  p->net_device_type = NCCL_NET_DEVICE_HOST;
-  p->net_device_version = NCCL_NET_DEVICE_INVALID_VERSION;
-  p->vdev_count = 1;
-  p->vdevs[0] = dev;
-  p->max_p2p_bytes = NCCL_MAX_NET_SIZE_BYTES;
-  p->max_coll_bytes = AGOQ_NCCL_MAX_COLLNET_SIZE;
-  p->max_multi_request_size = 1;
-  p->rail_id = NCCL_NET_ID_UNDEF;
-  p->plane_id = NCCL_NET_ID_UNDEF;
   return ncclSuccess;
 }
 

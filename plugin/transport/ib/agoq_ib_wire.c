@@ -1,56 +1,35 @@
 #include "transport/ib/agoq_ib_wire.h"
+#include "transport/agoq_wire_le.h"
 
 #include <string.h>
-
-static void put16(uint8_t* p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 /* Metadata layout: magic 0, version 4, role 6, nqps 7, link_layer 8, mtu 9, port 10,
  * gid_index 11, lid 12, gid 16..31, qpn[8] 32..63, ring_addr 64, ring_rkey 72,
  * ring_slots 76, slot_size 80, eager_max 84; zero to the end. */
 void agoq_ib_meta_encode(const agoq_ib_meta* m, uint8_t out[AGOQ_IB_META_SIZE]) {
   memset(out, 0, AGOQ_IB_META_SIZE);
-  put32(out, AGOQ_IB_META_MAGIC);
-  put16(out + 4, AGOQ_IB_WIRE_VERSION);
+  agoq_put32(out, AGOQ_IB_META_MAGIC);
+  agoq_put16(out + 4, AGOQ_IB_WIRE_VERSION);
   out[6] = m->role;
   out[7] = m->nqps;
   out[8] = m->link_layer;
   out[9] = m->mtu;
   out[10] = m->port;
   out[11] = m->gid_index;
-  put16(out + 12, m->lid);
+  agoq_put16(out + 12, m->lid);
   memcpy(out + 16, m->gid, 16);
-  for (int i = 0; i < AGOQ_IB_MAX_QPS; i++) put32(out + 32 + 4 * i, m->qpn[i]);
-  put64(out + 64, m->ring_addr);
-  put32(out + 72, m->ring_rkey);
-  put32(out + 76, m->ring_slots);
-  put32(out + 80, m->slot_size);
-  put32(out + 84, m->eager_max);
+  for (int i = 0; i < AGOQ_IB_MAX_QPS; i++) agoq_put32(out + 32 + 4 * i, m->qpn[i]);
+  agoq_put64(out + 64, m->ring_addr);
+  agoq_put32(out + 72, m->ring_rkey);
+  agoq_put32(out + 76, m->ring_slots);
+  agoq_put32(out + 80, m->slot_size);
+  agoq_put32(out + 84, m->eager_max);
 }
 
 agoq_ib_wire_status agoq_ib_meta_decode(const uint8_t* in, size_t len, agoq_ib_meta* m) {
   if (len < AGOQ_IB_META_SIZE) return AGOQ_IB_WIRE_BAD_FIELD;
-  if (get32(in) != AGOQ_IB_META_MAGIC) return AGOQ_IB_WIRE_BAD_MAGIC;
-  if (get16(in + 4) != AGOQ_IB_WIRE_VERSION) return AGOQ_IB_WIRE_BAD_VERSION;
+  if (agoq_get32(in) != AGOQ_IB_META_MAGIC) return AGOQ_IB_WIRE_BAD_MAGIC;
+  if (agoq_get16(in + 4) != AGOQ_IB_WIRE_VERSION) return AGOQ_IB_WIRE_BAD_VERSION;
   memset(m, 0, sizeof *m);
   m->role = in[6];
   m->nqps = in[7];
@@ -58,15 +37,15 @@ agoq_ib_wire_status agoq_ib_meta_decode(const uint8_t* in, size_t len, agoq_ib_m
   m->mtu = in[9];
   m->port = in[10];
   m->gid_index = in[11];
-  m->lid = get16(in + 12);
-  if (get16(in + 14) != 0) return AGOQ_IB_WIRE_BAD_FIELD;
+  m->lid = agoq_get16(in + 12);
+  if (agoq_get16(in + 14) != 0) return AGOQ_IB_WIRE_BAD_FIELD;
   memcpy(m->gid, in + 16, 16);
-  for (int i = 0; i < AGOQ_IB_MAX_QPS; i++) m->qpn[i] = get32(in + 32 + 4 * i);
-  m->ring_addr = get64(in + 64);
-  m->ring_rkey = get32(in + 72);
-  m->ring_slots = get32(in + 76);
-  m->slot_size = get32(in + 80);
-  m->eager_max = get32(in + 84);
+  for (int i = 0; i < AGOQ_IB_MAX_QPS; i++) m->qpn[i] = agoq_get32(in + 32 + 4 * i);
+  m->ring_addr = agoq_get64(in + 64);
+  m->ring_rkey = agoq_get32(in + 72);
+  m->ring_slots = agoq_get32(in + 76);
+  m->slot_size = agoq_get32(in + 80);
+  m->eager_max = agoq_get32(in + 84);
   if (m->role > 1 || m->nqps == 0 || m->nqps > AGOQ_IB_MAX_QPS) return AGOQ_IB_WIRE_BAD_FIELD;
   if (m->link_layer < 1 || m->link_layer > 2 || m->mtu < 1 || m->mtu > 5 || m->port == 0)
     return AGOQ_IB_WIRE_BAD_FIELD;
@@ -89,21 +68,21 @@ agoq_ib_wire_status agoq_ib_meta_decode(const uint8_t* in, size_t len, agoq_ib_m
 /* RTS header layout: magic 0, seq 4, tag 8, flags 12, size 16, zero 24..31. */
 void agoq_ib_rts_encode(const agoq_ib_rts* r, uint8_t out[AGOQ_IB_RTS_HDR_SIZE]) {
   memset(out, 0, AGOQ_IB_RTS_HDR_SIZE);
-  put32(out, AGOQ_IB_RTS_MAGIC);
-  put32(out + 4, r->seq);
-  put32(out + 8, (uint32_t)r->tag);
-  put32(out + 12, r->flags);
-  put64(out + 16, r->size);
+  agoq_put32(out, AGOQ_IB_RTS_MAGIC);
+  agoq_put32(out + 4, r->seq);
+  agoq_put32(out + 8, (uint32_t)r->tag);
+  agoq_put32(out + 12, r->flags);
+  agoq_put64(out + 16, r->size);
 }
 
 agoq_ib_wire_status agoq_ib_rts_decode(const uint8_t* in, size_t len, uint32_t eager_max, agoq_ib_rts* r) {
   if (len < AGOQ_IB_RTS_HDR_SIZE) return AGOQ_IB_WIRE_BAD_FIELD;
-  if (get32(in) != AGOQ_IB_RTS_MAGIC) return AGOQ_IB_WIRE_BAD_MAGIC;
-  r->seq = get32(in + 4);
-  r->tag = (int32_t)get32(in + 8);
-  r->flags = get32(in + 12);
-  r->size = get64(in + 16);
-  if ((r->flags & ~AGOQ_IB_RTS_FLAGS_KNOWN) != 0 || get64(in + 24) != 0) return AGOQ_IB_WIRE_BAD_FIELD;
+  if (agoq_get32(in) != AGOQ_IB_RTS_MAGIC) return AGOQ_IB_WIRE_BAD_MAGIC;
+  r->seq = agoq_get32(in + 4);
+  r->tag = (int32_t)agoq_get32(in + 8);
+  r->flags = agoq_get32(in + 12);
+  r->size = agoq_get64(in + 16);
+  if ((r->flags & ~AGOQ_IB_RTS_FLAGS_KNOWN) != 0 || agoq_get64(in + 24) != 0) return AGOQ_IB_WIRE_BAD_FIELD;
   if ((r->flags & AGOQ_IB_RTS_FLAG_EAGER) && r->size > eager_max) return AGOQ_IB_WIRE_BAD_FIELD;
   if (!(r->flags & AGOQ_IB_RTS_FLAG_EAGER) && r->size <= eager_max) return AGOQ_IB_WIRE_BAD_FIELD;
   return AGOQ_IB_WIRE_OK;
@@ -113,33 +92,33 @@ agoq_ib_wire_status agoq_ib_rts_decode(const uint8_t* in, size_t len, uint32_t e
  * for REFUSED. Fits 32 bytes exactly. */
 void agoq_ib_cts_encode(const agoq_ib_cts* c, uint8_t out[AGOQ_IB_CTS_SIZE]) {
   memset(out, 0, AGOQ_IB_CTS_SIZE);
-  put32(out, AGOQ_IB_CTS_MAGIC);
-  put32(out + 4, c->seq);
-  put32(out + 8, c->kind);
-  put32(out + 12, c->kind == AGOQ_IB_CTS_REFUSED ? c->code : c->rkey);
-  put64(out + 16, c->addr);
-  put64(out + 24, c->size);
+  agoq_put32(out, AGOQ_IB_CTS_MAGIC);
+  agoq_put32(out + 4, c->seq);
+  agoq_put32(out + 8, c->kind);
+  agoq_put32(out + 12, c->kind == AGOQ_IB_CTS_REFUSED ? c->code : c->rkey);
+  agoq_put64(out + 16, c->addr);
+  agoq_put64(out + 24, c->size);
 }
 
 agoq_ib_wire_status agoq_ib_cts_decode(const uint8_t* in, size_t len, agoq_ib_cts* c) {
   if (len < AGOQ_IB_CTS_SIZE) return AGOQ_IB_WIRE_BAD_FIELD;
-  if (get32(in) != AGOQ_IB_CTS_MAGIC) return AGOQ_IB_WIRE_BAD_MAGIC;
+  if (agoq_get32(in) != AGOQ_IB_CTS_MAGIC) return AGOQ_IB_WIRE_BAD_MAGIC;
   memset(c, 0, sizeof *c);
-  c->seq = get32(in + 4);
-  c->kind = get32(in + 8);
-  c->addr = get64(in + 16);
-  c->size = get64(in + 24);
+  c->seq = agoq_get32(in + 4);
+  c->kind = agoq_get32(in + 8);
+  c->addr = agoq_get64(in + 16);
+  c->size = agoq_get64(in + 24);
   switch (c->kind) {
     case AGOQ_IB_CTS_CONSUMED:
-      if (get32(in + 12) != 0 || c->addr != 0 || c->size != 0) return AGOQ_IB_WIRE_BAD_FIELD;
+      if (agoq_get32(in + 12) != 0 || c->addr != 0 || c->size != 0) return AGOQ_IB_WIRE_BAD_FIELD;
       return AGOQ_IB_WIRE_OK;
     case AGOQ_IB_CTS_WRITE:
-      c->rkey = get32(in + 12);
+      c->rkey = agoq_get32(in + 12);
       /* A write of 0 bytes never asks for an address: such messages always go eager. */
       if (c->addr == 0 || c->size == 0) return AGOQ_IB_WIRE_BAD_FIELD;
       return AGOQ_IB_WIRE_OK;
     case AGOQ_IB_CTS_REFUSED:
-      c->code = get32(in + 12);
+      c->code = agoq_get32(in + 12);
       if (c->code == 0 || c->addr != 0 || c->size != 0) return AGOQ_IB_WIRE_BAD_FIELD;
       return AGOQ_IB_WIRE_OK;
     default:

@@ -1,29 +1,8 @@
 #include "transport/tcp/agoq_tcp_wire.h"
+#include "transport/agoq_wire_le.h"
 
 #include <netinet/in.h>
 #include <string.h>
-
-static void put16(uint8_t* p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 /* Handle layout: magic 0, version 4, family 6, port 8, nsocks 10, scope_id 12,
  * comm_id 16, nonce 24, address 32..47 (IPv4 in the first 4 bytes). */
@@ -31,34 +10,34 @@ enum { AGOQ_FAMILY_WIRE_V4 = 4, AGOQ_FAMILY_WIRE_V6 = 6 };
 
 void agoq_handle_encode(const agoq_handle* h, uint8_t out[AGOQ_HANDLE_WIRE_SIZE]) {
   memset(out, 0, AGOQ_HANDLE_WIRE_SIZE);
-  put32(out + 0, AGOQ_HANDLE_MAGIC);
-  put16(out + 4, AGOQ_WIRE_VERSION);
-  put16(out + 10, h->nsocks);
-  put64(out + 16, h->comm_id);
-  put64(out + 24, h->nonce);
+  agoq_put32(out + 0, AGOQ_HANDLE_MAGIC);
+  agoq_put16(out + 4, AGOQ_WIRE_VERSION);
+  agoq_put16(out + 10, h->nsocks);
+  agoq_put64(out + 16, h->comm_id);
+  agoq_put64(out + 24, h->nonce);
   if (h->addr.ss_family == AF_INET) {
     const struct sockaddr_in* in = (const struct sockaddr_in*)&h->addr;
-    put16(out + 6, AGOQ_FAMILY_WIRE_V4);
-    put16(out + 8, ntohs(in->sin_port));
+    agoq_put16(out + 6, AGOQ_FAMILY_WIRE_V4);
+    agoq_put16(out + 8, ntohs(in->sin_port));
     memcpy(out + 32, &in->sin_addr, 4);
   } else {
     const struct sockaddr_in6* in6 = (const struct sockaddr_in6*)&h->addr;
-    put16(out + 6, AGOQ_FAMILY_WIRE_V6);
-    put16(out + 8, ntohs(in6->sin6_port));
-    put32(out + 12, in6->sin6_scope_id);
+    agoq_put16(out + 6, AGOQ_FAMILY_WIRE_V6);
+    agoq_put16(out + 8, ntohs(in6->sin6_port));
+    agoq_put32(out + 12, in6->sin6_scope_id);
     memcpy(out + 32, &in6->sin6_addr, 16);
   }
 }
 
 agoq_wire_status agoq_handle_decode(const uint8_t* in, size_t len, agoq_handle* h) {
   if (len < AGOQ_HANDLE_WIRE_SIZE) return AGOQ_WIRE_BAD_FIELD;
-  if (get32(in) != AGOQ_HANDLE_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
-  if (get16(in + 4) != AGOQ_WIRE_VERSION) return AGOQ_WIRE_BAD_VERSION;
+  if (agoq_get32(in) != AGOQ_HANDLE_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
+  if (agoq_get16(in + 4) != AGOQ_WIRE_VERSION) return AGOQ_WIRE_BAD_VERSION;
   memset(h, 0, sizeof *h);
-  uint16_t family = get16(in + 6), port = get16(in + 8);
-  h->nsocks = get16(in + 10);
-  h->comm_id = get64(in + 16);
-  h->nonce = get64(in + 24);
+  uint16_t family = agoq_get16(in + 6), port = agoq_get16(in + 8);
+  h->nsocks = agoq_get16(in + 10);
+  h->comm_id = agoq_get64(in + 16);
+  h->nonce = agoq_get64(in + 24);
   if (port == 0 || h->nsocks == 0 || h->nsocks > AGOQ_WIRE_MAX_DATA_SOCKS) return AGOQ_WIRE_BAD_FIELD;
   if (family == AGOQ_FAMILY_WIRE_V4) {
     struct sockaddr_in* sin = (struct sockaddr_in*)&h->addr;
@@ -70,7 +49,7 @@ agoq_wire_status agoq_handle_decode(const uint8_t* in, size_t len, agoq_handle* 
     struct sockaddr_in6* sin6 = (struct sockaddr_in6*)&h->addr;
     sin6->sin6_family = AF_INET6;
     sin6->sin6_port = htons(port);
-    sin6->sin6_scope_id = get32(in + 12);
+    sin6->sin6_scope_id = agoq_get32(in + 12);
     memcpy(&sin6->sin6_addr, in + 32, 16);
     h->addr_len = sizeof *sin6;
   } else {
@@ -83,21 +62,21 @@ agoq_wire_status agoq_handle_decode(const uint8_t* in, size_t len, agoq_handle* 
  * conn_id 24, reserved 32..39 (must be zero). */
 void agoq_hello_encode(const agoq_hello* h, uint8_t out[AGOQ_HELLO_SIZE]) {
   memset(out, 0, AGOQ_HELLO_SIZE);
-  put32(out + 0, AGOQ_HELLO_MAGIC);
-  put16(out + 4, AGOQ_WIRE_VERSION);
+  agoq_put32(out + 0, AGOQ_HELLO_MAGIC);
+  agoq_put16(out + 4, AGOQ_WIRE_VERSION);
   out[6] = h->sock_index;
   out[7] = h->nsocks;
-  put64(out + 8, h->comm_id);
-  put64(out + 16, h->nonce);
-  put64(out + 24, h->conn_id);
+  agoq_put64(out + 8, h->comm_id);
+  agoq_put64(out + 16, h->nonce);
+  agoq_put64(out + 24, h->conn_id);
 }
 
 agoq_wire_status agoq_hello_check_prefix(const uint8_t* in, size_t len) {
   uint8_t magic[4];
-  put32(magic, AGOQ_HELLO_MAGIC);
+  agoq_put32(magic, AGOQ_HELLO_MAGIC);
   size_t n = len < 4 ? len : 4;
   if (memcmp(in, magic, n) != 0) return AGOQ_WIRE_BAD_MAGIC;
-  if (len >= 6 && get16(in + 4) != AGOQ_WIRE_VERSION) return AGOQ_WIRE_BAD_VERSION;
+  if (len >= 6 && agoq_get16(in + 4) != AGOQ_WIRE_VERSION) return AGOQ_WIRE_BAD_VERSION;
   return AGOQ_WIRE_OK;
 }
 
@@ -107,24 +86,24 @@ agoq_wire_status agoq_hello_decode(const uint8_t* in, size_t len, agoq_hello* h)
   if (st != AGOQ_WIRE_OK) return st;
   h->sock_index = in[6];
   h->nsocks = in[7];
-  h->comm_id = get64(in + 8);
-  h->nonce = get64(in + 16);
-  h->conn_id = get64(in + 24);
-  if (get64(in + 32) != 0) return AGOQ_WIRE_BAD_FIELD;
+  h->comm_id = agoq_get64(in + 8);
+  h->nonce = agoq_get64(in + 16);
+  h->conn_id = agoq_get64(in + 24);
+  if (agoq_get64(in + 32) != 0) return AGOQ_WIRE_BAD_FIELD;
   if (h->nsocks == 0 || h->nsocks > AGOQ_WIRE_MAX_DATA_SOCKS || h->sock_index > h->nsocks)
     return AGOQ_WIRE_BAD_FIELD;
   return AGOQ_WIRE_OK;
 }
 
 void agoq_ack_encode(agoq_ack_status status, uint8_t out[AGOQ_ACK_SIZE]) {
-  put32(out, AGOQ_ACK_MAGIC);
-  put32(out + 4, (uint32_t)status);
+  agoq_put32(out, AGOQ_ACK_MAGIC);
+  agoq_put32(out + 4, (uint32_t)status);
 }
 
 agoq_wire_status agoq_ack_decode(const uint8_t* in, size_t len, agoq_ack_status* status) {
   if (len < AGOQ_ACK_SIZE) return AGOQ_WIRE_BAD_FIELD;
-  if (get32(in) != AGOQ_ACK_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
-  uint32_t s = get32(in + 4);
+  if (agoq_get32(in) != AGOQ_ACK_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
+  uint32_t s = agoq_get32(in + 4);
   if (s > AGOQ_ACK_REJECTED) return AGOQ_WIRE_BAD_FIELD;
   *status = (agoq_ack_status)s;
   return AGOQ_WIRE_OK;
@@ -135,24 +114,24 @@ agoq_wire_status agoq_ack_decode(const uint8_t* in, size_t len, agoq_ack_status*
 void agoq_msg_hdr_encode(const agoq_msg_hdr* m, uint8_t out[AGOQ_MSG_HDR_SIZE]) {
   uint32_t flags = (m->flags & 0xffu) | ((uint32_t)(m->first_sock & 0xff) << 8);
   if (m->nchunks > 0) flags |= (uint32_t)((m->nchunks - 1) & 0xff) << 16;
-  put32(out + 0, AGOQ_MSG_MAGIC);
-  put32(out + 4, flags);
-  put64(out + 8, m->size);
-  put64(out + 16, m->chunk);
-  put32(out + 24, (uint32_t)m->tag);
-  put32(out + 28, m->seq);
+  agoq_put32(out + 0, AGOQ_MSG_MAGIC);
+  agoq_put32(out + 4, flags);
+  agoq_put64(out + 8, m->size);
+  agoq_put64(out + 16, m->chunk);
+  agoq_put32(out + 24, (uint32_t)m->tag);
+  agoq_put32(out + 28, m->seq);
 }
 
 agoq_wire_status agoq_msg_hdr_decode(const uint8_t* in, size_t len, unsigned nsocks, agoq_msg_hdr* m) {
   if (len < AGOQ_MSG_HDR_SIZE) return AGOQ_WIRE_BAD_FIELD;
-  if (get32(in) != AGOQ_MSG_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
-  uint32_t flags = get32(in + 4);
+  if (agoq_get32(in) != AGOQ_MSG_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
+  uint32_t flags = agoq_get32(in + 4);
   m->flags = flags & 0xffu;
   m->first_sock = (uint16_t)((flags >> 8) & 0xff);
-  m->size = get64(in + 8);
-  m->chunk = get64(in + 16);
-  m->tag = (int32_t)get32(in + 24);
-  m->seq = get32(in + 28);
+  m->size = agoq_get64(in + 8);
+  m->chunk = agoq_get64(in + 16);
+  m->tag = (int32_t)agoq_get32(in + 24);
+  m->seq = agoq_get32(in + 28);
   if ((flags >> 24) != 0 || (m->flags & ~AGOQ_MSG_FLAGS_KNOWN) != 0) return AGOQ_WIRE_BAD_FIELD;
   if (m->flags & AGOQ_MSG_FLAG_INLINE) {
     m->nchunks = 0;
