@@ -3,8 +3,9 @@
 #   1. install the build dependencies (tools/install-deps.sh; a no-op when present)
 #   2. build-ci:   RelWithDebInfo, -Werror, CUDA kernels when nvcc is found; run every test
 #   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the whole suite (fault tests included)
-#   4. build-tsan: ThreadSanitizer; run the unit, ABI conformance and CollNet tests (progress
-#      threads, the CollNet engine, close-in-flight), not the 256 MiB perf run
+#   4. build-tsan: ThreadSanitizer; run the unit, ABI conformance, CollNet and verbs (label ib,
+#      over the soft-RC emulator) tests (progress threads, the CollNet engine, the verbs
+#      progress helper, close-in-flight), not the 256 MiB perf run nor the 8-rank ib runs
 #   5. valgrind:   the ABI conformance harness of build-ci under memcheck (every scenario,
 #      every exported version; leak check full; any error or definite leak fails)
 #   6. build-fuzz: clang + libFuzzer; run each fuzz target 60 s over its seed corpus
@@ -125,8 +126,9 @@ if [[ "${AGOQ_SKIP_ASAN:-0}" != 1 ]]; then
 fi
 
 if [[ "${AGOQ_SKIP_TSAN:-0}" != 1 ]]; then
-  # Progress threads, the assist path, close-in-flight and the CollNet engine race by
-  # design: TSan checks the unit, conformance and CollNet tests for data races.
+  # Progress threads, the assist path, close-in-flight, the CollNet engine and the verbs
+  # progress helper race by design: TSan checks the unit, conformance, CollNet and verbs
+  # tests for data races.
   phase configure-tsan cmake -S . -B build-tsan \
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_TSAN=ON -DAGOQ_CUDA=OFF
   phase build-tsan cmake --build build-tsan -j "$jobs"
