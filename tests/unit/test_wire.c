@@ -207,6 +207,15 @@ static void test_msg_hdr_rejects_bad_layout(void** state) {
   agoq_msg_hdr_encode(&m, buf);
   buf[1] ^= 0xff;
   assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 4, &out), AGOQ_WIRE_BAD_MAGIC);
+  /* Every single flipped bit outside the magic (which has its own answer) is refused:
+   * a corrupted size on the last message once made a receiver wait forever. */
+  agoq_msg_hdr_encode(&m, buf);
+  for (int bit = 32; bit < 8 * AGOQ_MSG_HDR_SIZE; bit++) {
+    buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 4, &out), AGOQ_WIRE_BAD_FIELD);
+    buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+  }
+  assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 4, &out), AGOQ_WIRE_OK);
   /* An inline header claiming pieces. */
   agoq_msg_plan(10, 4096, 65536, 4, &m);
   m.chunk = 5;

@@ -109,8 +109,21 @@ agoq_wire_status agoq_ack_decode(const uint8_t* in, size_t len, agoq_ack_status*
   return AGOQ_WIRE_OK;
 }
 
+/* CRC-8 (polynomial x^8 + x^2 + x + 1) of a header with its checksum byte taken as 0: it
+ * catches every burst of up to 8 bits, so a corrupted size, tag or piece layout is refused
+ * instead of making the receiver wait for bytes that never come. */
+static uint8_t agoq_msg_hdr_crc(const uint8_t* in) {
+  uint8_t crc = 0;
+  for (int i = 0; i < AGOQ_MSG_HDR_SIZE; i++) {
+    crc ^= i == 7 ? 0 : in[i];
+    for (int b = 0; b < 8; b++) crc = (uint8_t)(crc & 0x80 ? (crc << 1) ^ 0x07 : crc << 1);
+  }
+  return crc;
+}
+
 /* Message header layout: magic 0, flags 4, size 8, chunk 16, tag 24, seq 28. The socket
- * fields share the top of flags: first_sock in bits 8..15, nchunks-1 in bits 16..23. */
+ * fields share the top of flags: first_sock in bits 8..15, nchunks-1 in bits 16..23, the
+ * header's CRC-8 in bits 24..31. */
 void agoq_msg_hdr_encode(const agoq_msg_hdr* m, uint8_t out[AGOQ_MSG_HDR_SIZE]) {
   uint32_t flags = (m->flags & 0xffu) | ((uint32_t)(m->first_sock & 0xff) << 8);
   if (m->nchunks > 0) flags |= (uint32_t)((m->nchunks - 1) & 0xff) << 16;
@@ -120,19 +133,21 @@ void agoq_msg_hdr_encode(const agoq_msg_hdr* m, uint8_t out[AGOQ_MSG_HDR_SIZE]) 
   agoq_put64(out + 16, m->chunk);
   agoq_put32(out + 24, (uint32_t)m->tag);
   agoq_put32(out + 28, m->seq);
+  out[7] = agoq_msg_hdr_crc(out);
 }
 
 agoq_wire_status agoq_msg_hdr_decode(const uint8_t* in, size_t len, unsigned nsocks, agoq_msg_hdr* m) {
   if (len < AGOQ_MSG_HDR_SIZE) return AGOQ_WIRE_BAD_FIELD;
   if (agoq_get32(in) != AGOQ_MSG_MAGIC) return AGOQ_WIRE_BAD_MAGIC;
-  uint32_t flags = agoq_get32(in + 4);
+  if (in[7] != agoq_msg_hdr_crc(in)) return AGOQ_WIRE_BAD_FIELD;
+  uint32_t flags = agoq_get32(in + 4) & 0xffffffu;
   m->flags = flags & 0xffu;
   m->first_sock = (uint16_t)((flags >> 8) & 0xff);
   m->size = agoq_get64(in + 8);
   m->chunk = agoq_get64(in + 16);
   m->tag = (int32_t)agoq_get32(in + 24);
   m->seq = agoq_get32(in + 28);
-  if ((flags >> 24) != 0 || (m->flags & ~AGOQ_MSG_FLAGS_KNOWN) != 0) return AGOQ_WIRE_BAD_FIELD;
+  if ((m->flags & ~AGOQ_MSG_FLAGS_KNOWN) != 0) return AGOQ_WIRE_BAD_FIELD;
   if (m->flags & AGOQ_MSG_FLAG_INLINE) {
     m->nchunks = 0;
     if (m->chunk != 0 || m->first_sock != 0 || ((flags >> 16) & 0xff) != 0) return AGOQ_WIRE_BAD_FIELD;

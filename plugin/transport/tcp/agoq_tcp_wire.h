@@ -9,7 +9,7 @@
  *          communicator, the listen instance and one connection (conn id, socket index).
  * Ack      (acceptor -> connector, control socket, once all sockets arrived).
  * Msg hdr  (sender -> receiver, control socket, one per message): size, tag, how the
- *          payload is spread over the data sockets.
+ *          payload is spread over the data sockets; a CRC-8 of the header.
  */
 #ifndef AGOQ_TCP_WIRE_H
 #define AGOQ_TCP_WIRE_H
@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#define AGOQ_WIRE_VERSION 1
+#define AGOQ_WIRE_VERSION 2 /* 2: message headers carry a CRC-8 */
 #define AGOQ_WIRE_MAX_DATA_SOCKS 64
 
 #define AGOQ_HANDLE_MAGIC 0x48514741u /* "AGQH" */
