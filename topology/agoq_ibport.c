@@ -1,6 +1,7 @@
 /* Port attributes, the NCCL_IB_HCA filter and the sysfs reads of the verbs transport
  * (the GID choice is in agoq_ibport_gid.c). */
 #include "agoq_ibport.h"
+#include "agoq_ibport_text.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -129,14 +130,7 @@ bool agoq_ib_port_usable(const agoq_ib_port_info* port, char* why, size_t why_le
 
 /* ---- HCA filter -------------------------------------------------------------------- */
 
-/* A bounded text builder: appends never overflow and the text stays NUL-terminated. */
-typedef struct {
-  char* p;
-  size_t n;
-  size_t len; /* what the whole text needs, even past n */
-} agoq_ib_text;
-
-__attribute__((format(printf, 2, 3))) static void agoq_ib_text_add(agoq_ib_text* t, const char* fmt, ...) {
+void agoq_ib_text_add(agoq_ib_text* t, const char* fmt, ...) {
   char* at = t->p != NULL && t->len < t->n ? t->p + t->len : NULL;
   size_t room = at != NULL ? t->n - t->len : 0;
   va_list ap;

@@ -3,6 +3,7 @@
  * cannot read GID types at all (#1573): so every decision comes back with the entries it
  * passed over and why, for the caller to log. */
 #include "agoq_ibport.h"
+#include "agoq_ibport_text.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -10,22 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-
-typedef struct {
-  char* p;
-  size_t n;
-  size_t len; /* what the whole text needs, even past n */
-} agoq_ib_text;
-
-__attribute__((format(printf, 2, 3))) static void agoq_ib_text_add(agoq_ib_text* t, const char* fmt, ...) {
-  char* at = t->p != NULL && t->len < t->n ? t->p + t->len : NULL;
-  size_t room = at != NULL ? t->n - t->len : 0;
-  va_list ap;
-  va_start(ap, fmt);
-  int w = vsnprintf(at, room, fmt, ap);
-  va_end(ap);
-  if (w > 0) t->len += (size_t)w;
-}
 
 static const char* agoq_ib_errno_text(int e, char* buf, size_t n) {
 #if defined(__GLIBC__) && defined(_GNU_SOURCE)

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "agoq_ibport.h"
+#include "topo_tree.h"
 
 #define assert_contains(hay, needle)                                                   \
   do {                                                                                 \
@@ -537,28 +538,6 @@ static void test_gid_table_describe(void** state) {
 
 /* ---- sysfs ------------------------------------------------------------------------- */
 
-static char root[64];
-
-static void mkdirs(const char* rel) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", root, rel);
-  for (char* p = path + strlen(root) + 1; *p != '\0'; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    mkdir(path, 0700);
-    *p = '/';
-  }
-  mkdir(path, 0700);
-}
-
-static void put(const char* rel, const char* text) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", root, rel);
-  FILE* f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
 
 #define TYPES "class/infiniband/mlx5_0/ports/1/gid_attrs/types"
 

@@ -13,29 +13,8 @@
 #include <cmocka.h>
 
 #include "agoq_topo.h"
+#include "topo_tree.h"
 
-static char root[64];
-
-static void mkdirs(const char* rel) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", root, rel);
-  for (char* p = path + strlen(root) + 1; *p != '\0'; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    mkdir(path, 0700);
-    *p = '/';
-  }
-  mkdir(path, 0700);
-}
-
-static void put(const char* rel, const char* text) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", root, rel);
-  FILE* f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
 
 static void link_to(const char* rel_target, const char* rel_link) {
   char target[PATH_MAX], link[PATH_MAX];

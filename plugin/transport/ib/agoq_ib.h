@@ -192,6 +192,10 @@ ncclResult_t agoq_ib_conn_resources(agoq_ib_conn* c, int nqps);
 void agoq_ib_meta_fill(const agoq_ib_conn* c, agoq_ib_meta* m);
 ncclResult_t agoq_ib_conn_ready(agoq_ib_conn* c, const agoq_ib_meta* peer);
 ncclResult_t agoq_ib_post_recv_wr(agoq_ib_conn* c, int qp);
+/* Registers [addr, addr+bytes) in the connection's protection domain; a failure is logged
+ * (what: "ring", "payload", ...) and fails the connection. */
+ncclResult_t agoq_ib_reg(agoq_ib_conn* c, void* addr, size_t bytes, int access, struct agoq_ibv_mr** out,
+                         const char* what);
 
 /* Data (agoq_ib_data.c). */
 ncclResult_t agoq_ib_post_send(agoq_tp_conn* c, agoq_xfer* x);

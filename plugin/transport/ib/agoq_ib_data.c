@@ -55,18 +55,6 @@ static ncclResult_t agoq_ib_write(agoq_ib_conn* c, int qp, uint64_t wr_id, const
   return ncclSystemError;
 }
 
-/* A registration for one message's payload (released when the message is done). */
-static ncclResult_t agoq_ib_reg_payload(agoq_ib_conn* c, void* addr, size_t size, int access,
-                                        struct agoq_ibv_mr** out) {
-  *out = agoq_ib.api.reg_mr(c->d->pd, addr, size, access);
-  if (*out != NULL) return ncclSuccess;
-  int err = errno;
-  AGOQ_WARN("%s: ibv_reg_mr of a %zu-byte payload for %s failed: %s%s", c->d->describe, size, c->peer,
-            strerror(err), err == ENOMEM ? " (RLIMIT_MEMLOCK too low? see ulimit -l)" : "");
-  agoq_ib_conn_fail(c, ncclSystemError);
-  return ncclSystemError;
-}
-
 static void agoq_ib_fifo_push(agoq_ib_conn* c, agoq_xfer* x) {
   c->fifo[(c->fifo_head + c->fifo_count) % AGOQ_XFER_MAX_POSTED] = x;
   c->fifo_count++;
@@ -147,7 +135,7 @@ static ncclResult_t agoq_ib_on_cts(agoq_ib_conn* c, uint32_t imm_seq) {
   }
   if (eager || cts.size != size)
     return agoq_ib_protocol_error(c, "a write address for a message of another size", s->seq);
-  AGOQ_CHECK(agoq_ib_reg_payload(c, s->x->data[0], size, 0, &s->mr));
+  AGOQ_CHECK(agoq_ib_reg(c, s->x->data[0], size, 0, &s->mr, "payload"));
   uint32_t n = agoq_ib_stripes(size, c->nqps);
   for (uint32_t i = 0; i < n; i++) {
     uint64_t off = size / n * i, end = i + 1 == n ? size : size / n * (i + 1);
@@ -232,8 +220,8 @@ static ncclResult_t agoq_ib_recv_match(agoq_ib_conn* c) {
     *rs = (agoq_ib_recv_slot){.x = x, .seq = seq, .buf = buf, .size = r.size,
                               .stripes_expected = agoq_ib_stripes(r.size, c->nqps)};
     c->busy_slots++;
-    AGOQ_CHECK(agoq_ib_reg_payload(c, dst, r.size, AGOQ_IBV_ACCESS_LOCAL_WRITE | AGOQ_IBV_ACCESS_REMOTE_WRITE,
-                                   &rs->mr));
+    AGOQ_CHECK(agoq_ib_reg(c, dst, r.size, AGOQ_IBV_ACCESS_LOCAL_WRITE | AGOQ_IBV_ACCESS_REMOTE_WRITE, &rs->mr,
+                           "payload"));
     agoq_ib_cts write = {.seq = seq, .kind = AGOQ_IB_CTS_WRITE, .addr = (uint64_t)(uintptr_t)dst,
                          .rkey = rs->mr->rkey, .size = r.size};
     AGOQ_CHECK(agoq_ib_cts_write(c, &write));
@@ -377,8 +365,7 @@ ncclResult_t agoq_ib_progress(agoq_tp_conn* cp, agoq_xfer* x) {
   (void)x;
   agoq_ib_conn* c = agoq_ib_conn_of(cp);
   pthread_mutex_lock(&c->mu);
-  /* Messages the helper saw arrive are matched here, even with nothing new to poll. */
-  if (atomic_load(&c->error) == ncclSuccess && !c->is_send) (void)agoq_ib_recv_match(c);
+  /* With match, the poll also matches what the helper saw arrive. */
   (void)agoq_ib_conn_poll(c, true);
   pthread_mutex_unlock(&c->mu);
   return (ncclResult_t)atomic_load(&c->error);

@@ -25,15 +25,17 @@ static void* agoq_ib_alloc_pages(size_t bytes) {
   return p;
 }
 
-static ncclResult_t agoq_ib_reg(agoq_ib_conn* c, void* addr, size_t bytes, int access, struct agoq_ibv_mr** out,
-                                const char* what) {
+ncclResult_t agoq_ib_reg(agoq_ib_conn* c, void* addr, size_t bytes, int access, struct agoq_ibv_mr** out,
+                         const char* what) {
   *out = agoq_ib.api.reg_mr(c->d->pd, addr, bytes, access);
   if (*out != NULL) return ncclSuccess;
   int err = errno;
-  AGOQ_WARN("%s: ibv_reg_mr of %zu bytes for the %s failed: %s%s", c->d->describe, bytes, what, strerror(err),
+  AGOQ_WARN("%s: ibv_reg_mr of %zu bytes for the %s (connection with %s) failed: %s%s", c->d->describe, bytes, what,
+            c->peer, strerror(err),
             err == ENOMEM ? " (RLIMIT_MEMLOCK too low? raise it with ulimit -l, or --ulimit memlock=-1 in a "
                             "container)"
                           : "");
+  agoq_ib_conn_fail(c, ncclSystemError);
   return ncclSystemError;
 }
 
