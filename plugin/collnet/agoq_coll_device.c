@@ -51,8 +51,13 @@ ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_
     if (res == ncclSuccess)
       AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet rank %d: device buffers of GPU %d staged through %zu bytes of pinned memory",
                 g->rank, device, staging);
+    if (res == ncclSuccess) {
+      const agoq_gpu_ring* ring = agoq_gpu_link_ring(g->gpu);
+      res = agoq_net_reg_host(g->dev, ring->base, ring->size, &g->gpu_keys[0]);
+    }
     if (res == ncclSuccess) res = agoq_coll_gpu_setup(g);
     if (res != ncclSuccess) { /* no half-built path: the next registration tries again */
+      agoq_coll_gpu_unregister(g);
       agoq_gpu_link_destroy(g->gpu);
       g->gpu = NULL;
     }
@@ -241,7 +246,15 @@ void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r) {
   r->ring_id = -1;
 }
 
+void agoq_coll_gpu_unregister(agoq_coll_comm* g) {
+  for (int i = 0; i < 2; i++) {
+    agoq_net_dereg_host(g->gpu_keys[i]);
+    g->gpu_keys[i] = NULL;
+  }
+}
+
 void agoq_coll_dev_close(agoq_coll_comm* g) {
+  agoq_coll_gpu_unregister(g);
   pthread_mutex_lock(&g->gpu_mu);
   agoq_gpu_link* l = g->gpu;
   g->gpu = NULL;

@@ -32,24 +32,30 @@
 #include "core/agoq_eventfd.h"
 #include "net/agoq_net.h"
 
-ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size) {
+ncclResult_t agoq_coll_buf_reserve(int dev, agoq_coll_buf* b, size_t size) {
   if (size <= b->cap) return ncclSuccess;
-  /* Grown to what the largest chunk needs, then reused: no allocation per chunk. */
+  /* Grown to what the largest chunk needs, then reused: no allocation, and no
+   * registration with the transport, per chunk. */
   uint8_t* p = malloc(size);
   if (p == NULL) {
     AGOQ_WARN("CollNet: out of memory allocating %zu bytes of staging", size);
     return ncclSystemError;
   }
-  free(b->p);
-  b->p = p;
-  b->cap = size;
+  void* key = NULL;
+  ncclResult_t res = dev >= 0 ? agoq_net_reg_host(dev, p, size, &key) : ncclSuccess;
+  if (res != ncclSuccess) {
+    free(p);
+    return res;
+  }
+  agoq_coll_buf_free(b);
+  *b = (agoq_coll_buf){.p = p, .cap = size, .key = key};
   return ncclSuccess;
 }
 
 void agoq_coll_buf_free(agoq_coll_buf* b) {
+  agoq_net_dereg_host(b->key);
   free(b->p);
-  b->p = NULL;
-  b->cap = 0;
+  *b = (agoq_coll_buf){0};
 }
 
 bool agoq_coll_fail(agoq_coll_comm* g, ncclResult_t res) {

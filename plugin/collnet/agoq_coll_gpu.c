@@ -95,6 +95,8 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   uint8_t *pinned = NULL, *device = NULL;
   AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, false, pinned_slot * AGOQ_COLL_SLOTS, (void**)&pinned), res, out);
   AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, true, device_slot * AGOQ_COLL_SLOTS, (void**)&device), res, out);
+  /* The network sends the pinned frames and receives into them. */
+  AGOQ_CHECK_GOTO(agoq_net_reg_host(g->dev, pinned, pinned_slot * AGOQ_COLL_SLOTS, &g->gpu_keys[1]), res, out);
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
     uint8_t* p = pinned + (size_t)i * pinned_slot;
     uint8_t* d = device + (size_t)i * device_slot;

@@ -175,6 +175,10 @@ ncclResult_t agoq_coll_reg_mr(void* coll_comm, void* data, size_t size, int type
   *mr = (agoq_coll_mr){.magic = AGOQ_COLL_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
   /* The memory type is the handle's: the calls stage the buffers it covers. */
   if (type == NCCL_PTR_CUDA) AGOQ_CHECK_GOTO(agoq_coll_dev_reg(coll_comm, data, size, mr), res, fail);
+  /* Host memory the calls send from and receive into directly: registered with the
+   * transport now, so that no chunk registers it. */
+  if (type == NCCL_PTR_HOST)
+    AGOQ_CHECK_GOTO(agoq_net_reg_host(((agoq_coll_comm*)coll_comm)->dev, data, size, &mr->net_key), res, fail);
   *mhandle = mr;
   return ncclSuccess;
 fail:
@@ -200,6 +204,7 @@ ncclResult_t agoq_coll_dereg_mr(void* coll_comm, void* mhandle) {
     AGOQ_WARN("CollNet deregMr: invalid handle %p", mhandle);
     return ncclInternalError;
   }
+  agoq_net_dereg_host(mr->net_key);
   mr->magic = 0;
   free(mr);
   return ncclSuccess;

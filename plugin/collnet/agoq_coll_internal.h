@@ -114,6 +114,7 @@ typedef struct agoq_coll_req {
 typedef struct {
   uint8_t* p;
   size_t cap;
+  void* key; /* own memory: its registration with the transport (agoq_net_reg_host) */
 } agoq_coll_buf;
 
 /* A slot's buffers: the frames sent (sbuf), the contributions received (rbuf), the owner's
@@ -240,6 +241,8 @@ typedef struct agoq_coll_comm {
   agoq_gpu_link* gpu;
   /* GPU requests' memory per pipeline slot; set with the link (NULL: that path is off). */
   agoq_coll_gpu_slot* gslots;
+  /* The link's staging ring and gslots' pinned frames, registered with the transport. */
+  void* gpu_keys[2];
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
 
@@ -249,6 +252,7 @@ typedef struct {
   int device; /* NCCL_PTR_CUDA: the GPU; -1 for host memory */
   void* addr;
   size_t size;
+  void* net_key; /* host memory: its registration with the transport */
 } agoq_coll_mr;
 
 static inline bool agoq_coll_has_p1(const agoq_coll_req* r) { return r->kind != AGOQ_COLL_ALLGATHER; }
@@ -387,7 +391,11 @@ void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r);
 void agoq_coll_dev_close(agoq_coll_comm* g);
 
 /* ---- buffers ---- */
-ncclResult_t agoq_coll_buf_reserve(agoq_coll_buf* b, size_t size);
+/* Drops the registrations of the GPU link's memory (before the link goes). */
+void agoq_coll_gpu_unregister(agoq_coll_comm* g);
+/* Grows b to size bytes, registered with the transport of device dev once per growth
+ * (dev -1: memory that never goes on the wire, not registered). */
+ncclResult_t agoq_coll_buf_reserve(int dev, agoq_coll_buf* b, size_t size);
 void agoq_coll_buf_free(agoq_coll_buf* b);
 
 #endif

@@ -165,9 +165,9 @@ void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, siz
 ncclResult_t agoq_coll_exact_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   size_t m = s->sl[g->rank];
   s->r_stride = m * s->req->esz;
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.rbuf, s->r_stride * (size_t)g->nranks));
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.res, m * s->req->esz));
-  AGOQ_CHECK(agoq_coll_buf_reserve(&s->own.acc, m * sizeof(float)));
+  AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, s->r_stride * (size_t)g->nranks));
+  AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.res, m * s->req->esz));
+  AGOQ_CHECK(agoq_coll_buf_reserve(-1, &s->own.acc, m * sizeof(float)));
   s->rbuf = s->own.rbuf;
   s->res = s->own.res;
   s->acc = s->own.acc;

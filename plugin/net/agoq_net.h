@@ -70,6 +70,13 @@ ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void
 ncclResult_t agoq_net_reg_mr_dmabuf(void* comm, void* data, size_t size, int type,
                                     uint64_t offset, int fd, void** mhandle);
 ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle);
+/* Host memory of a user of the net core that is not NCCL (CollNet's own buffers, and
+ * NCCL's buffers registered through CollNet), registered with the transport of device dev
+ * for transfers on any of its comms: the transport then finds it when such a transfer
+ * comes without a handle, instead of registering for the message. *key is NULL where the
+ * transport registers nothing. Setup only. */
+ncclResult_t agoq_net_reg_host(int dev, void* data, size_t size, void** key);
+void agoq_net_dereg_host(void* key); /* NULL is a no-op */
 ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                             void* phandle, void** request);
 ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags,

@@ -42,6 +42,7 @@ typedef struct {
   int device; /* NCCL_PTR_CUDA: the CUDA ordinal holding it; else -1 */
   void* addr;
   size_t size;
+  void* tp_key; /* host memory: its registration with the transport (NULL where none) */
 } agoq_mr;
 
 typedef struct {
@@ -67,6 +68,7 @@ typedef struct agoq_comm {
    * memory; sends whose copy into the staging is queued wait here, oldest first, so that
    * they reach the transport in NCCL's order. */
   agoq_gpu_link* gpu;
+  void* gpu_key; /* the link's pinned staging, registered with the transport */
   uint32_t dev_fifo[AGOQ_REQUESTS_PER_COMM];
   uint32_t dev_first, dev_count;
 } agoq_comm;
@@ -75,6 +77,9 @@ typedef struct agoq_comm {
 ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, agoq_comm** out);
 void agoq_comm_destroy(agoq_comm* comm);
 const char* agoq_comm_peer(const agoq_comm* comm);
+/* The transport's registration of a host buffer NCCL registered (mhandle from regMr), when
+ * it covers [data, data+size); else NULL (the transport registers for the message). */
+void* agoq_mr_key(const void* mhandle, const void* data, size_t size);
 /* The receive side's agoq_tp_match_fn (arg: the comm): NCCL's matching rules. */
 ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot, uint8_t** dst);
 

@@ -30,15 +30,35 @@ ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void
   agoq_mr* mr = calloc(1, sizeof *mr);
   if (mr == NULL) return ncclSystemError;
   *mr = (agoq_mr){.magic = AGOQ_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
-  if (type == NCCL_PTR_CUDA) {
-    ncclResult_t res = agoq_dev_reg(c, data, size, mr);
-    if (res != ncclSuccess) {
-      free(mr);
-      return res;
-    }
+  /* Device memory travels through the link's pinned staging, registered with it; host
+   * memory is registered with the transport now, so the data path never registers. */
+  ncclResult_t res = type == NCCL_PTR_CUDA ? agoq_dev_reg(c, data, size, mr)
+                     : agoq_net_tp->reg != NULL ? agoq_net_tp->reg(c->dev, data, size, &mr->tp_key)
+                                                : ncclSuccess;
+  if (res != ncclSuccess) {
+    free(mr);
+    return res;
   }
   *mhandle = mr;
   return ncclSuccess;
+}
+
+ncclResult_t agoq_net_reg_host(int dev, void* data, size_t size, void** key) {
+  *key = NULL;
+  if (agoq_net_tp == NULL || agoq_net_tp->reg == NULL) return ncclSuccess;
+  return agoq_net_tp->reg(dev, data, size, key);
+}
+
+void agoq_net_dereg_host(void* key) {
+  if (key != NULL && agoq_net_tp != NULL && agoq_net_tp->dereg != NULL) agoq_net_tp->dereg(key);
+}
+
+void* agoq_mr_key(const void* mhandle, const void* data, size_t size) {
+  const agoq_mr* mr = mhandle;
+  if (mr == NULL || mr->magic != AGOQ_MR_MAGIC || mr->tp_key == NULL) return NULL;
+  const uint8_t *p = data, *lo = mr->addr;
+  if (p < lo || (size_t)(p - lo) > mr->size || size > mr->size - (size_t)(p - lo)) return NULL;
+  return mr->tp_key;
 }
 
 ncclResult_t agoq_net_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
@@ -58,6 +78,7 @@ ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle) {
     AGOQ_WARN("deregMr: invalid handle %p", mhandle);
     return ncclInternalError;
   }
+  if (mr->tp_key != NULL) agoq_net_tp->dereg(mr->tp_key);
   mr->magic = 0;
   free(mr);
   return ncclSuccess;
@@ -74,6 +95,7 @@ void agoq_send_exact(agoq_comm* comm, agoq_request* req, const uint8_t* src, siz
   req->xfer.data[0] = (uint8_t*)src;
   req->xfer.size[0] = size;
   req->xfer.flags = 0;
+  req->xfer.reg[0] = NULL; /* the caller sets the key of src's memory */
 }
 
 /* The transfer and statistics of a send that goes as the frame of frame_len bytes at frame. */
@@ -83,6 +105,7 @@ void agoq_send_frame(agoq_comm* comm, agoq_request* req, const uint8_t* frame, s
   req->xfer.data[0] = (uint8_t*)frame;
   req->xfer.size[0] = frame_len;
   req->xfer.flags = AGOQ_XFER_FRAME;
+  req->xfer.reg[0] = NULL; /* the caller sets the key of the frame's memory */
 }
 
 void agoq_send_account(agoq_comm* comm, agoq_request* req, int path, size_t size, size_t wire_size,
@@ -99,17 +122,20 @@ void agoq_send_account(agoq_comm* comm, agoq_request* req, int path, size_t size
 /* A send from NCCL's host buffer: a p2p float payload whose type the profiler chain
  * established travels as a frame the CPU codec makes (agoq_typed.h); everything else
  * exactly as NCCL handed it over. */
-static void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* phandle) {
+static void agoq_send_prepare(agoq_comm* comm, agoq_request* req, const uint8_t* src, size_t size, void* mhandle,
+                              void* phandle) {
   size_t wire_size = size;
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
   uint64_t codec0 = comm->typed_stats.codec_ns, crc0 = agoq_frame_crc_ns();
   if (phandle == NULL || !agoq_typed_encode(&comm->stage, &comm->typed_stats, comm->prof_fn, phandle, src, size,
                                             &req->stage[0], &wire_size, &why)) {
     agoq_send_exact(comm, req, src, size, why);
+    req->xfer.reg[0] = agoq_mr_key(mhandle, src, size);
     return;
   }
   agoq_send_frame(comm, req, agoq_stage_ptr(&comm->stage, req->stage[0]), wire_size, size,
                   comm->typed_stats.codec_ns - codec0, agoq_frame_crc_ns() - crc0);
+  req->xfer.reg[0] = agoq_stage_key(&comm->stage, req->stage[0]);
 }
 
 ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
@@ -144,7 +170,7 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
     *request = req;
     return agoq_dev_advance(comm);
   }
-  agoq_send_prepare(comm, req, data, size, phandle);
+  agoq_send_prepare(comm, req, data, size, mhandle, phandle);
   err = agoq_net_tp->post_send(comm->tp, &req->xfer);
   if (err != ncclSuccess) {
     if (req->stage[0] >= 0) agoq_stage_put(&comm->stage, req->stage[0]);
@@ -190,6 +216,7 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
       /* Into the pinned staging, from where the GPU decodes it (agoq_net_device.c). */
       req->frame_mask |= (uint8_t)(1u << slot);
       *dst = req->host[slot];
+      x->reg[slot] = comm->gpu_key;
       *slot_out = slot;
       return ncclSuccess;
     }
@@ -200,12 +227,19 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
     }
     req->stage[slot] = idx;
     *dst = agoq_stage_ptr(&comm->stage, idx);
+    x->reg[slot] = agoq_stage_key(&comm->stage, idx);
   } else {
     comm->typed_stats.exact_msgs++;
     comm->typed_stats.exact_bytes += size;
     agoq_stats_count(comm->st, AGOQ_STATS_EXACT, size);
     agoq_stats_wire(comm->st, AGOQ_STATS_EXACT, size, size);
-    *dst = (req->dev_mask & (1u << slot)) ? req->host[slot] : req->data[slot];
+    /* NCCL's own buffer keeps the key irecv set from its mhandle. */
+    if (req->dev_mask & (1u << slot)) {
+      *dst = req->host[slot];
+      x->reg[slot] = comm->gpu_key;
+    } else {
+      *dst = req->data[slot];
+    }
   }
   *slot_out = slot;
   return ncclSuccess;
@@ -243,6 +277,7 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     req->data[i] = data[i];
     req->posted[i] = sizes[i];
     req->tags[i] = tags != NULL ? tags[i] : 0;
+    req->xfer.reg[i] = mhandles != NULL ? agoq_mr_key(mhandles[i], data[i], sizes[i]) : NULL;
   }
   req->dev_mask = dev_mask;
   if (dev_mask != 0) {

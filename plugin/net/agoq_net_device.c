@@ -47,6 +47,9 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
                                .timed = AGOQ_REQUESTS_PER_COMM * AGOQ_GPU_PARTS_PER_SLOT};
     AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
     AGOQ_CHECK(agoq_dev_warm(comm));
+    /* The staging is what the transport reads and writes: registered once, here. */
+    const agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
+    if (agoq_net_tp->reg != NULL) AGOQ_CHECK(agoq_net_tp->reg(comm->dev, ring->base, ring->size, &comm->gpu_key));
     AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
               comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
   } else if (agoq_gpu_link_device(comm->gpu) != device) {
@@ -195,6 +198,7 @@ ncclResult_t agoq_dev_advance(agoq_comm* comm) {
     agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
     comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
     comm->dev_count--;
+    req->xfer.reg[0] = comm->gpu_key; /* frame or copy, it lies in the pinned staging */
     /* A failed post leaves it out of the transport (COPY_IN): its test reports the
      * connection's error, never a completion. */
     AGOQ_CHECK(agoq_net_tp->post_send(comm->tp, &req->xfer));
@@ -315,6 +319,8 @@ void agoq_dev_log(agoq_comm* comm) {
 }
 
 void agoq_dev_close(agoq_comm* comm) {
+  if (comm->gpu_key != NULL) agoq_net_tp->dereg(comm->gpu_key);
+  comm->gpu_key = NULL;
   agoq_gpu_link_destroy(comm->gpu);
   comm->gpu = NULL;
 }

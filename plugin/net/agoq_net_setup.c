@@ -23,6 +23,7 @@ ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, agoq_comm
   comm->is_send = is_send;
   comm->dev = dev;
   comm->tp = tp;
+  comm->stage.reg = (agoq_stage_reg){.reg = agoq_net_tp->reg, .dereg = agoq_net_tp->dereg, .dev = dev};
   /* NCCL keeps up to NCCL_NET_MAX_REQUESTS receives (each of up to maxRecvs buffers) and
    * NCCL_NET_MAX_REQUESTS x maxRecvs sends in flight; both sides get the larger bound. */
   AGOQ_CHECK_GOTO(agoq_request_pool_init(&comm->pool, AGOQ_REQUESTS_PER_COMM), res, fail);

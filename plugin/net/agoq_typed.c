@@ -43,15 +43,22 @@ int agoq_stage_get(agoq_stage_cache* c, size_t need) {
   if (i < 0) return -1;
   agoq_stage_buf* b = &c->bufs[i];
   /* Grow a free buffer that is too small rather than hold ever more buffers: NCCL's
-   * message sizes settle quickly, so this happens only while they do. */
+   * message sizes settle quickly, so this happens only while they do. Its registration
+   * goes before the memory may move, and is made again for the new one: a failure leaves
+   * it unregistered (the transport then registers per message, and says so). */
+  if (b->key != NULL) c->reg.dereg(b->key);
+  b->key = NULL;
   uint8_t* p = realloc(b->p, need);
   if (p == NULL) return -1;
   b->p = p;
   b->cap = need;
   b->busy = true;
   if (i == c->n) c->n++;
+  if (c->reg.reg != NULL && c->reg.reg(c->reg.dev, p, need, &b->key) != ncclSuccess) b->key = NULL;
   return i;
 }
+
+void* agoq_stage_key(agoq_stage_cache* c, int idx) { return c->bufs[idx].key; }
 
 uint8_t* agoq_stage_ptr(agoq_stage_cache* c, int idx) { return c->bufs[idx].p; }
 size_t agoq_stage_cap(agoq_stage_cache* c, int idx) { return c->bufs[idx].cap; }
@@ -60,7 +67,10 @@ void agoq_stage_put(agoq_stage_cache* c, int idx) {
 }
 
 void agoq_stage_fini(agoq_stage_cache* c) {
-  for (int i = 0; i < c->n; i++) free(c->bufs[i].p);
+  for (int i = 0; i < c->n; i++) {
+    if (c->bufs[i].key != NULL) c->reg.dereg(c->bufs[i].key);
+    free(c->bufs[i].p);
+  }
   memset(c, 0, sizeof *c);
 }
 

@@ -27,11 +27,21 @@ typedef struct {
   uint8_t* p;
   size_t cap;
   bool busy;
+  void* key; /* its registration with the transport, NULL for none */
 } agoq_stage_buf;
+
+/* How staging buffers are registered with the transport (agoq_transport.reg), made when a
+ * buffer is allocated or grown, never per message; reg NULL: no registration. */
+typedef struct {
+  ncclResult_t (*reg)(int dev, void* addr, size_t size, void** key);
+  void (*dereg)(void* key);
+  int dev;
+} agoq_stage_reg;
 
 typedef struct {
   agoq_stage_buf bufs[AGOQ_STAGE_MAX];
   int n; /* slots that ever held a buffer */
+  agoq_stage_reg reg;
 } agoq_stage_cache;
 
 /* Counters of one comm (printed at close with AGOQ_STATS=1). */
@@ -58,6 +68,7 @@ void agoq_typed_policy_load(void);
 /* Index of a free staging buffer of at least `need` bytes, or -1 when none can be had. */
 int agoq_stage_get(agoq_stage_cache* c, size_t need);
 uint8_t* agoq_stage_ptr(agoq_stage_cache* c, int idx);
+void* agoq_stage_key(agoq_stage_cache* c, int idx); /* its registration or NULL */
 size_t agoq_stage_cap(agoq_stage_cache* c, int idx);
 void agoq_stage_put(agoq_stage_cache* c, int idx);
 void agoq_stage_fini(agoq_stage_cache* c);

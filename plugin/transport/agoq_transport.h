@@ -77,12 +77,16 @@ typedef struct {
   size_t size[AGOQ_XFER_MAX_BUFS];     /* send: bytes; receive: bytes that arrived */
   int tag;                             /* send only */
   uint32_t flags;                      /* send: AGOQ_XFER_FRAME or 0 */
+  /* The caller's registration (agoq_transport.reg) of the memory holding data[i], NULL for
+   * none: send, set with data; receive, set by the match function with the buffer. */
+  void* reg[AGOQ_XFER_MAX_BUFS];
   uint32_t matched_mask;               /* receive: buffers a message has been matched to */
 } agoq_xfer;
 
 /* Receive side: a message of `size` bytes, `tag` and `flags` arrived for the oldest posted
  * receive `x`. The net core picks the buffer (*slot), checks the size against it and says
- * where the bytes go (*dst: NCCL's buffer or a staging buffer for a frame). An error
+ * where the bytes go (*dst: NCCL's buffer or a staging buffer for a frame; x->reg[*slot]:
+ * its registration or NULL). An error
  * result is already logged; the transport fails the connection with it. */
 typedef ncclResult_t (*agoq_tp_match_fn)(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot,
                                          uint8_t** dst);
@@ -145,6 +149,15 @@ typedef struct {
    * buffers must stay the same until then). A closed or failed peer is ncclRemoteError,
    * logged at INFO only: the caller knows what it means and warns. */
   ncclResult_t (*exchange)(agoq_tp_conn* c, const void* out, size_t out_len, void* in, size_t in_len, bool* done);
+
+  /* Memory registration, NULL where the transport reaches host memory without it (TCP).
+   * Makes [addr, addr+size) usable by device dev's connections as a send source or a
+   * receive destination; *key goes into agoq_xfer.reg of transfers inside it. Setup only
+   * (regMr, a staging buffer's allocation): registering is slow on hardware. Registrations
+   * of a range already registered are shared and counted. A transfer without a key still
+   * works, at the cost of a registration per message. */
+  ncclResult_t (*reg)(int dev, void* addr, size_t size, void** key);
+  void (*dereg)(void* key); /* NULL is a no-op */
 } agoq_transport;
 
 extern const agoq_transport agoq_transport_tcp;

@@ -206,7 +206,7 @@ typedef struct emu_fabric {
   char env_seen[256];
   /* faults */
   int f_nodev, f_reg_enomem, f_wc_status;
-  uint64_t f_wc_n, f_port_down_n, f_dead_n;
+  uint64_t f_wc_n, f_port_down_n, f_dead_n, f_reg_freeze_n;
   uint64_t send_count, incoming_writes;
   int dead;
 } emu_fabric;

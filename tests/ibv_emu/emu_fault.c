@@ -9,6 +9,8 @@
  *   port_down@<n>    once the n-th send WR has completed, its port goes DOWN
  *                    (IBV_EVENT_PORT_ERR; outstanding WRs end with 12, later ones flush)
  *   dead@<n>         this process's NIC stops answering after the n-th incoming write
+ *   reg_mr_freeze@<n> once this process has posted n send WRs, ibv_reg_mr* fail with EPERM:
+ *                    a check that a user registers nothing on its data path
  * Everything counts work requests, never time, so tests are deterministic.
  */
 #include <errno.h>
@@ -37,7 +39,7 @@ static int parse_u64(const char* s, const char* end, uint64_t* out) {
 
 int emu_fault_parse_apply(const char* spec) {
   int nodev = 0, enomem = 0, wc_status = 0;
-  uint64_t wc_n = 0, pd_n = 0, dead_n = 0;
+  uint64_t wc_n = 0, pd_n = 0, dead_n = 0, freeze_n = 0;
   const char* p = spec ? spec : "";
   while (*p) {
     const char* end = strchr(p, ',');
@@ -57,6 +59,8 @@ int emu_fault_parse_apply(const char* spec) {
       if (parse_u64(at + 1, end, &pd_n) || pd_n == 0) return -1;
     } else if (at && at - p == 4 && !strncmp(p, "dead", 4)) {
       if (parse_u64(at + 1, end, &dead_n) || dead_n == 0) return -1;
+    } else if (at && at - p == 13 && !strncmp(p, "reg_mr_freeze", 13)) {
+      if (parse_u64(at + 1, end, &freeze_n) || freeze_n == 0) return -1;
     } else if (n != 0) {
       return -1;
     }
@@ -68,6 +72,7 @@ int emu_fault_parse_apply(const char* spec) {
   emu_g.f_wc_n = wc_n;
   emu_g.f_port_down_n = pd_n;
   emu_g.f_dead_n = dead_n;
+  emu_g.f_reg_freeze_n = freeze_n;
   emu_g.send_count = 0;
   emu_g.incoming_writes = 0;
   emu_g.dead = 0;

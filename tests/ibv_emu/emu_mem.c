@@ -8,6 +8,7 @@
  * DMA-BUF path runs unchanged against the emulation; offset and fd are otherwise ignored).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,11 +81,18 @@ static struct agoq_ibv_mr* reg_common(struct agoq_ibv_pd* ibpd, void* addr, size
   }
   pthread_mutex_lock(&emu_g.lock);
   int enomem = emu_g.f_reg_enomem;
+  int frozen = emu_g.f_reg_freeze_n && emu_g.send_count >= emu_g.f_reg_freeze_n;
   uint32_t c = ++emu_g.key_counter;
   uint64_t r = emu_random();
   pthread_mutex_unlock(&emu_g.lock);
   if (enomem) { /* injected: what RLIMIT_MEMLOCK makes the kernel return */
     errno = ENOMEM;
+    return NULL;
+  }
+  if (frozen) { /* injected: a registration on the data path is a test failure */
+    fprintf(stderr, "agoq-ibv-emu: ibv_reg_mr of %zu bytes after %llu send WRs (reg_mr_freeze)\n", length,
+            (unsigned long long)emu_g.f_reg_freeze_n);
+    errno = EPERM;
     return NULL;
   }
   emu_mr* mr = calloc(1, sizeof *mr);

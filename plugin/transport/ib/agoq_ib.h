@@ -49,8 +49,10 @@
 #define AGOQ_IB_QP_RECV_WR (2 * AGOQ_IB_RING_SLOTS)
 /* The first completion error is logged in full; flushes after it are only counted. */
 
+typedef struct agoq_ib_mr agoq_ib_mr;
+
 /* One usable port: a NCCL net device. */
-typedef struct {
+typedef struct agoq_ib_dev {
   char dev_name[64];
   int port;
   struct agoq_ibv_context* ctx;
@@ -68,7 +70,21 @@ typedef struct {
   int max_qp_wr;
   int max_cqe;
   char describe[192]; /* one line for INFO and agoq-info */
+  /* Live registrations in pd (agoq_ib_mr.c, under its lock) and how they were had. */
+  agoq_ib_mr* mrs;
+  uint64_t mr_made, mr_shared;
 } agoq_ib_dev;
+
+/* A registration shared by everything that uses its pages (agoq_ib_mr.c); the transport's
+ * reg key. */
+struct agoq_ib_mr {
+  uint32_t magic;
+  agoq_ib_dev* dev;
+  uintptr_t start, end; /* whole pages */
+  struct agoq_ibv_mr* mr;
+  int refs;
+  struct agoq_ib_mr* next;
+};
 
 /* Process-wide state, fixed after the first successful init. */
 typedef struct {
@@ -104,7 +120,7 @@ typedef struct {
   agoq_xfer* x;            /* NULL: the slot is free */
   uint32_t seq;
   int writes_pending;      /* payload work requests not completed yet */
-  struct agoq_ibv_mr* mr;  /* the payload's registration for this message, if any */
+  agoq_ib_mr* mr;          /* a reference on the payload's registration until it is done */
 } agoq_ib_send_slot;
 
 /* Receiver's view of one message, by ring slot. */
@@ -114,13 +130,17 @@ typedef struct {
   int buf;                 /* which buffer of x it fills */
   uint64_t size;
   uint32_t stripes_expected, stripes_done;
-  struct agoq_ibv_mr* mr;
+  agoq_ib_mr* mr; /* a reference, as the sender's */
 } agoq_ib_recv_slot;
 
 /* Per posted transfer (by agoq_xfer.index). */
 typedef struct {
   bool done;
   int pending; /* receive: buffers whose bytes have not all landed */
+  /* References taken at post on the caller's keys (agoq_xfer.reg): the caller may
+   * deregister while the transfer is in flight (NCCL closing with requests posted), so the
+   * region must live until the transfer is done with it. */
+  agoq_ib_mr* mr[AGOQ_XFER_MAX_BUFS];
 } agoq_ib_xfer;
 
 typedef struct agoq_ib_conn {
@@ -157,6 +177,7 @@ typedef struct agoq_ib_conn {
   atomic_int error;       /* first failure (ncclResult_t) */
   bool error_logged;
   uint64_t flushed;       /* work requests flushed after the first error */
+  uint64_t transient_regs; /* payloads nothing had registered, registered for one message */
   agoq_ib_xfer xs[AGOQ_XFER_MAX_POSTED];
   /* Sender: sends whose RTS waits for its ring slot; receiver: posted receives not fully
    * matched yet. Oldest first. */
@@ -196,6 +217,25 @@ ncclResult_t agoq_ib_post_recv_wr(agoq_ib_conn* c, int qp);
  * (what: "ring", "payload", ...) and fails the connection. */
 ncclResult_t agoq_ib_reg(agoq_ib_conn* c, void* addr, size_t bytes, int access, struct agoq_ibv_mr** out,
                          const char* what);
+
+/* Registrations (agoq_ib_mr.c). agoq_ib_mr_get takes a reference on a live registration
+ * of d covering [addr, addr+size) or makes one (*made, when not NULL; logged on failure);
+ * agoq_ib_mr_put drops it, and the last reference deregisters. */
+ncclResult_t agoq_ib_mr_get(agoq_ib_dev* d, void* addr, size_t size, agoq_ib_mr** out, bool* made);
+void agoq_ib_mr_put(agoq_ib_mr* m);
+bool agoq_ib_mr_covers(const agoq_ib_mr* m, const void* addr, size_t size);
+/* Unload: whatever the caller never deregistered (said at INFO). */
+void agoq_ib_mr_release_dev(agoq_ib_state* st, agoq_ib_dev* d);
+/* The transport's reg and dereg (agoq_transport.h). */
+ncclResult_t agoq_ib_reg_key(int dev, void* addr, size_t size, void** key);
+void agoq_ib_dereg_key(void* key);
+/* A reference on the registration a caller's key names (NULL: none, or not ours). */
+agoq_ib_mr* agoq_ib_mr_ref(void* key);
+/* The registration a transfer's buffer uses, as a reference for the caller to put when the
+ * message is done: `held` (a reference, taken over) when it covers the buffer on this
+ * connection's device, else a live region covering it, else one made for this message
+ * (counted, said once). A failure fails the connection. */
+ncclResult_t agoq_ib_mr_for(agoq_ib_conn* c, agoq_ib_mr* held, void* addr, size_t size, agoq_ib_mr** out);
 
 /* Data (agoq_ib_data.c). */
 ncclResult_t agoq_ib_post_send(agoq_tp_conn* c, agoq_xfer* x);

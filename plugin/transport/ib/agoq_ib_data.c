@@ -96,8 +96,11 @@ static ncclResult_t agoq_ib_send_issue(agoq_ib_conn* c) {
 }
 
 static ncclResult_t agoq_ib_send_finish(agoq_ib_conn* c, agoq_ib_send_slot* s) {
-  if (s->mr != NULL) agoq_ib.api.dereg_mr(s->mr);
-  c->xs[s->x->index].done = true;
+  agoq_ib_mr_put(s->mr);
+  agoq_ib_xfer* xs = &c->xs[s->x->index];
+  agoq_ib_mr_put(xs->mr[0]); /* an inline message used none */
+  xs->mr[0] = NULL;
+  xs->done = true;
   *s = (agoq_ib_send_slot){0};
   c->busy_slots--;
   return agoq_ib_send_issue(c);
@@ -135,7 +138,9 @@ static ncclResult_t agoq_ib_on_cts(agoq_ib_conn* c, uint32_t imm_seq) {
   }
   if (eager || cts.size != size)
     return agoq_ib_protocol_error(c, "a write address for a message of another size", s->seq);
-  AGOQ_CHECK(agoq_ib_reg(c, s->x->data[0], size, 0, &s->mr, "payload"));
+  agoq_ib_mr* held = c->xs[s->x->index].mr[0];
+  c->xs[s->x->index].mr[0] = NULL;
+  AGOQ_CHECK(agoq_ib_mr_for(c, held, s->x->data[0], size, &s->mr));
   uint32_t n = agoq_ib_stripes(size, c->nqps);
   for (uint32_t i = 0; i < n; i++) {
     uint64_t off = size / n * i, end = i + 1 == n ? size : size / n * (i + 1);
@@ -143,7 +148,7 @@ static ncclResult_t agoq_ib_on_cts(agoq_ib_conn* c, uint32_t imm_seq) {
       uint64_t len = end - pos < AGOQ_IB_WR_MAX_BYTES ? end - pos : AGOQ_IB_WR_MAX_BYTES;
       bool last = pos + len == end;
       s->writes_pending++;
-      AGOQ_CHECK(agoq_ib_write(c, (int)i, agoq_ib_wr_id(AGOQ_IB_WR_DATA, slot), s->x->data[0] + pos, s->mr->lkey,
+      AGOQ_CHECK(agoq_ib_write(c, (int)i, agoq_ib_wr_id(AGOQ_IB_WR_DATA, slot), s->x->data[0] + pos, s->mr->mr->lkey,
                                len, cts.addr + pos, cts.rkey, last, agoq_ib_imm(AGOQ_IB_IMM_DATA, s->seq)));
       pos += len;
     }
@@ -156,7 +161,7 @@ ncclResult_t agoq_ib_post_send(agoq_tp_conn* cp, agoq_xfer* x) {
   ncclResult_t err = (ncclResult_t)atomic_load(&c->error);
   if (err != ncclSuccess) return err;
   pthread_mutex_lock(&c->mu);
-  c->xs[x->index] = (agoq_ib_xfer){0};
+  c->xs[x->index] = (agoq_ib_xfer){.mr = {agoq_ib_mr_ref(x->reg[0])}};
   /* The answer clock starts with the first send in flight. */
   if (!agoq_ib_in_flight(c)) c->last_answer_ms = agoq_ib_now_ms();
   agoq_ib_fifo_push(c, x);
@@ -208,8 +213,17 @@ static ncclResult_t agoq_ib_recv_match(agoq_ib_conn* c) {
     }
     x->matched_mask |= 1u << buf;
     c->rts_matched++;
+    /* The key posted with the receive is referenced already; one the match chose (the
+     * net core's staging) is valid now, while the net core holds it. */
+    agoq_ib_mr* held = c->xs[x->index].mr[buf];
+    c->xs[x->index].mr[buf] = NULL;
+    if ((void*)held != x->reg[buf]) {
+      agoq_ib_mr_put(held);
+      held = agoq_ib_mr_ref(x->reg[buf]);
+    }
     if (__builtin_popcount(x->matched_mask) == x->n) agoq_ib_fifo_pop(c);
     if (r.flags & AGOQ_IB_RTS_FLAG_EAGER) {
+      agoq_ib_mr_put(held);
       if (r.size > 0) memcpy(dst, in + AGOQ_IB_RTS_HDR_SIZE, r.size);
       agoq_ib_recv_landed(c, x, buf, r.size);
       agoq_ib_cts consumed = {.seq = seq, .kind = AGOQ_IB_CTS_CONSUMED};
@@ -220,10 +234,9 @@ static ncclResult_t agoq_ib_recv_match(agoq_ib_conn* c) {
     *rs = (agoq_ib_recv_slot){.x = x, .seq = seq, .buf = buf, .size = r.size,
                               .stripes_expected = agoq_ib_stripes(r.size, c->nqps)};
     c->busy_slots++;
-    AGOQ_CHECK(agoq_ib_reg(c, dst, r.size, AGOQ_IBV_ACCESS_LOCAL_WRITE | AGOQ_IBV_ACCESS_REMOTE_WRITE, &rs->mr,
-                           "payload"));
+    AGOQ_CHECK(agoq_ib_mr_for(c, held, dst, r.size, &rs->mr));
     agoq_ib_cts write = {.seq = seq, .kind = AGOQ_IB_CTS_WRITE, .addr = (uint64_t)(uintptr_t)dst,
-                         .rkey = rs->mr->rkey, .size = r.size};
+                         .rkey = rs->mr->mr->rkey, .size = r.size};
     AGOQ_CHECK(agoq_ib_cts_write(c, &write));
   }
   return ncclSuccess;
@@ -234,7 +247,7 @@ static ncclResult_t agoq_ib_on_data(agoq_ib_conn* c, uint32_t imm_seq) {
   if (rs->x == NULL || (rs->seq & AGOQ_IB_IMM_SEQ_MASK) != imm_seq)
     return agoq_ib_protocol_error(c, "payload for no message expected", imm_seq);
   if (++rs->stripes_done < rs->stripes_expected) return ncclSuccess;
-  agoq_ib.api.dereg_mr(rs->mr);
+  agoq_ib_mr_put(rs->mr);
   agoq_ib_recv_landed(c, rs->x, rs->buf, rs->size);
   *rs = (agoq_ib_recv_slot){0};
   c->busy_slots--;
@@ -248,6 +261,7 @@ ncclResult_t agoq_ib_post_recv(agoq_tp_conn* cp, agoq_xfer* x) {
   x->matched_mask = 0;
   pthread_mutex_lock(&c->mu);
   c->xs[x->index] = (agoq_ib_xfer){.pending = x->n};
+  for (int i = 0; i < x->n; i++) c->xs[x->index].mr[i] = agoq_ib_mr_ref(x->reg[i]);
   agoq_ib_fifo_push(c, x);
   err = agoq_ib_recv_match(c);
   pthread_mutex_unlock(&c->mu);

@@ -154,6 +154,8 @@ static bool agoq_ib_port_consider(agoq_ib_state* st, const agoq_ib_hca_filter* f
 }
 
 void agoq_ib_release(agoq_ib_state* st) {
+  /* Registrations before the protection domains they live in. */
+  for (int i = 0; i < st->ndevs; i++) agoq_ib_mr_release_dev(st, &st->devs[i]);
   for (int i = 0; i < st->ndevs; i++) {
     agoq_ib_dev* d = &st->devs[i];
     /* Ports of one device share its context and protection domain: the first owns them. */
@@ -348,5 +350,7 @@ const agoq_transport agoq_transport_ib = {
     .fail = agoq_ib_fail,
     .peer = agoq_ib_peer,
     .close = agoq_ib_close,
+    .reg = agoq_ib_reg_key,
+    .dereg = agoq_ib_dereg_key,
     .exchange = NULL,
 };

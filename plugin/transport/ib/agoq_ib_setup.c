@@ -81,10 +81,13 @@ void agoq_ib_conn_destroy(agoq_ib_conn* c) {
   for (int i = 0; i < AGOQ_IB_MAX_QPS; i++)
     if (c->qps[i] != NULL) api->destroy_qp(c->qps[i]);
   if (c->cq != NULL) api->destroy_cq(c->cq);
+  /* The references of transfers that never finished. */
   for (int i = 0; i < AGOQ_IB_RING_SLOTS; i++) {
-    if (c->sends[i].mr != NULL) api->dereg_mr(c->sends[i].mr);
-    if (c->rslots[i].mr != NULL) api->dereg_mr(c->rslots[i].mr);
+    agoq_ib_mr_put(c->sends[i].mr);
+    agoq_ib_mr_put(c->rslots[i].mr);
   }
+  for (int i = 0; i < AGOQ_XFER_MAX_POSTED; i++)
+    for (int b = 0; b < AGOQ_XFER_MAX_BUFS; b++) agoq_ib_mr_put(c->xs[i].mr[b]);
   if (c->boot != NULL) agoq_transport_tcp.close(c->boot);
   if (c->ring_mr != NULL) api->dereg_mr(c->ring_mr);
   if (c->out_mr != NULL) api->dereg_mr(c->out_mr);
@@ -93,6 +96,10 @@ void agoq_ib_conn_destroy(agoq_ib_conn* c) {
   if (c->flushed > 0)
     AGOQ_INFO(NCCL_NET, "%s: %llu work requests with %s were flushed after its first error", c->d->describe,
               (unsigned long long)c->flushed, c->peer);
+  if (c->transient_regs > 0)
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "%s: connection %s %s registered %llu payloads that nothing had registered, "
+              "one message each", c->d->describe, c->is_send ? "to" : "from", c->peer,
+              (unsigned long long)c->transient_regs);
   c->magic = 0;
   free(c);
 }
