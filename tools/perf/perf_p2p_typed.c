@@ -20,6 +20,9 @@ void p2p_typed_env(const char* format) {
 static uint64_t typed_frames, typed_unknown, typed_queries;
 static double typed_in_mib, typed_wire_mib, typed_query_ns;
 static unsigned typed_nsocks; /* from the plugin's init line; 0 until it said */
+/* The verbs transport's init line, from "on ": when it carries the data, the TCP line's
+ * sockets only bootstrap it. */
+static char typed_verbs[160];
 
 static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                           const char* fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -51,6 +54,14 @@ static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const ch
       typed_queries += q;
     }
   }
+  /* "Using verbs (ib, lib) on [0]mlx5_0:1/IB; N queue pairs per connection; ...". */
+  const char* vb = strstr(msg, "Using verbs (");
+  const char* on = vb != NULL ? strstr(vb, ") on ") : NULL;
+  if (on != NULL) {
+    snprintf(typed_verbs, sizeof typed_verbs, "%s", on + 5);
+    char* end = strstr(typed_verbs, "; bootstrap");
+    if (end != NULL) *end = '\0';
+  }
   /* "Using [0]lo ...; N data sockets per connection, ..." at init: what the plugin chose. */
   const char* ds = strstr(msg, " data sockets per connection");
   if (ds != NULL && strstr(msg, "Using ") != NULL) {
@@ -63,6 +74,7 @@ static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const ch
 }
 
 unsigned p2p_typed_nsocks(void) { return typed_nsocks; }
+const char* p2p_typed_verbs(void) { return typed_verbs[0] ? typed_verbs : NULL; }
 
 ncclDebugLogger_t p2p_typed_logger(void) { return p2p_typed_log; }
 ncclProfilerCallback_t p2p_typed_callback(void) { return agoq_emul_callback(); }

@@ -45,6 +45,9 @@ void p2p_typed_env(const char* format);
 ncclDebugLogger_t p2p_typed_logger(void);
 /* Data sockets per connection from the plugin's init line (0: it has not said). */
 unsigned p2p_typed_nsocks(void);
+/* The verbs transport's port and queue pairs from its init line, NULL when it carries no
+ * data (TCP). */
+const char* p2p_typed_verbs(void);
 /* The callback to hand the plugin's init: the emulated NCCL's (a no-op without profiler). */
 ncclProfilerCallback_t p2p_typed_callback(void);
 /* Rank 0: the plugin's profiler table and one emulated communicator. */

@@ -24,12 +24,15 @@ static void perf_json_string(const char* s) {
 void perf_report_header(const perf_opts* o, const perf_net* n, const char* test) {
   if (o->json) return;
   /* The plugin's own figures (its init line), never our reading of its variables. */
-  char nsocks[48] = "not reported";
-  if (p2p_typed_nsocks() > 0) snprintf(nsocks, sizeof nsocks, "%u", p2p_typed_nsocks());
+  char path[200] = "data sockets per connection not reported";
+  if (p2p_typed_verbs() != NULL)
+    snprintf(path, sizeof path, "verbs on %s", p2p_typed_verbs());
+  else if (p2p_typed_nsocks() > 0)
+    snprintf(path, sizeof path, "data sockets per connection %u", p2p_typed_nsocks());
   printf("# agoq-perf %s: net v%d \"%s\", device %d \"%s\" (%d Mbps)\n", test, n->view.version,
          n->view.name ? n->view.name : "?", n->dev, n->props.name, n->props.speed);
-  printf("# iters %d, warmup %d, inflight %d, data sockets per connection %s, check %s, %s\n", o->iters,
-         o->warmup, o->inflight, nsocks, o->check ? "on" : "off",
+  printf("# iters %d, warmup %d, inflight %d, %s, check %s, %s\n", o->iters, o->warmup, o->inflight, path,
+         o->check ? "on" : "off",
          o->rank < 0 ? "forked peer on this host" : "two-host mode");
   if (o->pingpong)
     printf("# ping-pong: rank 1 sends every message back; time(us) is half a round trip, bw is "
