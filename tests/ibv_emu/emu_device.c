@@ -368,7 +368,25 @@ EMU_EXPORT const char* ibv_wc_status_str(int status) {
 /* Nothing to do: the emulator never maps memory for DMA. */
 EMU_EXPORT int ibv_fork_init(void) { return 0; }
 
-/* ---- control API: port state --------------------------------------------------------- */
+/* ---- control API: device events and port state ----------------------------------------- */
+
+/* Raises an unaffiliated device event, as the driver does: IBV_EVENT_DEVICE_FATAL, or a
+ * LID, P_Key, SM or GID table change or client reregistration (port-scoped: port names
+ * it). Only the event: what a device does after a catastrophic error is undefined (it may
+ * complete nothing more), so nothing here pretends to know. 0 or an errno. */
+EMU_EXPORT int agoq_ibv_emu_device_event(struct agoq_ibv_context* ibctx, int type, uint8_t port) {
+  emu_ctx* ctx = (emu_ctx*)ibctx;
+  int port_scoped = type == AGOQ_IBV_EVENT_LID_CHANGE || type == AGOQ_IBV_EVENT_PKEY_CHANGE ||
+                     type == AGOQ_IBV_EVENT_SM_CHANGE || type == AGOQ_IBV_EVENT_CLIENT_REREGISTER ||
+                     type == AGOQ_IBV_EVENT_GID_CHANGE;
+  if (!ctx || (type != AGOQ_IBV_EVENT_DEVICE_FATAL && !port_scoped) || (port_scoped && !port_cfg(ctx, port)))
+    return EINVAL;
+  pthread_mutex_lock(&ctx->lock);
+  emu_async_push(ctx, type, NULL, port_scoped ? port : 0);
+  pthread_mutex_unlock(&ctx->lock);
+  emu_wake(ctx);
+  return 0;
+}
 
 /* Sets a port's state as a cable pull or an SM would: DOWN raises IBV_EVENT_PORT_ERR and
  * moves the port's QPs to ERR; ACTIVE raises IBV_EVENT_PORT_ACTIVE. 0 or an errno. */

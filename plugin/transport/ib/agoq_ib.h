@@ -73,6 +73,10 @@ typedef struct agoq_ib_dev {
   /* Live registrations in pd (agoq_ib_mr.c, under its lock) and how they were had. */
   agoq_ib_mr* mrs;
   uint64_t mr_made, mr_shared;
+  /* What the asynchronous events said (agoq_ib_async.c; written by the helper thread). */
+  atomic_int port_down;  /* IBV_EVENT_PORT_ERR, until IBV_EVENT_PORT_ACTIVE */
+  int64_t port_down_ms;  /* when (set before port_down) */
+  atomic_int fatal;      /* IBV_EVENT_DEVICE_FATAL: the device carries nothing more */
 } agoq_ib_dev;
 
 /* A registration shared by everything that uses its pages (agoq_ib_mr.c); the transport's
@@ -256,6 +260,11 @@ void agoq_ib_helper_detach(agoq_ib_conn* c);
 int agoq_ib_helper_threads(void);
 void agoq_ib_helper_stop_when_idle(void);
 void agoq_ib_helper_shutdown(void); /* stops it even with connections attached */
+
+/* Asynchronous events (agoq_ib_async.c): handles the events queued on the devices' contexts
+ * without blocking (logs each; keeps what it says about ports; a device error marks the
+ * device fatal). Returns how many it handled. */
+int agoq_ib_async_drain(agoq_ib_state* st);
 
 /* Completion errors (agoq_ib_errors.c): logs the first in full, with a hint for the known
  * causes, and counts the flushes after it. */

@@ -349,6 +349,12 @@ static void agoq_ib_liveness(agoq_ib_conn* c) {
 
 bool agoq_ib_conn_poll(agoq_ib_conn* c, bool match) {
   if (atomic_load(&c->error) != ncclSuccess || !agoq_ib_in_flight(c)) return false;
+  if (atomic_load(&c->d->fatal)) {
+    AGOQ_WARN("%s: the device had a catastrophic error: the connection %s %s fails with its transfers in flight",
+              c->d->describe, c->is_send ? "to" : "from", c->peer);
+    agoq_ib_conn_fail(c, ncclSystemError);
+    return false;
+  }
   struct agoq_ibv_wc wc[AGOQ_IB_POLL_BATCH];
   for (int round = 0; round < AGOQ_IB_POLL_ROUNDS; round++) {
     int n = agoq_ibv_poll_cq(c->cq, AGOQ_IB_POLL_BATCH, wc);

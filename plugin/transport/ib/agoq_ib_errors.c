@@ -47,12 +47,21 @@ void agoq_ib_completion_error(agoq_ib_conn* c, const struct agoq_ibv_wc* wc) {
     return;
   }
   c->error_logged = true;
+  /* A port that went down says so before this error explains itself. */
+  agoq_ib_async_drain(&agoq_ib);
   char local[48];
   agoq_ib_gid_format(c->d->gid, local, sizeof local);
   const char* status = agoq_ib.api.wc_status_str != NULL ? agoq_ib.api.wc_status_str(wc->status) : "?";
+  /* What the asynchronous events said outranks the guesses. */
+  char hint[160];
+  const char* why = agoq_ib_status_hint(wc->status);
+  if (atomic_load(&c->d->port_down)) {
+    snprintf(hint, sizeof hint, "this port went DOWN %lld ms ago (IBV_EVENT_PORT_ERR, logged then)",
+             (long long)(agoq_ib_now_ms() - c->d->port_down_ms));
+    why = hint;
+  }
   AGOQ_WARN("%s: completion error on the connection %s %s: status %s (%d), vendor error 0x%x, %s on queue pair %u; "
             "local GID index %d %s, peer GID %s; %s",
             c->d->describe, c->is_send ? "to" : "from", c->peer, status, wc->status, wc->vendor_err,
-            agoq_ib_wr_kind_name(wc->wr_id), wc->qp_num, c->d->gid_index, local, c->peer_gid,
-            agoq_ib_status_hint(wc->status));
+            agoq_ib_wr_kind_name(wc->wr_id), wc->qp_num, c->d->gid_index, local, c->peer_gid, why);
 }

@@ -15,6 +15,8 @@
 
 #define AGOQ_IB_HELPER_BUSY_NS 20000     /* between sweeps while transfers are in flight */
 #define AGOQ_IB_HELPER_IDLE_NS 1000000   /* between looks while nothing is */
+/* Busy sweeps between looks at the devices' asynchronous events (about a millisecond). */
+#define AGOQ_IB_HELPER_EVENTS_EVERY 64
 
 static struct {
   pthread_mutex_t mu;
@@ -33,8 +35,11 @@ static void agoq_ib_sleep_ns(long ns) {
 static void* agoq_ib_helper_main(void* arg) {
   (void)arg;
   pthread_mutex_lock(&agoq_ib_helper.mu);
+  unsigned sweeps = 0;
   while (!agoq_ib_helper.stop) {
     bool busy = false;
+    /* Port and device events explain the completion errors that follow them. */
+    if (sweeps++ % AGOQ_IB_HELPER_EVENTS_EVERY == 0) agoq_ib_async_drain(&agoq_ib);
     for (agoq_ib_conn* c = agoq_ib_helper.conns; c != NULL; c = c->helper_next) {
       if (pthread_mutex_trylock(&c->mu) != 0) {
         busy = true; /* its owner is moving it */
@@ -43,6 +48,7 @@ static void* agoq_ib_helper_main(void* arg) {
       busy |= agoq_ib_conn_poll(c, false);
       pthread_mutex_unlock(&c->mu);
     }
+    if (!busy) sweeps = 0; /* idle: look at the events at every tick */
     pthread_mutex_unlock(&agoq_ib_helper.mu);
     agoq_ib_sleep_ns(busy ? AGOQ_IB_HELPER_BUSY_NS : AGOQ_IB_HELPER_IDLE_NS);
     pthread_mutex_lock(&agoq_ib_helper.mu);

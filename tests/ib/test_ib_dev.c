@@ -1,7 +1,11 @@
-/* The verbs transport's registrations (agoq_ib_mr.c) over the emulator: one region per
- * range however many hold it, whole pages, references, the last one deregistering, the
- * transport's reg/dereg keys, a transfer's key checked against its buffer, leftovers at
- * unload, and a failed registration reported. */
+/* The verbs transport's per-device state over the emulator.
+ * Registrations (agoq_ib_mr.c): one region per range however many hold it, whole pages,
+ * references, the last one deregistering, the transport's reg/dereg keys, a transfer's key
+ * checked against its buffer, leftovers at unload, a failed registration reported.
+ * Asynchronous events (agoq_ib_async.c): a port going down and back, a catastrophic device
+ * error failing the connections with work in flight, other events only logged. */
+#include <dlfcn.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -176,8 +180,60 @@ static void leftovers_released_at_unload(void** state) {
   free(buf);
 }
 
+/* ---- asynchronous events ------------------------------------------------------------------ */
+
+typedef int (*port_set_fn)(struct agoq_ibv_context*, uint8_t, int);
+typedef int (*device_event_fn)(struct agoq_ibv_context*, int, uint8_t);
+
+static void* emu_control(const char* name) {
+  void* f = dlvsym(agoq_ib.api.handle, name, "AGOQ_IBV_EMU_1");
+  assert_non_null(f);
+  return f;
+}
+
+static void port_down_and_back(void** state) {
+  (void)state;
+  agoq_ib_dev* d = &agoq_ib.devs[0];
+  port_set_fn port_set = (port_set_fn)emu_control("agoq_ibv_emu_port_set_state");
+  assert_int_equal(agoq_ib_async_drain(&agoq_ib), 0); /* nothing queued: never blocks */
+  assert_int_equal(port_set(d->ctx, (uint8_t)d->port, AGOQ_IBV_PORT_DOWN), 0);
+  assert_int_equal(agoq_ib_async_drain(&agoq_ib), 1);
+  assert_int_equal(atomic_load(&d->port_down), 1);
+  assert_true(d->port_down_ms > 0);
+  assert_int_equal(agoq_ib_async_drain(&agoq_ib), 0);
+  assert_int_equal(port_set(d->ctx, (uint8_t)d->port, AGOQ_IBV_PORT_ACTIVE), 0);
+  assert_int_equal(agoq_ib_async_drain(&agoq_ib), 1);
+  assert_int_equal(atomic_load(&d->port_down), 0);
+}
+
+static void device_fatal_fails_connections(void** state) {
+  (void)state;
+  agoq_ib_dev* d = &agoq_ib.devs[0];
+  device_event_fn event = (device_event_fn)emu_control("agoq_ibv_emu_device_event");
+  /* a GID table change is logged and changes nothing */
+  assert_int_equal(event(d->ctx, AGOQ_IBV_EVENT_GID_CHANGE, (uint8_t)d->port), 0);
+  assert_int_equal(agoq_ib_async_drain(&agoq_ib), 1);
+  assert_int_equal(atomic_load(&d->fatal), 0);
+  assert_int_equal(event(d->ctx, AGOQ_IBV_EVENT_PORT_ERR, 0), EINVAL); /* not a device event */
+  /* a connection with work in flight on a device that had a catastrophic error fails at
+   * its next poll, without waiting for a completion that may never come */
+  agoq_ib_conn conn;
+  memset(&conn, 0, sizeof conn);
+  conn.d = d;
+  conn.fifo_count = 1;
+  snprintf(conn.peer, sizeof conn.peer, "test peer");
+  assert_int_equal(event(d->ctx, AGOQ_IBV_EVENT_DEVICE_FATAL, 0), 0);
+  assert_int_equal(agoq_ib_async_drain(&agoq_ib), 1);
+  assert_int_equal(atomic_load(&d->fatal), 1);
+  assert_false(agoq_ib_conn_poll(&conn, false));
+  assert_int_equal(atomic_load(&conn.error), ncclSystemError);
+  atomic_store(&d->fatal, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(port_down_and_back),
+      cmocka_unit_test(device_fatal_fails_connections),
       cmocka_unit_test(shared_and_counted),
       cmocka_unit_test(keys_and_transfers),
       cmocka_unit_test(failure_fails_the_connection),
