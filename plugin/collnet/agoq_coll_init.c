@@ -190,9 +190,11 @@ ncclResult_t agoq_coll_reg_mr_dmabuf(void* coll_comm, void* data, size_t size, i
                                      uint64_t offset, int fd, void** mhandle) {
   (void)offset;
   (void)fd;
-  if (type == NCCL_PTR_HOST) return agoq_coll_reg_mr(coll_comm, data, size, type, mhandle);
-  AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMrDmaBuf: DMA-BUF is not supported (host memory, or CUDA memory "
-            "through regMr)");
+  /* CollNet's device buffers are always read and written by the GPU codec, through the
+   * pinned staging (agoq_coll_device.c): the dma-buf (advertised for the net path, whose
+   * properties CollNet shares, and which NCCL then uses for CollNet too) is not needed. */
+  if (type == NCCL_PTR_HOST || type == NCCL_PTR_CUDA) return agoq_coll_reg_mr(coll_comm, data, size, type, mhandle);
+  AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet regMrDmaBuf: memory type %d not supported", type);
   return ncclInternalError;
 }
 

@@ -84,6 +84,13 @@ const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l);
  * reaches (!device), owned by the link and freed with it. */
 ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p);
 
+/* GPUDirect RDMA: whether the device can be asked to make a NIC's writes into its memory
+ * visible to it (cudaDevAttrGPUDirectRDMAFlushWritesOptions), and the request itself
+ * (cudaDeviceFlushGPUDirectRDMAWrites, to the owning context): what NCCL's iflush needs
+ * after a receive the NIC wrote straight into device memory. Short, but it waits. */
+bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l);
+ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l);
+
 /* Queue work on the link's stream (never blocks). dev: device memory on the link's device;
  * host: pinned memory (the staging, or the link's own). */
 ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, size_t size);

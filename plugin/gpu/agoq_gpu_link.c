@@ -40,6 +40,7 @@ struct agoq_gpu_link {
   uint32_t ntimed, thead, tcount;
   uint64_t codec_ns_taken; /* of stats.codec_ns, handed to the owner (agoq_gpu_codec_ns_take) */
   agoq_gpu_link_stats stats;
+  bool rdma_flush; /* the device flushes GPUDirect RDMA writes on request */
 };
 
 /* The runtime's calls act on the calling thread's current device; NCCL's proxy thread has
@@ -81,6 +82,13 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
     AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->tbegin[i], cudaEventDefault), res, fail);
     AGOQ_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&l->tend[i], cudaEventDefault), res, fail);
   }
+  /* A NIC's writes into this device's memory can be made visible to it on request
+   * (agoq_gpu_flush_rdma_writes); where they cannot, no receive goes there directly. */
+  int flush_options = 0;
+  if (cudaDeviceGetAttribute(&flush_options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, device) == cudaSuccess)
+    l->rdma_flush = (flush_options & cudaFlushGPUDirectRDMAWritesOptionHost) != 0;
+  else
+    (void)cudaGetLastError();
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&l->staging, staging, cudaHostAllocPortable), res, fail);
   AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&l->workspace, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), res, fail);
   size_t nres = (size_t)slots * l->parts;
@@ -96,6 +104,22 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
   return ncclSuccess;
 fail:
   agoq_gpu_link_destroy(l);
+  return res;
+}
+
+bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l) { return l != NULL && l->rdma_flush; }
+
+ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l) {
+  ncclResult_t res = ncclSuccess;
+  if (!l->rdma_flush) {
+    AGOQ_WARN("GPU %d cannot flush GPUDirect RDMA writes (no cudaFlushGPUDirectRDMAWritesOptionHost)", l->device);
+    return ncclInternalError;
+  }
+  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  AGOQ_CUDA_CHECK_GOTO(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                                          cudaFlushGPUDirectRDMAWritesToOwner),
+                       res, out);
+out:
   return res;
 }
 

@@ -101,3 +101,12 @@ ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
   (void)l; (void)p;
   return agoq_gpu_none_call("agoq_gpu_codec_warm");
 }
+
+bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l) {
+  (void)l;
+  return false;
+}
+ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l) {
+  (void)l;
+  return agoq_gpu_none_call("agoq_gpu_flush_rdma_writes");
+}

@@ -42,7 +42,11 @@ typedef struct {
   int device; /* NCCL_PTR_CUDA: the CUDA ordinal holding it; else -1 */
   void* addr;
   size_t size;
-  void* tp_key; /* host memory: its registration with the transport (NULL where none) */
+  void* tp_key; /* its registration with the transport (NULL where none): host memory, or
+                 device memory registered by DMA-BUF (direct) */
+  /* GPU memory the transport's HCA reaches itself (regMrDmaBuf): exact messages go from
+   * and into it without staging (GPUDirect RDMA); frames and inline ones still stage. */
+  bool direct;
 } agoq_mr;
 
 typedef struct {
@@ -66,7 +70,8 @@ typedef struct agoq_comm {
   agoq_stats_entry* st; /* AGOQ_STATS: the context's p2p send or receive entry, else NULL */
   /* Device buffers (agoq_net_device.c): the link is created by the first regMr of device
    * memory; sends whose copy into the staging is queued wait here, oldest first, so that
-   * they reach the transport in NCCL's order. */
+   * they reach the transport in NCCL's order, and so do the sends posted behind them that
+   * need no copy (host buffers, GPUDirect ones: agoq_request.ready). */
   agoq_gpu_link* gpu;
   void* gpu_key; /* the link's pinned staging, registered with the transport */
   uint32_t dev_fifo[AGOQ_REQUESTS_PER_COMM];
@@ -89,20 +94,31 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
 /* regMr of NCCL_PTR_CUDA memory: checks the range with the runtime, creates the comm's GPU
  * link on first use, fills mr. */
 ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr);
+/* regMrDmaBuf of NCCL_PTR_CUDA memory with a transport that registers dma-bufs: as
+ * agoq_dev_reg, then the NIC's registration (mr->direct; a failure is warned about and
+ * leaves the buffer staged). */
+ncclResult_t agoq_dev_reg_dmabuf(agoq_comm* comm, void* data, size_t size, uint64_t offset, int fd, agoq_mr* mr);
+/* The handle is GPU memory the transport reaches directly (GPUDirect RDMA). */
+bool agoq_dev_direct(const void* mhandle);
+/* iflush: makes the NIC's writes into the direct buffers among mhandles visible to the GPU. */
+ncclResult_t agoq_dev_flush(agoq_comm* comm, int n, void** mhandles);
+/* A send whose transfer is complete: to the transport now, or behind the device sends
+ * still being staged (NCCL's order). */
+ncclResult_t agoq_dev_post_ready(agoq_comm* comm, agoq_request* req);
 /* The registered handle says device memory, and [data, data+size) lies inside it (an
  * error result otherwise). */
 ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device);
 /* Sender, after the request is allocated: stages NCCL's device buffer (queues the copy).
  * *again: the staging is full now; release the request and let NCCL retry. */
-ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* phandle,
-                                 bool* again);
+ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* mhandle,
+                                 void* phandle, bool* again);
 /* Receiver: reserves the staging for the buffers in req->dev_mask; *again as above. */
 ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again);
 /* Hands sends whose copy finished to the transport, in posting order. */
 ncclResult_t agoq_dev_advance(agoq_comm* comm);
 /* Receiver: the bytes are in the staging (frames decoded there): queues the copies into
- * NCCL's buffers. */
-ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req);
+ * NCCL's buffers (*queued; false when every buffer came by GPUDirect RDMA). */
+ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req, bool* queued);
 /* The request's copy is done (only queries the event). */
 ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done);
 /* Gives back the request's staging. */

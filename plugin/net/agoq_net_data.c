@@ -63,11 +63,27 @@ void* agoq_mr_key(const void* mhandle, const void* data, size_t size) {
 
 ncclResult_t agoq_net_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                                     void** mhandle) {
-  (void)offset;
-  (void)fd;
+  agoq_comm* c = comm;
   if (type == NCCL_PTR_HOST) return agoq_net_reg_mr(comm, data, size, type, mhandle);
-  AGOQ_INFO(NCCL_NET | NCCL_REG, "regMrDmaBuf: DMA-BUF is not supported by the TCP transport");
-  return ncclInternalError;
+  if (c == NULL || (c->magic != AGOQ_SEND_MAGIC && c->magic != AGOQ_RECV_MAGIC) || mhandle == NULL) {
+    AGOQ_WARN("regMrDmaBuf: invalid comm %p", comm);
+    return ncclInternalError;
+  }
+  if (type != NCCL_PTR_CUDA || agoq_net_tp->reg_dmabuf == NULL) {
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "regMrDmaBuf: %s", type != NCCL_PTR_CUDA ? "memory type not supported"
+                                                      : "DMA-BUF is not supported by this transport");
+    return ncclInternalError;
+  }
+  agoq_mr* mr = calloc(1, sizeof *mr);
+  if (mr == NULL) return ncclSystemError;
+  *mr = (agoq_mr){.magic = AGOQ_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
+  ncclResult_t res = agoq_dev_reg_dmabuf(c, data, size, offset, fd, mr);
+  if (res != ncclSuccess) {
+    free(mr);
+    return res;
+  }
+  *mhandle = mr;
+  return ncclSuccess;
 }
 
 ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle) {
@@ -162,7 +178,7 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   if (on_device) {
     /* The bytes go to the transport once they are in the staging (agoq_dev_advance). */
     bool again = false;
-    err = agoq_dev_send_start(comm, req, data, size, phandle, &again);
+    err = agoq_dev_send_start(comm, req, data, size, mhandle, phandle, &again);
     if (err != ncclSuccess || again) {
       agoq_request_release(&comm->pool, req);
       return err;
@@ -171,7 +187,9 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
     return agoq_dev_advance(comm);
   }
   agoq_send_prepare(comm, req, data, size, mhandle, phandle);
-  err = agoq_net_tp->post_send(comm->tp, &req->xfer);
+  /* One connection carries host and device buffers alike (NCCL's LL buffers stay in host
+   * memory): behind device sends still being staged, this one waits its turn. */
+  err = agoq_dev_post_ready(comm, req);
   if (err != ncclSuccess) {
     if (req->stage[0] >= 0) agoq_stage_put(&comm->stage, req->stage[0]);
     agoq_request_release(&comm->pool, req);
@@ -234,7 +252,11 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
     agoq_stats_count(comm->st, AGOQ_STATS_EXACT, size);
     agoq_stats_wire(comm->st, AGOQ_STATS_EXACT, size, size);
     /* NCCL's own buffer keeps the key irecv set from its mhandle. */
-    if (req->dev_mask & (1u << slot)) {
+    if ((req->direct_ok & (1u << slot)) && (flags & AGOQ_XFER_RDMA)) {
+      /* GPUDirect RDMA: the sender's NIC writes into NCCL's device buffer. */
+      req->direct_mask |= (uint8_t)(1u << slot);
+      *dst = req->data[slot];
+    } else if (req->dev_mask & (1u << slot)) {
       *dst = req->host[slot];
       x->reg[slot] = comm->gpu_key;
     } else {
@@ -269,6 +291,10 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     if (err != ncclSuccess) return err;
     if (on_device) dev_mask |= (uint8_t)(1u << i);
   }
+  /* Straight into GPU memory only where its writes can be made visible when NCCL asks. */
+  uint8_t direct_ok = 0;
+  for (int i = 0; i < n && comm->gpu != NULL && agoq_gpu_link_rdma_flush(comm->gpu); i++)
+    if ((dev_mask & (1u << i)) && mhandles != NULL && agoq_dev_direct(mhandles[i])) direct_ok |= (uint8_t)(1u << i);
   agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_RECV, comm);
   if (req == NULL) return ncclSuccess;
   req->n_bufs = n;
@@ -280,6 +306,7 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     req->xfer.reg[i] = mhandles != NULL ? agoq_mr_key(mhandles[i], data[i], sizes[i]) : NULL;
   }
   req->dev_mask = dev_mask;
+  req->direct_ok = direct_ok;
   if (dev_mask != 0) {
     bool again = false;
     err = agoq_dev_recv_start(comm, req, &again);
@@ -300,19 +327,24 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
 }
 
 ncclResult_t agoq_net_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
-  (void)n;
   (void)data;
   (void)sizes;
-  (void)mhandles;
-  if (agoq_comm_from(recv_comm, AGOQ_RECV_MAGIC) == NULL || request == NULL) {
-    AGOQ_WARN("iflush: invalid arguments (comm %p)", recv_comm);
+  agoq_comm* comm = agoq_comm_from(recv_comm, AGOQ_RECV_MAGIC);
+  if (comm == NULL || request == NULL || n < 0 || n > AGOQ_NET_MAX_RECVS) {
+    AGOQ_WARN("iflush: invalid arguments (comm %p, n %d)", recv_comm, n);
     return ncclInternalError;
   }
-  /* A receive into device memory is done only once the plugin's copy into NCCL's buffer
-   * has completed (agoq_net_device.c), so the bytes are visible to the GPU already: a NULL
-   * request is NCCL's "nothing left to wait for", forced flushes included. */
+  /* A staged receive into device memory is done only once the plugin's copy into NCCL's
+   * buffer has completed (agoq_net_device.c), so it is visible to the GPU already; one the
+   * NIC wrote straight into device memory (GPUDirect RDMA) is made visible now. Either way
+   * nothing is left to wait for: a NULL request is NCCL's "done". */
   *request = NULL;
-  return ncclSuccess;
+  ncclResult_t res = agoq_dev_flush(comm, n, mhandles);
+  if (res != ncclSuccess) {
+    AGOQ_WARN("iflush: receive from %s: the GPUDirect RDMA flush failed", agoq_comm_peer(comm));
+    agoq_net_tp->fail(comm->tp, res);
+  }
+  return res;
 }
 
 /* ---- completion ------------------------------------------------------------------------ */
@@ -414,9 +446,10 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
       if (req->dev_mask != 0) {
         /* In the staging: done once the copy into NCCL's device buffer is. */
         memcpy(req->actual, actual, sizeof req->actual);
-        ncclResult_t r = agoq_dev_recv_copy_out(comm, req);
+        bool queued = false;
+        ncclResult_t r = agoq_dev_recv_copy_out(comm, req, &queued);
         if (r != ncclSuccess) return agoq_dev_failed(comm, r);
-        return ncclSuccess;
+        if (queued) return ncclSuccess;
       }
     }
     agoq_request_finish(comm, req, actual, sizes);

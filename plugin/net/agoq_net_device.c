@@ -9,6 +9,12 @@
  *    buffer, or for a frame the GPU's decode of it from the staging, and an event are
  *    queued; test says done only when that event is, so the bytes are in NCCL's buffer when
  *    NCCL's kernel looks, and iflush has nothing left to do.
+ * GPUDirect RDMA: memory NCCL registered by DMA-BUF (regMrDmaBuf) with a transport whose HCA
+ * reaches it (mr->direct) skips the staging for exact messages: a send hands NCCL's buffer to
+ * the transport (AGOQ_XFER_DEVICE: the CPU never touches it), and a receive the transport
+ * writes by RDMA lands in NCCL's buffer, made visible to the GPU by iflush where NCCL asks
+ * (agoq_dev_flush). Frames (the GPU codec) and messages a transport copies with the CPU
+ * (inline) still pass through the staging.
  * Nothing here waits for the device: test only queries events. Copies of one connection
  * run in order on its stream; NCCL keeps several steps in flight per connection, so the
  * copy of one step overlaps the wire time of the others. */
@@ -61,6 +67,49 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
   return ncclSuccess;
 }
 
+ncclResult_t agoq_dev_reg_dmabuf(agoq_comm* comm, void* data, size_t size, uint64_t offset, int fd, agoq_mr* mr) {
+  AGOQ_CHECK(agoq_dev_reg(comm, data, size, mr));
+  /* A failed registration leaves the buffer on the staged path: slower, never wrong. */
+  ncclResult_t res = agoq_net_tp->reg_dmabuf(comm->dev, data, size, offset, fd, &mr->tp_key);
+  if (res != ncclSuccess) {
+    mr->tp_key = NULL;
+    AGOQ_WARN("regMrDmaBuf: GPU buffer %p (%zu bytes) could not be registered with the NIC (logged above): its "
+              "messages are staged through host memory instead of GPUDirect RDMA",
+              data, size);
+    return ncclSuccess;
+  }
+  mr->direct = true;
+  AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: GPU buffer %p (%zu bytes) registered by DMA-BUF: GPUDirect RDMA",
+            comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), data, size);
+  return ncclSuccess;
+}
+
+bool agoq_dev_direct(const void* mhandle) {
+  const agoq_mr* mr = mhandle;
+  return mr != NULL && mr->magic == AGOQ_MR_MAGIC && mr->direct;
+}
+
+ncclResult_t agoq_dev_flush(agoq_comm* comm, int n, void** mhandles) {
+  bool direct = false;
+  for (int i = 0; i < n && mhandles != NULL; i++) direct = direct || agoq_dev_direct(mhandles[i]);
+  /* Staged receives were copied in by the GPU's own stream before test said done. */
+  if (!direct || comm->gpu == NULL) return ncclSuccess;
+  return agoq_gpu_flush_rdma_writes(comm->gpu);
+}
+
+ncclResult_t agoq_dev_post_ready(agoq_comm* comm, agoq_request* req) {
+  if (comm->dev_count == 0) {
+    req->phase = AGOQ_DEV_WIRE;
+    return agoq_net_tp->post_send(comm->tp, &req->xfer);
+  }
+  /* Behind device sends still being staged: it goes after them (agoq_dev_advance). */
+  req->ready = true;
+  req->phase = AGOQ_DEV_COPY_IN;
+  comm->dev_fifo[(comm->dev_first + comm->dev_count) % AGOQ_REQUESTS_PER_COMM] = req->pool_index;
+  comm->dev_count++;
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device) {
   const agoq_mr* mr = mhandle;
   *device = false;
@@ -85,8 +134,8 @@ static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
   return ncclInvalidUsage;
 }
 
-ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* phandle,
-                                 bool* again) {
+ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* mhandle,
+                                 void* phandle, bool* again) {
   *again = false;
   if (comm->gpu == NULL) {
     AGOQ_WARN("isend: device buffer on a connection without registered device memory");
@@ -112,6 +161,14 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     comm->typed_stats.not_eligible++;
     req->dev_frame = false;
     why = AGOQ_EXACT_NOGAIN;
+  }
+  if (!req->dev_frame && agoq_dev_direct(mhandle)) {
+    /* GPUDirect RDMA: the NIC reads NCCL's buffer; the staging taken above goes back. */
+    agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), id);
+    agoq_send_exact(comm, req, data, size, why);
+    req->xfer.flags |= AGOQ_XFER_DEVICE;
+    req->xfer.reg[0] = ((const agoq_mr*)mhandle)->tp_key;
+    return agoq_dev_post_ready(comm, req);
   }
   if (req->dev_frame) {
     /* The GPU reads NCCL's buffer and writes the frame into the pinned staging: only the
@@ -184,21 +241,23 @@ static ncclResult_t agoq_dev_poll(agoq_comm* comm, const agoq_request* req, bool
 ncclResult_t agoq_dev_advance(agoq_comm* comm) {
   while (comm->dev_count > 0) {
     agoq_request* req = &comm->pool.slots[comm->dev_fifo[comm->dev_first]];
-    bool done = false;
-    AGOQ_CHECK(agoq_dev_poll(comm, req, &done));
-    if (!done) return ncclSuccess; /* the later ones are behind it on the stream */
-    if (req->dev_frame) {
-      bool requeued = false;
-      AGOQ_CHECK(agoq_dev_frame_done(comm, req, &requeued));
-      if (requeued) return ncclSuccess;
-    } else {
-      agoq_send_exact(comm, req, req->host[0], req->posted[0], (agoq_exact_reason)req->dev_why);
+    if (!req->ready) {
+      bool done = false;
+      AGOQ_CHECK(agoq_dev_poll(comm, req, &done));
+      if (!done) return ncclSuccess; /* the later ones are behind it on the stream */
+      if (req->dev_frame) {
+        bool requeued = false;
+        AGOQ_CHECK(agoq_dev_frame_done(comm, req, &requeued));
+        if (requeued) return ncclSuccess;
+      } else {
+        agoq_send_exact(comm, req, req->host[0], req->posted[0], (agoq_exact_reason)req->dev_why);
+      }
+      /* Across PCIe: the frame the GPU wrote, or the payload's copy. */
+      agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
+      req->xfer.reg[0] = comm->gpu_key; /* frame or copy, it lies in the pinned staging */
     }
-    /* Across PCIe: the frame the GPU wrote, or the payload's copy. */
-    agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
     comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
     comm->dev_count--;
-    req->xfer.reg[0] = comm->gpu_key; /* frame or copy, it lies in the pinned staging */
     /* A failed post leaves it out of the transport (COPY_IN): its test reports the
      * connection's error, never a completion. */
     AGOQ_CHECK(agoq_net_tp->post_send(comm->tp, &req->xfer));
@@ -270,16 +329,19 @@ static ncclResult_t agoq_dev_frame_decode(agoq_comm* comm, agoq_request* req, in
   return ncclSuccess;
 }
 
-ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req) {
+ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req, bool* queued) {
+  *queued = false;
   for (int i = 0; i < req->n_bufs; i++) {
-    if (!(req->dev_mask & (1u << i))) continue;
+    if (!(req->dev_mask & (1u << i)) || (req->direct_mask & (1u << i))) continue;
     if (req->frame_mask & (1u << i)) {
       AGOQ_CHECK(agoq_dev_frame_decode(comm, req, i));
     } else {
       AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i], req->host[i], req->actual[i]));
       agoq_stats_device(comm->st, AGOQ_STATS_EXACT, 0, req->actual[i]);
     }
+    *queued = true;
   }
+  if (!*queued) return ncclSuccess; /* everything came by GPUDirect RDMA: in place already */
   AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
   req->phase = AGOQ_DEV_COPY_OUT;
   return ncclSuccess;

@@ -158,6 +158,9 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
     p->ptr_support |= NCCL_PTR_CUDA;
     if (p->max_p2p_bytes > staging) p->max_p2p_bytes = staging;
     if (p->max_coll_bytes > staging) p->max_coll_bytes = staging;
+  } else {
+    /* A transport's DMA-BUF support is of no use without the GPU path behind it. */
+    p->ptr_support &= ~NCCL_PTR_DMABUF;
   }
   return ncclSuccess;
 }

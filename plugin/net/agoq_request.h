@@ -52,6 +52,13 @@ typedef struct agoq_request {
   int ring_id;                         /* the staging allocation, -1 none */
   agoq_dev_phase phase;
   bool dev_frame;                      /* send: the GPU is encoding a frame into host[0] */
+  /* send: the transfer is complete and waits only for the device sends queued before it
+   * (agoq_dev_advance posts it in order) */
+  bool ready;
+  /* receive: buffer i is GPU memory the transport reaches (GPUDirect RDMA) ... */
+  uint8_t direct_ok;
+  /* ... and its message went straight into it: no copy out, a flush where NCCL asks */
+  uint8_t direct_mask;
   int dev_why;                         /* send going exact: its agoq_exact_reason */
   size_t actual[AGOQ_NET_MAX_RECVS];   /* receiver: sizes to report once copied out */
   int64_t post_ns;             /* AGOQ_STATS: when isend/irecv posted it */

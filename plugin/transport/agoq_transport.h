@@ -65,6 +65,12 @@ typedef struct {
 
 /* The message is a codec frame (the receiver decodes it and reports the decoded size). */
 #define AGOQ_XFER_FRAME 0x1u
+/* Send: the bytes lie in GPU memory registered by DMA-BUF (reg_dmabuf): only the HCA may
+ * read them, never the CPU (no inline copy). */
+#define AGOQ_XFER_DEVICE 0x2u
+/* Match input: the transport will place the bytes with the HCA's DMA (an RDMA write into
+ * the destination), not with the CPU, so GPU memory registered by DMA-BUF may take them. */
+#define AGOQ_XFER_RDMA 0x4u
 
 /* One posted transfer, owned by the caller until the transport reports it done. The
  * caller fills the buffers; the transport fills what arrived. `index` is unique among the
@@ -83,8 +89,8 @@ typedef struct {
   uint32_t matched_mask;               /* receive: buffers a message has been matched to */
 } agoq_xfer;
 
-/* Receive side: a message of `size` bytes, `tag` and `flags` arrived for the oldest posted
- * receive `x`. The net core picks the buffer (*slot), checks the size against it and says
+/* Receive side: a message of `size` bytes, `tag` and `flags` (AGOQ_XFER_FRAME as sent, plus
+ * AGOQ_XFER_RDMA from the transport) arrived for the oldest posted receive `x`. The net core picks the buffer (*slot), checks the size against it and says
  * where the bytes go (*dst: NCCL's buffer or a staging buffer for a frame; x->reg[*slot]:
  * its registration or NULL). An error
  * result is already logged; the transport fails the connection with it. */
@@ -157,6 +163,11 @@ typedef struct {
    * of a range already registered are shared and counted. A transfer without a key still
    * works, at the cost of a registration per message. */
   ncclResult_t (*reg)(int dev, void* addr, size_t size, void** key);
+  /* GPU memory [addr, addr + size) that the CUDA driver exported as dma-buf fd, whose byte
+   * `offset` is addr's (NULL where the transport cannot, and its devices then do not
+   * advertise NCCL_PTR_DMABUF). Transfers with the key move it without the CPU: sends with
+   * AGOQ_XFER_DEVICE, receives matched with AGOQ_XFER_RDMA. The fd may be closed after. */
+  ncclResult_t (*reg_dmabuf)(int dev, void* addr, size_t size, uint64_t offset, int fd, void** key);
   void (*dereg)(void* key); /* NULL is a no-op */
 } agoq_transport;
 

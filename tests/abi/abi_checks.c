@@ -257,10 +257,31 @@ fail:
 
 /* ---- registration and teardown ---- */
 
+/* Device memory goes by DMA-BUF where the device advertises it, as NCCL does when the CUDA
+ * driver supports dma-bufs: the fd of the buffer's allocation, closed right after the call. */
+static int abi_reg_dmabuf(abi_worker* w, void* comm, void* p, size_t size, void** mhandle) {
+  int fd = -1;
+  uint64_t offset = 0;
+  ABI_REQUIRE(w, abi_device_dmabuf(p, &fd, &offset) == 0, "no dma-buf for device buffer %p", p);
+  ncclResult_t r = agoq_view_reg_mr_dmabuf(&w->view, comm, p, size, NCCL_PTR_CUDA, offset, fd, mhandle);
+  close(fd);
+  ABI_REQUIRE(w, r == ncclSuccess, "regMrDmaBuf(%zu B, NCCL_PTR_CUDA, offset %llu) returned %s", size,
+              (unsigned long long)offset, abi_result_str(r));
+  return 0;
+fail:
+  return -1;
+}
+
 int abi_reg(abi_worker* w, void* comm, void* data, size_t size, void** mhandle) {
   *mhandle = NULL;
   void* p = abi_device_ptr(data);
   int type = p != data ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  if (type == NCCL_PTR_CUDA && w->view.version >= 6) {
+    agoq_view_props props;
+    memset(&props, 0, sizeof props);
+    ABI_NCCL_OK(w, agoq_view_get_properties(&w->view, 0, &props));
+    if (props.ptr_support & NCCL_PTR_DMABUF) return abi_reg_dmabuf(w, comm, p, size, mhandle);
+  }
   ncclResult_t r = agoq_view_reg_mr(&w->view, comm, p, size, type, mhandle);
   ABI_REQUIRE(w, r == ncclSuccess, "regMr(%zu B, %s) returned %s", size,
               type == NCCL_PTR_CUDA ? "NCCL_PTR_CUDA" : "NCCL_PTR_HOST", abi_result_str(r));

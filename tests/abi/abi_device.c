@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "abi_harness.h"
 #include "core/agoq_params.h"
@@ -138,6 +139,34 @@ size_t abi_device_max_message(void) {
   return abi_device_mode() ? (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING) : SIZE_MAX;
 }
 
+long abi_device_rdma_flushes(void) {
+  agoq_emu_counters c;
+  agoq_emu_counters_get(&c);
+  return (long)c.rdma_flushes;
+}
+
+int abi_device_dmabuf(const void* p, int* fd, uint64_t* offset) {
+  *fd = -1;
+  const uint8_t* d = p;
+  const abi_dev_twin* t = NULL;
+  for (int i = 0; i < ABI_DEV_MAX_BUFS && t == NULL; i++)
+    if (abi_twins[i].host != NULL && d >= abi_twins[i].dev && d < abi_twins[i].dev + abi_twins[i].total)
+      t = &abi_twins[i];
+  if (t == NULL) return -1;
+  int (*get)(void*, unsigned long long, size_t, int, unsigned long long) = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", (void**)&get, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      get == NULL)
+    return -1;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t base = (uintptr_t)t->dev / page * page;
+  uintptr_t end = ((uintptr_t)t->dev + t->total + page - 1) / page * page;
+  if (get(fd, (unsigned long long)base, (size_t)(end - base), 1 /* DMA_BUF_FD */, 0) != 0) return -1;
+  *offset = (uint64_t)((uintptr_t)d - base);
+  return 0;
+}
+
 #else /* no emulation in this build: --device is refused by the orchestrator */
 
 bool abi_device_mode(void) { return false; }
@@ -151,5 +180,12 @@ int abi_device_track_recv(void* req, int n, void** host, const size_t* sizes) {
 }
 int abi_device_recv_done(void* req) { (void)req; return 0; }
 size_t abi_device_max_message(void) { return SIZE_MAX; }
+long abi_device_rdma_flushes(void) { return 0; }
+int abi_device_dmabuf(const void* p, int* fd, uint64_t* offset) {
+  (void)p;
+  (void)offset;
+  *fd = -1;
+  return -1;
+}
 
 #endif

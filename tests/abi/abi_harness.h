@@ -154,6 +154,12 @@ int abi_device_recv_done(void* req);
 /* The largest message the plugin takes from device memory (AGOQ_GPU_STAGING); SIZE_MAX in
  * host mode. */
 size_t abi_device_max_message(void);
+/* The dma-buf of the device allocation holding device pointer p, as NCCL gets it from the
+ * driver (cuMemGetHandleForAddressRange over the allocation's whole pages): *fd (the
+ * caller closes it) and *offset, p's byte in it. 0 ok. */
+int abi_device_dmabuf(const void* p, int* fd, uint64_t* offset);
+/* cudaDeviceFlushGPUDirectRDMAWrites calls so far in this process (the emulation counts). */
+long abi_device_rdma_flushes(void);
 
 /* One isend / irecv attempt as NCCL makes it (*req NULL: try again), host pointers
  * translated to device ones in device mode. */

@@ -47,9 +47,13 @@ int abi_sc_props(abi_worker* w) {
     ABI_REQUIRE(w, p.name[0] != '\0', "dev %d: empty name", dev);
     ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_HOST) != 0, "dev %d: ptrSupport 0x%x lacks HOST",
                 dev, p.ptr_support);
-    /* DMA-BUF only where it is real (the verbs transport), never on TCP. */
-    ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_DMABUF) == 0, "dev %d: ptrSupport 0x%x claims DMA-BUF", dev,
-                p.ptr_support);
+    /* DMA-BUF exactly where the run expects it (AGOQ_ABI_EXPECT_DMABUF=1: a verbs device that
+     * registers dma-bufs, with the GPU path behind it; the data scenarios then register
+     * device buffers by DMA-BUF, abi_reg); never on TCP, nor without a GPU. */
+    const char* expect = getenv("AGOQ_ABI_EXPECT_DMABUF");
+    bool want = expect != NULL && strcmp(expect, "1") == 0;
+    ABI_REQUIRE(w, want == ((p.ptr_support & NCCL_PTR_DMABUF) != 0), "dev %d: ptrSupport 0x%x %s DMA-BUF", dev,
+                p.ptr_support, want ? "lacks" : "claims");
     if (abi_device_mode()) {
       /* With a device, device buffers are advertised, and a message never exceeds what the
        * connection's staging can hold. */
@@ -115,6 +119,27 @@ static size_t abi_size_cases(const abi_worker* w, abi_size_case* c, size_t cap) 
   return n;
 }
 
+/* NCCL's iflush after a receive into device memory (SIMPLE with GPUDirect, where the GPU
+ * needs it or NCCL_NET_FORCE_FLUSH=1): it succeeds and leaves nothing to wait for. A
+ * receive the NIC wrote straight into device memory (DMA-BUF registered) asks the GPU to
+ * flush those writes; a staged one was copied in by the GPU itself and asks nothing. */
+static int abi_flush_check(abi_worker* w, void* comm, void* host, int size, void* mh, const char* what) {
+  long before = abi_device_rdma_flushes();
+  void* data[1] = {abi_device_ptr(host)};
+  int sizes[1] = {size};
+  void* mhs[1] = {mh};
+  void* req = (void*)1;
+  ABI_NCCL_OK(w, agoq_view_iflush(&w->view, comm, 1, data, sizes, mhs, &req));
+  ABI_REQUIRE(w, req == NULL, "%s: iflush left a request to wait for", what);
+  const char* expect = getenv("AGOQ_ABI_EXPECT_DMABUF");
+  long want = expect != NULL && strcmp(expect, "1") == 0 ? 1 : 0;
+  ABI_REQUIRE(w, abi_device_rdma_flushes() - before == want, "%s: iflush asked the GPU for %ld RDMA flushes, not %ld",
+              what, abi_device_rdma_flushes() - before, want);
+  return 0;
+fail:
+  return -1;
+}
+
 int abi_sc_sizes(abi_worker* w) {
   abi_size_case cases[16];
   size_t ncases = abi_size_cases(w, cases, 16);
@@ -144,6 +169,7 @@ int abi_sc_sizes(abi_worker* w) {
       if (abi_wait(w, req, got, 60000) != 0) goto fail;
       if (abi_check_received(w, &b, cases[i].posted, cases[i].size, got[0], seed, what) != 0)
         goto fail;
+      if (abi_device_mode() && got[0] > 0 && abi_flush_check(w, comm, b.data, got[0], mh, what) != 0) goto fail;
     } else {
       abi_pattern_fill(b.data, cases[i].size, seed);
       int got[1] = {-1};

@@ -113,6 +113,14 @@ static void test_rts(void** state) {
   r.flags = 0;
   agoq_ib_rts_encode(&r, b);
   assert_int_equal(agoq_ib_rts_decode(b, sizeof b, 8192, &d), AGOQ_IB_WIRE_BAD_FIELD);
+  /* A small message from GPU memory goes by RDMA, and says why; never inline too. */
+  r.flags = AGOQ_IB_RTS_FLAG_DEVICE;
+  agoq_ib_rts_encode(&r, b);
+  assert_int_equal(agoq_ib_rts_decode(b, sizeof b, 8192, &d), AGOQ_IB_WIRE_OK);
+  r.flags = AGOQ_IB_RTS_FLAG_DEVICE | AGOQ_IB_RTS_FLAG_EAGER;
+  agoq_ib_rts_encode(&r, b);
+  assert_int_equal(agoq_ib_rts_decode(b, sizeof b, 8192, &d), AGOQ_IB_WIRE_BAD_FIELD);
+  r.flags = 0;
   r.size = 8193;
   agoq_ib_rts_encode(&r, b);
   assert_int_equal(agoq_ib_rts_decode(b, sizeof b, 8192, &d), AGOQ_IB_WIRE_OK);

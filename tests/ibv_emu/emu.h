@@ -72,7 +72,10 @@ typedef struct emu_pd {
 
 typedef struct emu_mr {
   struct agoq_ibv_mr ibv;
-  uint64_t iova; /* start of the MR in the remote address space */
+  uint64_t iova;  /* start of the MR in the address space of its lkey and rkey */
+  uint8_t* bytes; /* where the MR's first byte lives in this process */
+  void* map;      /* a dma-buf MR's own mapping of the buffer (munmap at dereg), or NULL */
+  size_t map_len;
   unsigned int access;
   struct emu_mr* next;
 } emu_mr;

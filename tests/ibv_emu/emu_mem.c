@@ -1,16 +1,25 @@
 /*
  * Protection domains and memory regions.
  *
- * An MR covers [addr, addr + length) of this process; remote peers address it in its
- * iova space [iova, iova + length) (iova = addr for ibv_reg_mr). ibv_reg_dmabuf_mr has no
- * dma-buf to map: with fd >= 0 it registers [iova, iova + length) of this process, because
- * the CUDA emulation's device memory is host memory at the same address (so a plugin's
- * DMA-BUF path runs unchanged against the emulation; offset and fd are otherwise ignored).
+ * An MR covers [addr, addr + length) of this process; work requests address it, through
+ * its lkey (local) or rkey (remote), in its iova space [iova, iova + length): "the virtual
+ * base address of the MR when accessed through a lkey or rkey" (ibv_reg_mr(3); iova = addr
+ * for ibv_reg_mr).
+ *
+ * ibv_reg_dmabuf_mr registers bytes [offset, offset + length) of a dma-buf file at iova; the
+ * process may have no CPU mapping of them at all (GPU memory). The emulation maps that range
+ * of the file for itself, as the HCA's DMA reaches the pages and not the process's view: a
+ * CUDA-emulation allocation exported as a file (agoq_emu_dmabuf_export) is then written and
+ * read here while the address the plugin holds stays inaccessible to the CPU. As in
+ * rdma-core, the MR's addr is the offset. The fd may be closed once the call returns.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "emu.h"
 
@@ -61,7 +70,7 @@ enum {
 };
 
 static struct agoq_ibv_mr* reg_common(struct agoq_ibv_pd* ibpd, void* addr, size_t length, uint64_t iova,
-                                      unsigned int access) {
+                                      unsigned int access, uint8_t* bytes) {
   if (!ibpd) {
     errno = EINVAL;
     return NULL;
@@ -75,7 +84,7 @@ static struct agoq_ibv_mr* reg_common(struct agoq_ibv_pd* ibpd, void* addr, size
     errno = EINVAL;
     return NULL;
   }
-  if (!addr && iova == 0) {
+  if (!bytes) {
     errno = EFAULT; /* pinning address 0 fails in the kernel */
     return NULL;
   }
@@ -110,6 +119,7 @@ static struct agoq_ibv_mr* reg_common(struct agoq_ibv_pd* ibpd, void* addr, size
   mr->ibv.addr = addr;
   mr->ibv.length = length;
   mr->iova = iova;
+  mr->bytes = bytes;
   mr->access = access;
   pthread_mutex_lock(&ctx->lock);
   mr->ibv.handle = ctx->next_handle++;
@@ -121,19 +131,19 @@ static struct agoq_ibv_mr* reg_common(struct agoq_ibv_pd* ibpd, void* addr, size
 }
 
 EMU_EXPORT struct agoq_ibv_mr* ibv_reg_mr(struct agoq_ibv_pd* pd, void* addr, size_t length, int access) {
-  return reg_common(pd, addr, length, (uint64_t)(uintptr_t)addr, (unsigned int)access);
+  return reg_common(pd, addr, length, (uint64_t)(uintptr_t)addr, (unsigned int)access, addr);
 }
 
 EMU_EXPORT struct agoq_ibv_mr* ibv_reg_mr_iova2(struct agoq_ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                                 unsigned int access) {
-  return reg_common(pd, addr, length, iova, access);
+  return reg_common(pd, addr, length, iova, access, addr);
 }
 
 /* ibv_reg_dmabuf_mr(3). A device without dma-buf support answers EOPNOTSUPP whatever the
- * fd (what a plugin's probe with fd -1 distinguishes from EBADF). */
+ * fd (what a plugin's probe with fd -1 distinguishes from EBADF). An fd that is no file is
+ * EBADF; a range past the file's end, EINVAL. */
 EMU_EXPORT struct agoq_ibv_mr* ibv_reg_dmabuf_mr(struct agoq_ibv_pd* pd, uint64_t offset, size_t length,
                                                  uint64_t iova, int fd, int access) {
-  (void)offset;
   if (!pd) {
     errno = EINVAL;
     return NULL;
@@ -142,11 +152,40 @@ EMU_EXPORT struct agoq_ibv_mr* ibv_reg_dmabuf_mr(struct agoq_ibv_pd* pd, uint64_
     errno = EOPNOTSUPP;
     return NULL;
   }
-  if (fd < 0) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
     errno = EBADF;
     return NULL;
   }
-  return reg_common(pd, (void*)(uintptr_t)iova, length, iova, (unsigned int)access);
+  if (length == 0 || offset > (uint64_t)st.st_size || length > (uint64_t)st.st_size - offset) {
+    errno = EINVAL;
+    return NULL;
+  }
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uint64_t first = offset / page * page;
+  size_t map_len = (size_t)(offset - first) + length;
+  void* map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)first);
+  if (map == MAP_FAILED) {
+    errno = errno == EACCES ? EACCES : EINVAL;
+    return NULL;
+  }
+  struct agoq_ibv_mr* ibmr =
+      reg_common(pd, (void*)(uintptr_t)offset, length, iova, (unsigned int)access, (uint8_t*)map + (offset - first));
+  if (!ibmr) {
+    int e = errno;
+    munmap(map, map_len);
+    errno = e;
+    return NULL;
+  }
+  emu_mr* mr = (emu_mr*)ibmr;
+  mr->map = map;
+  mr->map_len = map_len;
+  return ibmr;
+}
+
+static void mr_free(emu_mr* mr) {
+  if (mr->map) munmap(mr->map, mr->map_len);
+  free(mr);
 }
 
 EMU_EXPORT int ibv_dereg_mr(struct agoq_ibv_mr* ibmr) {
@@ -161,7 +200,7 @@ EMU_EXPORT int ibv_dereg_mr(struct agoq_ibv_mr* ibmr) {
     }
   ((emu_pd*)ibmr->pd)->nmr--;
   pthread_mutex_unlock(&ctx->lock);
-  free(mr);
+  mr_free(mr);
   return 0;
 }
 
@@ -171,10 +210,10 @@ emu_mr* emu_mr_check(emu_ctx* ctx, struct agoq_ibv_pd* pd, uint32_t key, int rem
     if ((remote ? mr->ibv.rkey : mr->ibv.lkey) != key) continue;
     if (mr->ibv.pd != pd) return NULL; /* IB spec o10-36: the key must belong to the QP's PD */
     if ((mr->access & need) != need) return NULL;
-    uint64_t base = remote ? mr->iova : (uint64_t)(uintptr_t)mr->ibv.addr;
+    uint64_t base = mr->iova; /* lkey and rkey alike */
     /* the whole range must lie inside the region (a 0-byte access at its end is fine) */
     if (addr < base || len > mr->ibv.length || addr - base > mr->ibv.length - len) return NULL;
-    *ptr = (uint8_t*)mr->ibv.addr + (addr - base);
+    *ptr = mr->bytes + (addr - base);
     return mr;
   }
   return NULL;
@@ -184,7 +223,7 @@ void emu_mem_free_all(emu_ctx* ctx) {
   while (ctx->mrs) {
     emu_mr* m = ctx->mrs;
     ctx->mrs = m->next;
-    free(m);
+    mr_free(m);
   }
   while (ctx->pds) {
     emu_pd* p = ctx->pds;

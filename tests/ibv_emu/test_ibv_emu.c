@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1428,23 +1429,79 @@ static void strings_and_dmabuf(void** state) {
   assert_null(dlvsym(api.handle, "ibv_reg_dmabuf_mr", "IBVERBS_1.8"));
   assert_non_null(dlvsym(api.handle, "_ibv_query_gid_ex", "IBVERBS_1.11"));
   assert_null(dlsym(api.handle, "emu_qp_find")); /* internals stay local */
-  /* DMA-BUF: fd -1 is EBADF (supported); a real fd registers the range at iova */
+  /* DMA-BUF: fd -1 is EBADF (supported); a file too short for the range is EINVAL */
   struct agoq_ibv_context* ctx = open_dev(NULL);
   struct agoq_ibv_pd* pd = api.alloc_pd(ctx);
-  static uint8_t devmem[4096];
   errno = 0;
   assert_null(api.reg_dmabuf_mr(pd, 0, 0, 0, -1, 0));
   assert_int_equal(errno, EBADF);
   int fd = open("/dev/null", O_RDONLY);
   assert_true(fd >= 0);
-  struct agoq_ibv_mr* mr =
-      api.reg_dmabuf_mr(pd, 0, sizeof devmem, (uint64_t)(uintptr_t)devmem, fd, AGOQ_IBV_ACCESS_LOCAL_WRITE);
+  errno = 0;
+  assert_null(api.reg_dmabuf_mr(pd, 0, 4096, 0x10000, fd, AGOQ_IBV_ACCESS_LOCAL_WRITE));
+  assert_int_equal(errno, EINVAL);
   close(fd);
-  assert_non_null(mr);
-  assert_ptr_equal(mr->addr, devmem);
-  assert_int_equal(api.dereg_mr(mr), 0);
+  errno = 0;
+  assert_null(api.reg_dmabuf_mr(pd, 0, 4096, 0x10000, fd, AGOQ_IBV_ACCESS_LOCAL_WRITE)); /* closed */
+  assert_int_equal(errno, EBADF);
   assert_int_equal(api.dealloc_pd(pd), 0);
   assert_int_equal(api.close_device(ctx), 0);
+}
+
+/* A dma-buf MR is reached through its iova only, locally and remotely, and its bytes are
+ * the file's, whatever the process maps at the iova (here: nothing). The fd may be closed
+ * after the registration. */
+static void dmabuf_data(void** state) {
+  (void)state;
+  use_fixture(NULL);
+  host a, b;
+  pair_open(&a, &b, 64, 16, T_OK, 7);
+  enum { FILE_LEN = 3 * 4096, OFF = 5000, LEN = 6000 };
+  int fd = memfd_create("dmabuf-test", 0);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, FILE_LEN), 0);
+  uint8_t* view = mmap(NULL, FILE_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(view != MAP_FAILED);
+  const uint64_t iova = 0x5a5a00000000ull; /* not mapped in this process */
+  errno = 0;
+  assert_null(api.reg_dmabuf_mr(b.pd, OFF, FILE_LEN, iova, fd, ALL_ACCESS)); /* past the end */
+  assert_int_equal(errno, EINVAL);
+  struct agoq_ibv_mr* dm = api.reg_dmabuf_mr(b.pd, OFF, LEN, iova, fd, ALL_ACCESS);
+  assert_non_null(dm);
+  close(fd);
+  assert_ptr_equal(dm->addr, (void*)(uintptr_t)OFF); /* rdma-core: the offset */
+  assert_int_equal(dm->length, LEN);
+  fill_pattern(a.buf, LEN, 11);
+  assert_int_equal(post_rdma(&a, 1, AGOQ_IBV_WR_RDMA_WRITE, 0, LEN, iova, dm->rkey, 0, AGOQ_IBV_SEND_SIGNALED), 0);
+  struct agoq_ibv_wc wc;
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, AGOQ_IBV_WC_SUCCESS);
+  assert_memory_equal(view + OFF, a.buf, LEN);
+  /* local access by lkey at iova: b reads a's bytes into the dma-buf */
+  fill_pattern(a.buf + 8192, 1000, 77);
+  struct agoq_ibv_sge sge = {.addr = iova + 100, .length = 1000, .lkey = dm->lkey};
+  struct agoq_ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 2;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = AGOQ_IBV_WR_RDMA_READ;
+  wr.send_flags = AGOQ_IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(a.buf + 8192);
+  wr.wr.rdma.rkey = a.mr->rkey;
+  assert_int_equal(agoq_ibv_post_send(b.qp, &wr, &bad), 0);
+  assert_int_equal(poll_n(b.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, AGOQ_IBV_WC_SUCCESS);
+  assert_memory_equal(view + OFF + 100, a.buf + 8192, 1000);
+  /* a write one byte past the region is a remote access error */
+  assert_int_equal(post_rdma(&a, 3, AGOQ_IBV_WR_RDMA_WRITE, 0, 2, iova + LEN - 1, dm->rkey, 0, AGOQ_IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, AGOQ_IBV_WC_REM_ACCESS_ERR);
+  assert_int_equal(api.dereg_mr(dm), 0);
+  munmap(view, FILE_LEN);
+  host_close(&a);
+  host_close(&b);
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
@@ -1485,7 +1542,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(error_wc_junk),      cmocka_unit_test(reg_mr_faults),
       cmocka_unit_test(fault_wc12),         cmocka_unit_test(in_order),
       cmocka_unit_test(fork_write_imm),     cmocka_unit_test(port_down),
-      cmocka_unit_test(dead_peer),          cmocka_unit_test(strings_and_dmabuf),
+      cmocka_unit_test(dead_peer),          cmocka_unit_test(strings_and_dmabuf), cmocka_unit_test(dmabuf_data),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

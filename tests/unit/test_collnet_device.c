@@ -692,7 +692,11 @@ static void test_refusals_and_iflush(void** state) {
   assert_int_equal(agoq_coll_reg_mr(comm, lo, (size_t)(hi - lo) + 1, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
   assert_non_null(strstr(log_buf, "runs past its allocation"));
   cudaFree(e);
-  assert_int_not_equal(agoq_coll_reg_mr_dmabuf(comm, d, 4096, NCCL_PTR_CUDA, 0, 3, &mh), ncclSuccess);
+  /* By DMA-BUF (advertised where the net transport registers dma-bufs), device memory is
+   * staged as by regMr: the fd is not used; a range outside device memory is refused. */
+  assert_int_equal(agoq_coll_reg_mr_dmabuf(comm, d, 4096, NCCL_PTR_CUDA, 0, 3, &mh), ncclSuccess);
+  assert_int_equal(agoq_coll_dereg_mr(comm, mh), ncclSuccess);
+  assert_int_equal(agoq_coll_reg_mr_dmabuf(comm, host, 4096, NCCL_PTR_CUDA, 0, 3, &mh), ncclInvalidUsage);
   void *dmh = NULL, *hmh = NULL;
   reg(&g, 0, d, 4096, NCCL_PTR_CUDA, &dmh);
   reg(&g, 0, host, 4096, NCCL_PTR_HOST, &hmh);

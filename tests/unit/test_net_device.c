@@ -218,6 +218,58 @@ static void test_inflight_in_order(void** state) {
   free(got);
 }
 
+/* One connection carries host and device buffers (NCCL's LL buffers stay in host memory
+ * while SIMPLE's are on the GPU): a host send posted while a device send is still being
+ * staged goes after it. The emulated copy does not run before the plugin polls its event,
+ * so a host send that overtook it would land in the first receive. */
+static void test_host_send_after_staged_device_send(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 7, NULL);
+  enum { N1 = 3000, N2 = 5000, CAP = 8192 };
+  uint8_t a[N1], b[N2];
+  fill(a, N1, 41);
+  fill(b, N2, 42);
+  endpoint sd = {.buf = dev_from(a, N1), .size = N1, .device = true};
+  endpoint sh = {.buf = b, .size = N2, .device = false};
+  ep_reg(p.send, &sd);
+  ep_reg(p.send, &sh);
+  uint8_t* rbuf[2] = {malloc(CAP), malloc(CAP)};
+  void* rmh[2] = {NULL, NULL};
+  for (int i = 0; i < 2; i++) assert_int_equal(agoq_net_reg_mr(p.recv, rbuf[i], CAP, NCCL_PTR_HOST, &rmh[i]), ncclSuccess);
+  int tag = 3;
+  void *s1 = NULL, *s2 = NULL, *r[2] = {NULL, NULL};
+  assert_int_equal(agoq_net_isend(p.send, sd.buf, N1, tag, sd.mh, NULL, &s1), ncclSuccess);
+  assert_int_equal(agoq_net_isend(p.send, sh.buf, N2, tag, sh.mh, NULL, &s2), ncclSuccess);
+  assert_non_null(s1);
+  assert_non_null(s2);
+  for (int i = 0; i < 2; i++) {
+    size_t cap = CAP;
+    void* dst = rbuf[i];
+    assert_int_equal(agoq_net_irecv(p.recv, 1, &dst, &cap, &tag, &rmh[i], NULL, &r[i]), ncclSuccess);
+    assert_non_null(r[i]);
+  }
+  int done[4] = {0}, size[4] = {-1, -1, -1, -1};
+  void* reqs[4] = {s1, s2, r[0], r[1]};
+  double deadline = now_s() + 30;
+  while (!(done[0] && done[1] && done[2] && done[3]) && now_s() < deadline)
+    for (int i = 0; i < 4; i++)
+      if (!done[i]) assert_int_equal(agoq_net_test(reqs[i], &done[i], &size[i]), ncclSuccess);
+  assert_true(done[0] && done[1] && done[2] && done[3]);
+  assert_int_equal(size[2], N1);
+  assert_memory_equal(rbuf[0], a, N1);
+  assert_int_equal(size[3], N2);
+  assert_memory_equal(rbuf[1], b, N2);
+  for (int i = 0; i < 2; i++) {
+    agoq_net_dereg_mr(p.recv, rmh[i]);
+    free(rbuf[i]);
+  }
+  agoq_net_dereg_mr(p.send, sd.mh);
+  agoq_net_dereg_mr(p.send, sh.mh);
+  cudaFree(sd.buf);
+  pair_close(&p);
+}
+
 /* A typed float payload from device memory is encoded by the CUDA codec (here: emulated,
  * the same kernels) into a frame, decoded by the receiver's GPU, and the decoded bits are
  * exactly those of the same message sent host to host through the CPU codec. */
@@ -466,6 +518,7 @@ int main(void) {
       cmocka_unit_test(test_backend_is_the_emulation),
       cmocka_unit_test(test_exact_every_memory_pair),
       cmocka_unit_test(test_inflight_in_order),
+      cmocka_unit_test(test_host_send_after_staged_device_send),
       cmocka_unit_test(test_typed_bits_equal_host_path),
       cmocka_unit_test(test_typed_matrix_equals_host_path),
       cmocka_unit_test(test_typed_tiny_goes_exact),

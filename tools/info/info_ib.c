@@ -27,9 +27,15 @@ int agoq_info_config_ports(FILE* out) {
   ncclResult_t res = agoq_ib_discover(st, agoq_info_ib_line, out, why, sizeof why);
   int rc = 0;
   if (res == ncclSuccess) {
-    fprintf(out, "  => the verbs transport carries the traffic (%d port%s); GPU buffers are staged through host "
-                 "memory (GPUDirect RDMA is not used by this version)\n",
-            st->ndevs, st->ndevs == 1 ? "" : "s");
+    int gdr = 0;
+    for (int i = 0; i < st->ndevs; i++) gdr += st->devs[i].dmabuf;
+    fprintf(out, "  => the verbs transport carries the traffic (%d port%s); GPU buffers: %s\n", st->ndevs,
+            st->ndevs == 1 ? "" : "s",
+            gdr == st->ndevs ? "GPUDirect RDMA by DMA-BUF where NCCL registers them so (a GPU with dma-buf support; "
+                               "NCCL_DMABUF_ENABLE), else staged through host memory"
+            : gdr > 0        ? "GPUDirect RDMA by DMA-BUF on the ports that support it, staged through host memory "
+                               "on the others"
+                             : "staged through host memory (no port registers dma-bufs)");
   } else if (agoq_param_int(AGOQ_PARAM_TRANSPORT) == 2 || res == ncclInvalidArgument) {
     fprintf(out, "  => %s: NCCL would fail to initialise the plugin\n", why);
     rc = 1;

@@ -25,6 +25,7 @@
  * thread that asked.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,7 @@ struct Alloc {
   char* map_dev;   /* the device's mapping, with its trailing guard page */
   size_t map_size; /* both mappings, guard included */
   bool device;
+  int fd; /* device allocations: the memfd behind both mappings (the dma-buf it exports) */
 };
 
 std::recursive_mutex dev_mu;       /* the device: the queues, the allocations, running work */
@@ -92,7 +94,7 @@ std::map<uintptr_t, Alloc> allocs; /* by the address the host sees */
 std::vector<agoq_emu_stream*> streams; /* every stream created and not yet freed */
 uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
-std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0};
+std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0}, n_rdma_flush{0};
 int current_device = 0;
 
 cudaError_t fail(cudaError_t e) {
@@ -337,6 +339,29 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev) {
+  if (value == nullptr) return fail(cudaErrorInvalidValue);
+  if (dev != 0) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrGPUDirectRDMASupported:
+      *value = 1;
+      return cudaSuccess;
+    case cudaDevAttrGPUDirectRDMAFlushWritesOptions:
+      *value = cudaFlushGPUDirectRDMAWritesOptionHost;
+      return cudaSuccess;
+  }
+  return fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaDeviceFlushGPUDirectRDMAWrites(enum cudaFlushGPUDirectRDMAWritesTarget target,
+                                               enum cudaFlushGPUDirectRDMAWritesScope scope) {
+  if (target != cudaFlushGPUDirectRDMAWritesTargetCurrentDevice ||
+      (scope != cudaFlushGPUDirectRDMAWritesToOwner && scope != cudaFlushGPUDirectRDMAWritesToAllDevices))
+    return fail(cudaErrorInvalidValue);
+  n_rdma_flush++;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   *p = nullptr;
@@ -356,16 +381,16 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
       dev = static_cast<char*>(MAP_FAILED);
     }
   }
-  close(fd);
   if (host == nullptr || host == MAP_FAILED || dev == MAP_FAILED) {
     if (host != nullptr && host != MAP_FAILED) munmap(host, map);
     if (dev != nullptr && dev != MAP_FAILED) munmap(dev, map);
+    close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
   /* As close to the guard page as the alignment allows. */
   size_t off = (body - (bytes ? bytes : 1)) / kAlign * kAlign;
   Session lk;
-  allocs[reinterpret_cast<uintptr_t>(host + off)] = Alloc{bytes, dev + off, host, dev, map, true};
+  allocs[reinterpret_cast<uintptr_t>(host + off)] = Alloc{bytes, dev + off, host, dev, map, true, fd};
   *p = host + off;
   return cudaSuccess;
 }
@@ -378,6 +403,7 @@ cudaError_t cudaFree(void* p) {
   drain_all(false); /* cudaFree synchronises: no queued work may still use it */
   munmap(it->second.map_host, it->second.map_size);
   munmap(it->second.map_dev, it->second.map_size);
+  close(it->second.fd);
   allocs.erase(it);
   return cudaSuccess;
 }
@@ -389,7 +415,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) {
   char* h = static_cast<char*>(mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (h == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
   Session lk;
-  allocs[reinterpret_cast<uintptr_t>(h)] = Alloc{bytes, h, h, nullptr, map, false};
+  allocs[reinterpret_cast<uintptr_t>(h)] = Alloc{bytes, h, h, nullptr, map, false, -1};
   *p = h;
   return cudaSuccess;
 }
@@ -609,6 +635,7 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->legacy_stream_ops = n_legacy;
   c->sync_calls = n_sync;
   c->ops_run = n_run;
+  c->rdma_flushes = n_rdma_flush;
   for (const auto& kv : allocs) (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
 }
 
@@ -632,17 +659,51 @@ static int emu_mem_get_address_range(unsigned long long* base, size_t* size, uns
   return 0;
 }
 
+/* The driver's cuMemGetHandleForAddressRange with CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (1):
+ * a dma-buf file of the range, whose offset 0 is dptr. dptr and size must be multiples of
+ * the host page (as the driver requires) and the range must lie in one device allocation's
+ * pages. The emulation's file is the allocation's memfd, so the range must start at the
+ * allocation's first page (its offset 0): a later start is refused, loudly, rather than
+ * handed out with another offset. The caller owns (and closes) the fd. */
+static int emu_mem_get_handle_for_address_range(void* handle, unsigned long long dptr, size_t size, int type,
+                                                unsigned long long flags) {
+  if (handle == nullptr || type != 1 || flags != 0) return 1; /* CUDA_ERROR_INVALID_VALUE */
+  size_t pg = page_size();
+  if (dptr % pg != 0 || size == 0 || size % pg != 0) return 1;
+  Session lk;
+  for (const auto& kv : allocs) {
+    const Alloc& a = kv.second;
+    uintptr_t lo = reinterpret_cast<uintptr_t>(a.map_host), body = a.map_size - pg;
+    if (!a.device || dptr < lo || dptr >= lo + body) continue;
+    if (size > lo + body - dptr) return 1;
+    if (dptr != lo) {
+      fprintf(stderr, "agoq CUDA emulation: cuMemGetHandleForAddressRange from page %llu of an allocation: the "
+                      "emulation exports whole allocations only\n",
+              (unsigned long long)((dptr - lo) / pg));
+      return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    }
+    int fd = fcntl(a.fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    *static_cast<int*>(handle) = fd;
+    return 0;
+  }
+  return 1;
+}
+
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
                                              unsigned long long flags,
                                              enum cudaDriverEntryPointQueryResult* status) {
   (void)cuda_version;
   if (symbol == nullptr || fn == nullptr || flags != cudaEnableDefault) return fail(cudaErrorInvalidValue);
   *fn = nullptr;
-  if (strcmp(symbol, "cuMemGetAddressRange") != 0) {
+  if (strcmp(symbol, "cuMemGetAddressRange") == 0) {
+    *fn = reinterpret_cast<void*>(&emu_mem_get_address_range);
+  } else if (strcmp(symbol, "cuMemGetHandleForAddressRange") == 0) {
+    *fn = reinterpret_cast<void*>(&emu_mem_get_handle_for_address_range);
+  } else {
     if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
     return fail(cudaErrorSymbolNotFound);
   }
-  *fn = reinterpret_cast<void*>(&emu_mem_get_address_range);
   if (status != nullptr) *status = cudaDriverEntryPointSuccess;
   return cudaSuccess;
 }

@@ -70,6 +70,11 @@ typedef struct agoq_ib_dev {
   int max_qp_wr;
   int max_cqe;
   char describe[192]; /* one line for INFO and agoq-info */
+  /* GPUDirect RDMA: the device registers dma-bufs (ibv_reg_dmabuf_mr), so GPU memory that
+   * the CUDA driver exports as one is written and read by the HCA itself; gdr says which
+   * way GPU memory is reached and why (agoq-info, INFO). */
+  bool dmabuf;
+  char gdr[256];
   /* Live registrations in pd (agoq_ib_mr.c, under its lock) and how they were had. */
   agoq_ib_mr* mrs;
   uint64_t mr_made, mr_shared;
@@ -84,7 +89,8 @@ typedef struct agoq_ib_dev {
 struct agoq_ib_mr {
   uint32_t magic;
   agoq_ib_dev* dev;
-  uintptr_t start, end; /* whole pages */
+  uintptr_t start, end; /* whole pages (a dma-buf's: the bytes registered) */
+  bool dmabuf;          /* device memory: only the HCA reaches it, never shared with host ranges */
   struct agoq_ibv_mr* mr;
   int refs;
   struct agoq_ib_mr* next;
@@ -124,6 +130,7 @@ typedef struct {
   agoq_xfer* x;            /* NULL: the slot is free */
   uint32_t seq;
   int writes_pending;      /* payload work requests not completed yet */
+  bool eager;              /* the payload went inline with the RTS */
   agoq_ib_mr* mr;          /* a reference on the payload's registration until it is done */
 } agoq_ib_send_slot;
 
@@ -227,11 +234,17 @@ ncclResult_t agoq_ib_reg(agoq_ib_conn* c, void* addr, size_t bytes, int access, 
  * agoq_ib_mr_put drops it, and the last reference deregisters. */
 ncclResult_t agoq_ib_mr_get(agoq_ib_dev* d, void* addr, size_t size, agoq_ib_mr** out, bool* made);
 void agoq_ib_mr_put(agoq_ib_mr* m);
+/* GPU memory [addr, addr + size), bytes [offset, offset + size) of dma-buf fd: registered
+ * with iova addr (the address NCCL and the peer use), shared with a live dma-buf
+ * registration that covers it. */
+ncclResult_t agoq_ib_mr_get_dmabuf(agoq_ib_dev* d, void* addr, size_t size, uint64_t offset, int fd,
+                                   agoq_ib_mr** out);
 bool agoq_ib_mr_covers(const agoq_ib_mr* m, const void* addr, size_t size);
 /* Unload: whatever the caller never deregistered (said at INFO). */
 void agoq_ib_mr_release_dev(agoq_ib_state* st, agoq_ib_dev* d);
 /* The transport's reg and dereg (agoq_transport.h). */
 ncclResult_t agoq_ib_reg_key(int dev, void* addr, size_t size, void** key);
+ncclResult_t agoq_ib_reg_dmabuf_key(int dev, void* addr, size_t size, uint64_t offset, int fd, void** key);
 void agoq_ib_dereg_key(void* key);
 /* A reference on the registration a caller's key names (NULL: none, or not ours). */
 agoq_ib_mr* agoq_ib_mr_ref(void* key);

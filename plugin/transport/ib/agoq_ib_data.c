@@ -79,14 +79,18 @@ static ncclResult_t agoq_ib_send_issue(agoq_ib_conn* c) {
     agoq_ib_fifo_pop(c);
     c->send_seq++;
     uint64_t size = x->size[0];
-    bool eager = size <= c->eager_max;
+    /* GPU memory goes by RDMA whatever its size: the CPU cannot copy it inline (an empty
+     * message has nothing to copy). */
+    bool device = (x->flags & AGOQ_XFER_DEVICE) && size > 0;
+    bool eager = size <= c->eager_max && !device;
     agoq_ib_rts r = {.seq = seq, .tag = x->tag, .size = size,
                      .flags = ((x->flags & AGOQ_XFER_FRAME) ? AGOQ_IB_RTS_FLAG_FRAME : 0) |
-                              (eager ? AGOQ_IB_RTS_FLAG_EAGER : 0)};
+                              (eager ? AGOQ_IB_RTS_FLAG_EAGER : 0) |
+                              (device ? AGOQ_IB_RTS_FLAG_DEVICE : 0)};
     uint8_t* out = c->out + (size_t)slot * c->out_slot;
     agoq_ib_rts_encode(&r, out);
     if (eager && size > 0) memcpy(out + AGOQ_IB_RTS_HDR_SIZE, x->data[0], size);
-    *s = (agoq_ib_send_slot){.x = x, .seq = seq};
+    *s = (agoq_ib_send_slot){.x = x, .seq = seq, .eager = eager};
     c->busy_slots++;
     AGOQ_CHECK(agoq_ib_write(c, 0, agoq_ib_wr_id(AGOQ_IB_WR_RTS, slot), out, c->out_mr->lkey,
                              AGOQ_IB_RTS_HDR_SIZE + (eager ? size : 0), c->peer_ring_addr + slot * c->peer_slot,
@@ -123,7 +127,7 @@ static ncclResult_t agoq_ib_on_cts(agoq_ib_conn* c, uint32_t imm_seq) {
   if (s->x == NULL || cts.seq != s->seq || (s->seq & AGOQ_IB_IMM_SEQ_MASK) != imm_seq)
     return agoq_ib_protocol_error(c, "an answer to no message in flight", imm_seq);
   uint64_t size = s->x->size[0];
-  bool eager = size <= c->eager_max;
+  bool eager = s->eager;
   switch (cts.kind) {
     case AGOQ_IB_CTS_CONSUMED:
       if (!eager) return agoq_ib_protocol_error(c, "'consumed' for a message that was not inline", s->seq);
@@ -200,8 +204,11 @@ static ncclResult_t agoq_ib_recv_match(agoq_ib_conn* c) {
     if (r.seq != seq) return agoq_ib_protocol_error(c, "a message out of order", r.seq);
     int buf = -1;
     uint8_t* dst = NULL;
-    ncclResult_t res = c->match(c->match_arg, x, r.tag, r.size, (r.flags & AGOQ_IB_RTS_FLAG_FRAME) ? AGOQ_XFER_FRAME : 0,
-                                &buf, &dst);
+    /* A message not sent inline is written by the sender's HCA, so it may land in GPU
+     * memory; an inline one is copied here by the CPU. */
+    uint32_t mflags = ((r.flags & AGOQ_IB_RTS_FLAG_FRAME) ? AGOQ_XFER_FRAME : 0) |
+                      ((r.flags & AGOQ_IB_RTS_FLAG_EAGER) ? 0 : AGOQ_XFER_RDMA);
+    ncclResult_t res = c->match(c->match_arg, x, r.tag, r.size, mflags, &buf, &dst);
     if (res == ncclSuccess && (buf < 0 || buf >= x->n || (x->matched_mask & (1u << buf))))
       res = ncclInternalError;
     if (res != ncclSuccess) {

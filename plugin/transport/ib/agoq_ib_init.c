@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
@@ -153,6 +154,54 @@ static bool agoq_ib_port_consider(agoq_ib_state* st, const agoq_ib_hca_filter* f
   return true;
 }
 
+/* nvidia-peermem (or the older nv_peer_mem) lets ibv_reg_mr take GPU addresses; NCCL checks
+ * these files. agoq reaches GPU memory by DMA-BUF only, so this is reported (once, with the
+ * first device), not used. */
+static const char* agoq_ib_peermem(void) {
+  static const char* const files[] = {"/sys/module/nvidia_peermem/version", "/sys/kernel/mm/memory_peers/nv_mem/version",
+                                      "/sys/kernel/mm/memory_peers/nv_mem_nc/version"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+    if (access(files[i], F_OK) == 0) return files[i];
+  return NULL;
+}
+
+/* Whether devices [first, last) (one context) register dma-bufs: NCCL's probe, a
+ * registration of fd -1, answers EBADF where the kernel and driver support them and
+ * EOPNOTSUPP (or EPROTONOSUPPORT) where they do not. Each answer is said with its reason. */
+static void agoq_ib_gdr_probe(agoq_ib_state* st, const agoq_ib_reporter* r, int first, int last) {
+  agoq_ib_dev* d0 = &st->devs[first];
+  bool dmabuf = false;
+  char why[192];
+  if (st->api.reg_dmabuf_mr == NULL) {
+    snprintf(why, sizeof why, "no DMA-BUF: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later has it)");
+  } else {
+    errno = 0;
+    struct agoq_ibv_mr* mr = st->api.reg_dmabuf_mr(d0->pd, 0, 0, 0, -1, 0);
+    int err = errno;
+    if (mr != NULL) st->api.dereg_mr(mr);
+    dmabuf = mr == NULL && err != EOPNOTSUPP && err != EPROTONOSUPPORT;
+    if (dmabuf)
+      snprintf(why, sizeof why, "DMA-BUF (ibv_reg_dmabuf_mr probe: %s): GPU buffers NCCL registers by DMA-BUF are "
+                                "written and read by the HCA",
+               strerror(err));
+    else
+      snprintf(why, sizeof why, "no DMA-BUF: ibv_reg_dmabuf_mr answers %s (needs Linux 5.12+ and a driver with "
+                                "dma-buf support)",
+               strerror(err));
+  }
+  for (int k = first; k < last; k++) {
+    agoq_ib_dev* d = &st->devs[k];
+    d->dmabuf = dmabuf;
+    snprintf(d->gdr, sizeof d->gdr, "%s", why);
+    agoq_ib_say(r, "[%d] GPUDirect: %s", k, d->gdr);
+  }
+  if (first == 0) {
+    const char* peermem = agoq_ib_peermem();
+    agoq_ib_say(r, "nvidia-peermem: %s%s", peermem != NULL ? "loaded, " : "not loaded",
+                peermem != NULL ? peermem : "");
+  }
+}
+
 void agoq_ib_release(agoq_ib_state* st) {
   /* Registrations before the protection domains they live in. */
   for (int i = 0; i < st->ndevs; i++) agoq_ib_mr_release_dev(st, &st->devs[i]);
@@ -211,7 +260,9 @@ static ncclResult_t agoq_ib_open_ports(agoq_ib_state* st, const agoq_ib_hca_filt
     if (pd == NULL) {
       st->ndevs -= used;
       st->api.close_device(ctx);
+      continue;
     }
+    agoq_ib_gdr_probe(st, r, st->ndevs - used, st->ndevs);
   }
   free(gids);
   st->api.free_device_list(list);
@@ -297,6 +348,8 @@ static ncclResult_t agoq_ib_get_properties(int dev, agoq_tp_props* p) {
   p->speed_mbps = d->speed_mbps;
   p->port = d->port;
   p->max_comms = d->max_qp / agoq_ib.nqps > 0 ? d->max_qp / agoq_ib.nqps : 1;
+  /* The net core keeps it only where it can handle GPU buffers at all (agoq_net_get_properties). */
+  if (d->dmabuf) p->ptr_support |= NCCL_PTR_DMABUF;
   return ncclSuccess;
 }
 
@@ -351,6 +404,7 @@ const agoq_transport agoq_transport_ib = {
     .peer = agoq_ib_peer,
     .close = agoq_ib_close,
     .reg = agoq_ib_reg_key,
+    .reg_dmabuf = agoq_ib_reg_dmabuf_key,
     .dereg = agoq_ib_dereg_key,
     .exchange = NULL,
 };

@@ -35,21 +35,45 @@ bool agoq_ib_mr_covers(const agoq_ib_mr* m, const void* addr, size_t size) {
   return m != NULL && m->magic == AGOQ_IB_MR_MAGIC && a >= m->start && a <= m->end && size <= m->end - a;
 }
 
-ncclResult_t agoq_ib_mr_get(agoq_ib_dev* d, void* addr, size_t size, agoq_ib_mr** out, bool* made) {
-  *out = NULL;
-  if (made != NULL) *made = false;
-  uintptr_t page = agoq_ib_page(), a = (uintptr_t)addr;
-  if (a == 0 || size > UINTPTR_MAX - a - page) {
-    AGOQ_WARN("%s: cannot register %p (%zu bytes): not a valid range", d->describe, addr, size);
-    return ncclInvalidUsage;
-  }
-  /* Whole pages: the kernel pins by the page anyway, and a later buffer on the same pages
-   * then finds this registration. A zero-length range still gets its page. */
-  uintptr_t start = a / page * page, end = (a + (size > 0 ? size : 1) + page - 1) / page * page;
+/* What a registration is to cover: whole pages of host memory, or bytes [offset, offset +
+ * (end - start)) of dma-buf fd at iova start (GPU memory). */
+typedef struct {
+  uintptr_t start, end;
+  bool dmabuf;
+  uint64_t offset;
+  int fd;
+} agoq_ib_mr_want;
+
+static struct agoq_ibv_mr* agoq_ib_mr_register(agoq_ib_dev* d, const agoq_ib_mr_want* w) {
+  /* Every use a region can have here: a send source, a write target, and the target of
+   * the reads that flush GPU receives. */
+  int access = AGOQ_IBV_ACCESS_LOCAL_WRITE | AGOQ_IBV_ACCESS_REMOTE_WRITE | AGOQ_IBV_ACCESS_REMOTE_READ;
+  size_t len = (size_t)(w->end - w->start);
+  errno = 0;
+  struct agoq_ibv_mr* mr = w->dmabuf ? agoq_ib.api.reg_dmabuf_mr(d->pd, w->offset, len, (uint64_t)w->start, w->fd, access)
+                                     : agoq_ib.api.reg_mr(d->pd, (void*)w->start, len, access);
+  if (mr != NULL) return mr;
+  int err = errno;
+  if (w->dmabuf)
+    AGOQ_WARN("%s: ibv_reg_dmabuf_mr of %zu bytes of GPU memory at %p (fd %d, offset %llu) failed: %s%s", d->describe,
+              len, (void*)w->start, w->fd, (unsigned long long)w->offset, strerror(err),
+              err == ENOMEM ? " (RLIMIT_MEMLOCK, or the GPU's BAR space exhausted)" : "");
+  else
+    AGOQ_WARN("%s: ibv_reg_mr of %zu bytes at %p failed: %s%s", d->describe, len, (void*)w->start, strerror(err),
+              err == ENOMEM ? " (RLIMIT_MEMLOCK too low? raise it with ulimit -l, or --ulimit memlock=-1 in a "
+                              "container)"
+                            : "");
+  return NULL;
+}
+
+/* A reference on a live registration of d covering [a, a + size) (of GPU memory only, for a
+ * dma-buf: a host region never covers it), or a new one as w says. */
+static ncclResult_t agoq_ib_mr_acquire(agoq_ib_dev* d, uintptr_t a, size_t size, const agoq_ib_mr_want* w,
+                                       agoq_ib_mr** out, bool* made) {
   ncclResult_t res = ncclSuccess;
   pthread_mutex_lock(&agoq_ib_mr_mu);
   for (agoq_ib_mr* m = d->mrs; m != NULL; m = m->next) {
-    if (m->start <= a && a + size <= m->end) {
+    if ((m->dmabuf || !w->dmabuf) && m->start <= a && a + size <= m->end) {
       m->refs++;
       d->mr_shared++;
       *out = m;
@@ -62,26 +86,17 @@ ncclResult_t agoq_ib_mr_get(agoq_ib_dev* d, void* addr, size_t size, agoq_ib_mr*
     AGOQ_WARN("%s: out of memory registering %zu bytes", d->describe, size);
     goto unlock;
   }
-  /* Every use a region can have here: a send source, a write target, and the target of
-   * the reads that flush GPU receives. */
-  int access = AGOQ_IBV_ACCESS_LOCAL_WRITE | AGOQ_IBV_ACCESS_REMOTE_WRITE | AGOQ_IBV_ACCESS_REMOTE_READ;
-  errno = 0;
-  m->mr = agoq_ib.api.reg_mr(d->pd, (void*)start, end - start, access);
+  m->mr = agoq_ib_mr_register(d, w);
   if (m->mr == NULL) {
-    int err = errno;
-    AGOQ_WARN("%s: ibv_reg_mr of %zu bytes at %p failed: %s%s", d->describe, (size_t)(end - start), (void*)start,
-              strerror(err),
-              err == ENOMEM ? " (RLIMIT_MEMLOCK too low? raise it with ulimit -l, or --ulimit memlock=-1 in a "
-                              "container)"
-                            : "");
     free(m);
     res = ncclSystemError;
     goto unlock;
   }
   m->magic = AGOQ_IB_MR_MAGIC;
   m->dev = d;
-  m->start = start;
-  m->end = end;
+  m->start = w->start;
+  m->end = w->end;
+  m->dmabuf = w->dmabuf;
   m->refs = 1;
   m->next = d->mrs;
   d->mrs = m;
@@ -91,6 +106,37 @@ ncclResult_t agoq_ib_mr_get(agoq_ib_dev* d, void* addr, size_t size, agoq_ib_mr*
 unlock:
   pthread_mutex_unlock(&agoq_ib_mr_mu);
   return res;
+}
+
+ncclResult_t agoq_ib_mr_get(agoq_ib_dev* d, void* addr, size_t size, agoq_ib_mr** out, bool* made) {
+  *out = NULL;
+  if (made != NULL) *made = false;
+  uintptr_t page = agoq_ib_page(), a = (uintptr_t)addr;
+  if (a == 0 || size > UINTPTR_MAX - a - page) {
+    AGOQ_WARN("%s: cannot register %p (%zu bytes): not a valid range", d->describe, addr, size);
+    return ncclInvalidUsage;
+  }
+  /* Whole pages: the kernel pins by the page anyway, and a later buffer on the same pages
+   * then finds this registration. A zero-length range still gets its page. */
+  agoq_ib_mr_want w = {.start = a / page * page, .end = (a + (size > 0 ? size : 1) + page - 1) / page * page, .fd = -1};
+  return agoq_ib_mr_acquire(d, a, size, &w, out, made);
+}
+
+ncclResult_t agoq_ib_mr_get_dmabuf(agoq_ib_dev* d, void* addr, size_t size, uint64_t offset, int fd,
+                                   agoq_ib_mr** out) {
+  *out = NULL;
+  uintptr_t a = (uintptr_t)addr;
+  if (a == 0 || size == 0 || size > UINTPTR_MAX - a || fd < 0) {
+    AGOQ_WARN("%s: cannot register dma-buf fd %d at %p (%zu bytes): not a valid range", d->describe, fd, addr, size);
+    return ncclInvalidUsage;
+  }
+  if (!d->dmabuf) {
+    AGOQ_WARN("%s: a dma-buf registration on a device without DMA-BUF support (%s)", d->describe, d->gdr);
+    return ncclInvalidUsage;
+  }
+  /* The same GPU buffer registered again (another channel or communicator) shares it. */
+  agoq_ib_mr_want w = {.start = a, .end = a + size, .dmabuf = true, .offset = offset, .fd = fd};
+  return agoq_ib_mr_acquire(d, a, size, &w, out, NULL);
 }
 
 void agoq_ib_mr_put(agoq_ib_mr* m) {
@@ -139,6 +185,18 @@ ncclResult_t agoq_ib_reg_key(int dev, void* addr, size_t size, void** key) {
   }
   agoq_ib_mr* m = NULL;
   AGOQ_CHECK(agoq_ib_mr_get(&agoq_ib.devs[dev], addr, size, &m, NULL));
+  *key = m;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_ib_reg_dmabuf_key(int dev, void* addr, size_t size, uint64_t offset, int fd, void** key) {
+  *key = NULL;
+  if (dev < 0 || dev >= agoq_ib.ndevs) {
+    AGOQ_WARN("register: device %d out of range (%d devices)", dev, agoq_ib.ndevs);
+    return ncclInternalError;
+  }
+  agoq_ib_mr* m = NULL;
+  AGOQ_CHECK(agoq_ib_mr_get_dmabuf(&agoq_ib.devs[dev], addr, size, offset, fd, &m));
   *key = m;
   return ncclSuccess;
 }

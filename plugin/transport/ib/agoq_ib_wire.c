@@ -83,8 +83,11 @@ agoq_ib_wire_status agoq_ib_rts_decode(const uint8_t* in, size_t len, uint32_t e
   r->flags = agoq_get32(in + 12);
   r->size = agoq_get64(in + 16);
   if ((r->flags & ~AGOQ_IB_RTS_FLAGS_KNOWN) != 0 || agoq_get64(in + 24) != 0) return AGOQ_IB_WIRE_BAD_FIELD;
-  if ((r->flags & AGOQ_IB_RTS_FLAG_EAGER) && r->size > eager_max) return AGOQ_IB_WIRE_BAD_FIELD;
-  if (!(r->flags & AGOQ_IB_RTS_FLAG_EAGER) && r->size <= eager_max) return AGOQ_IB_WIRE_BAD_FIELD;
+  bool eager = (r->flags & AGOQ_IB_RTS_FLAG_EAGER) != 0, device = (r->flags & AGOQ_IB_RTS_FLAG_DEVICE) != 0;
+  if (eager && (device || r->size > eager_max)) return AGOQ_IB_WIRE_BAD_FIELD;
+  if (device && r->size == 0) return AGOQ_IB_WIRE_BAD_FIELD; /* nothing to write: inline */
+  /* A small message goes inline unless its bytes are GPU memory the CPU cannot copy. */
+  if (!eager && !device && r->size <= eager_max) return AGOQ_IB_WIRE_BAD_FIELD;
   return AGOQ_IB_WIRE_OK;
 }
 

@@ -56,7 +56,9 @@ typedef struct {
 
 #define AGOQ_IB_RTS_FLAG_FRAME 0x1u /* the payload is a codec frame (AGOQ_XFER_FRAME) */
 #define AGOQ_IB_RTS_FLAG_EAGER 0x2u /* the payload follows the header in the slot */
-#define AGOQ_IB_RTS_FLAGS_KNOWN (AGOQ_IB_RTS_FLAG_FRAME | AGOQ_IB_RTS_FLAG_EAGER)
+/* The payload lies in GPU memory: written by RDMA even when small enough to go inline. */
+#define AGOQ_IB_RTS_FLAG_DEVICE 0x4u
+#define AGOQ_IB_RTS_FLAGS_KNOWN (AGOQ_IB_RTS_FLAG_FRAME | AGOQ_IB_RTS_FLAG_EAGER | AGOQ_IB_RTS_FLAG_DEVICE)
 
 typedef struct {
   uint32_t seq;

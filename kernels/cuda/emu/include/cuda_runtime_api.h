@@ -38,9 +38,11 @@ typedef enum cudaError {
 } cudaError_t;
 
 /* cudaGetDriverEntryPointByVersion: the driver API without linking it. The emulation knows
- * one symbol, "cuMemGetAddressRange" (the _v2 signature: int (*)(unsigned long long* base,
+ * "cuMemGetAddressRange" (the _v2 signature: int (*)(unsigned long long* base,
  * size_t* size, unsigned long long ptr), CUDA_SUCCESS 0, CUDA_ERROR_INVALID_VALUE 1 for a
- * pointer in no device allocation). */
+ * pointer in no device allocation) and "cuMemGetHandleForAddressRange" (int (*)(void* fd,
+ * unsigned long long dptr, size_t size, int type, unsigned long long flags): type 1, a
+ * dma-buf fd of whole pages of one allocation, from its first page). */
 enum cudaDriverEntryPointQueryResult {
   cudaDriverEntryPointSuccess = 0,
   cudaDriverEntryPointSymbolNotFound = 1,
@@ -81,6 +83,18 @@ struct cudaPointerAttributes {
 typedef struct agoq_emu_stream* cudaStream_t;
 typedef struct agoq_emu_event* cudaEvent_t;
 
+/* The device attributes the emulation answers (cudaDeviceGetAttribute). */
+enum cudaDeviceAttr {
+  cudaDevAttrGPUDirectRDMASupported = 116,
+  cudaDevAttrGPUDirectRDMAFlushWritesOptions = 117,
+};
+enum cudaFlushGPUDirectRDMAWritesOptions { cudaFlushGPUDirectRDMAWritesOptionHost = 1 << 0 };
+enum cudaFlushGPUDirectRDMAWritesTarget { cudaFlushGPUDirectRDMAWritesTargetCurrentDevice = 0 };
+enum cudaFlushGPUDirectRDMAWritesScope {
+  cudaFlushGPUDirectRDMAWritesToOwner = 100,
+  cudaFlushGPUDirectRDMAWritesToAllDevices = 200,
+};
+
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem;
@@ -93,6 +107,10 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaGetDevice(int* dev);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev);
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev);
+/* Writes by a NIC into device memory are visible at once here; the call is counted. */
+cudaError_t cudaDeviceFlushGPUDirectRDMAWrites(enum cudaFlushGPUDirectRDMAWritesTarget target,
+                                               enum cudaFlushGPUDirectRDMAWritesScope scope);
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMallocHost(void** p, size_t bytes);
@@ -134,6 +152,7 @@ typedef struct {
   unsigned long long ops_run;           /* queued operations the device has completed */
   unsigned long long device_allocs;     /* live cudaMalloc allocations */
   unsigned long long pinned_allocs;     /* live cudaMallocHost / cudaHostAlloc allocations */
+  unsigned long long rdma_flushes;      /* cudaDeviceFlushGPUDirectRDMAWrites calls */
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
 /* Not CUDA: copies device memory as it is now, running none of the queued work (a test's
