@@ -1,5 +1,7 @@
-/* The tuner: per-communicator policy read once at init, one cost-table edit per eligible
- * collective, one INFO line per communicator saying what it did. */
+/* The tuner: per-communicator policy read once at init; for each eligible collective NCCL's
+ * CollNet entries become what agoq's compressed CollNet would cost (agoq_tuner_cost.h), so
+ * that NCCL picks it only where it wins; an INFO line per communicator and outcome says
+ * what it decided, with the numbers. */
 #include "tuner/agoq_tuner.h"
 
 #include <stdatomic.h>
@@ -8,12 +10,15 @@
 #include <stdlib.h>
 
 #include <limits.h>
+#include <pthread.h>
+#include <time.h>
 
 #include "abi/agoq_nccl_tuner_v5.h"
 #include "core/agoq_check.h"
 #include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
 #include "profiler/agoq_prof_api.h"
+#include "tuner/agoq_tuner_cost.h"
 
 #define AGOQ_TUNER_MAGIC 0x4e555441u /* "ATUN" */
 
@@ -23,10 +28,38 @@ typedef struct {
   size_t nranks, nnodes;
   bool enabled;       /* AGOQ_FORMAT != none and the parameters loaded */
   uint64_t min_bytes; /* AGOQ_MIN_BYTES */
-  _Atomic int logged_steer; /* the per-communicator lines were printed: CollNet chosen */
+  agoq_format format; /* AGOQ_FORMAT */
+  uint32_t block;     /* AGOQ_BLOCK */
+  double codec_mbps;  /* AGOQ_CODEC_MBPS, or this process's measurement */
+  _Atomic int logged_steer; /* the per-communicator lines were printed: compression chosen */
+  _Atomic int logged_cost;  /* ... NCCL's other choice cheaper */
   _Atomic int logged_keep;  /* ... and eligible but CollNet unusable */
   _Atomic int warned_inactive; /* the WARN: a float AllReduce that compression misses */
 } agoq_tuner_ctx;
+
+static double agoq_tuner_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static pthread_once_t agoq_tuner_codec_once = PTHREAD_ONCE_INIT;
+static double agoq_tuner_codec_measured;
+
+static void agoq_tuner_codec_measure(void) {
+  agoq_tuner_codec_measured = agoq_tuner_codec_mbps_measure(agoq_tuner_now_s, 4);
+  AGOQ_INFO(NCCL_TUNING, "tuner: the CPU codec runs %.0f MB/s (int8 of bf16, quantize + dequantize, measured "
+                         "once; AGOQ_CODEC_MBPS sets it instead)",
+            agoq_tuner_codec_measured);
+}
+
+/* AGOQ_CODEC_MBPS, else the CPU codec measured once per process. */
+static double agoq_tuner_codec_mbps(void) {
+  int64_t set = agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
+  if (set > 0) return (double)set;
+  pthread_once(&agoq_tuner_codec_once, agoq_tuner_codec_measure);
+  return agoq_tuner_codec_measured;
+}
 
 ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t nnodes,
                              ncclDebugLogger_t log_fn) {
@@ -44,7 +77,11 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
    * steers nothing rather than fail the communicator. */
   c->enabled = agoq_params_load() == ncclSuccess && agoq_param_int(AGOQ_PARAM_FORMAT) != 0;
   c->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
+  if (c->enabled && agoq_format_from_name(agoq_param_str(AGOQ_PARAM_FORMAT), &c->format) != 0) c->enabled = false;
+  c->block = (uint32_t)strtoul(agoq_param_str(AGOQ_PARAM_BLOCK), NULL, 10);
+  if (c->enabled) c->codec_mbps = agoq_tuner_codec_mbps();
   atomic_init(&c->logged_steer, 0);
+  atomic_init(&c->logged_cost, 0);
   atomic_init(&c->logged_keep, 0);
   atomic_init(&c->warned_inactive, 0);
   *ctx = c;
@@ -140,15 +177,35 @@ ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
                 c->nnodes);
     return ncclSuccess;
   }
-  /* Cheapest wins: every other usable entry is a positive time. */
-  table[algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE] = 0.0f;
-  if (atomic_exchange_explicit(&c->logged_steer, 1, memory_order_relaxed) == 0)
+  /* A type the profiler established as not a float goes exact on CollNet: NCCL's own
+   * estimates hold. An unknown one (ReduceScatter, or no profiler) is costed as bf16, the
+   * float type whose frames save least. */
+  if (dtype >= 0 && !agoq_tuner_dtype_is_float(dtype)) return ncclSuccess;
+  agoq_dtype t = dtype == ncclFloat32 ? AGOQ_DTYPE_FP32 : dtype == ncclFloat16 ? AGOQ_DTYPE_FP16 : AGOQ_DTYPE_BF16;
+  double ratio = agoq_tuner_wire_ratio(c->format, t, c->block, nbytes);
+  agoq_tuner_estimate e;
+  agoq_tuner_estimate_collnet(table, num_algo, num_proto, algo, nbytes, ratio, c->codec_mbps, &e);
+  /* Both CollNet rows, every usable protocol: whichever NCCL runs, agoq compresses it. */
+  static const int rows[] = {AGOQ_NCCL_ALGO_COLLNET_CHAIN, AGOQ_NCCL_ALGO_COLLNET_DIRECT};
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    if (rows[r] >= num_algo) continue;
+    for (int p = 0; p < num_proto; p++) {
+      float* v = &table[rows[r] * num_proto + p];
+      if (*v >= 0.0f) *v = (float)((double)*v * ratio + e.codec_us);
+    }
+  }
+  const char* name = algo == AGOQ_NCCL_ALGO_COLLNET_CHAIN ? "COLLNET_CHAIN" : "COLLNET_DIRECT";
+  _Atomic int* once = e.compress ? &c->logged_steer : &c->logged_cost;
+  if (atomic_exchange_explicit(once, 1, memory_order_relaxed) == 0)
     AGOQ_INFO(NCCL_TUNING,
-              "tuner: comm %llx: AllReduce/ReduceScatter of at least %llu bytes go to %s/SIMPLE "
-              "(AGOQ_FORMAT=%s); first: %s of %zu bytes",
-              (unsigned long long)c->comm_id, (unsigned long long)c->min_bytes,
-              algo == AGOQ_NCCL_ALGO_COLLNET_CHAIN ? "COLLNET_CHAIN" : "COLLNET_DIRECT",
-              agoq_param_str(AGOQ_PARAM_FORMAT), agoq_tuner_func_name(coll_type), nbytes);
+              "tuner: comm %llx: %s of %zu bytes (%s): %s, compressed to %s, estimated %.0f us = NCCL's %.0f us x "
+              "wire ratio %.3f + codec %.0f us at %.0f MB/s, against NCCL's best other choice %.0f us "
+              "(algorithm %d, protocol %d): %s",
+              (unsigned long long)c->comm_id, agoq_tuner_func_name(coll_type), nbytes,
+              dtype >= 0 ? agoq_tuner_dtype_name(dtype) : "type unknown, costed as bf16", name,
+              agoq_param_str(AGOQ_PARAM_FORMAT), e.agoq_us, e.collnet_us, e.ratio, e.codec_us, c->codec_mbps,
+              e.best_other_us, e.algo, e.proto,
+              e.compress ? "compression is cheaper, NCCL will pick it" : "NCCL's choice is cheaper and stands");
   return ncclSuccess;
 }
 

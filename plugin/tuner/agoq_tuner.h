@@ -1,9 +1,10 @@
 /*
  * agoq's tuner core, behind the exported ncclTunerPlugin_v5/v6 tables
- * (plugin/tables/agoq_tuner_tables.c). One decision: when CollNet compression is on
- * (AGOQ_FORMAT != none) and NCCL can run this collective on CollNet, an AllReduce or
- * ReduceScatter of at least AGOQ_MIN_BYTES goes to CollNet (agoq's quantized reduction);
- * otherwise NCCL's own choice stands. It never fails a collective.
+ * (plugin/tables/agoq_tuner_tables.c). When CollNet compression is on (AGOQ_FORMAT != none)
+ * and NCCL can run a float (or untyped) AllReduce or ReduceScatter of at least
+ * AGOQ_MIN_BYTES on CollNet, the CollNet entries of NCCL's cost table become what agoq's
+ * compressed CollNet would cost (agoq_tuner_cost.h), and NCCL picks the cheapest as always;
+ * otherwise NCCL's own table stands. It never fails a collective.
  */
 #ifndef AGOQ_TUNER_H
 #define AGOQ_TUNER_H

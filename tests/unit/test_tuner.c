@@ -18,6 +18,7 @@
 #include "core/agoq_log.h"
 #include "core/agoq_params.h"
 #include "net/agoq_net.h"
+#include "tuner/agoq_tuner_cost.h"
 
 extern const ncclTuner_v5_t ncclTunerPlugin_v5;
 extern const ncclTuner_v6_t ncclTunerPlugin_v6;
@@ -115,36 +116,115 @@ static void get_info(int version, void* ctx, ncclFunc_t f, size_t nbytes, float 
   assert_int_equal(nch, 0); /* the channel count stays NCCL's */
 }
 
-static void test_collnet_cheapest_above_threshold(void** state) {
+/* NCCL's table for one collective of nbytes on 8 ranks over links of `gbit`: ring and tree
+ * at the link's time for the bytes a ring moves, CollNet's rows a fifth slower (as NCCL
+ * models a CollNet network of the same speed), everything else unusable. */
+static void table_link(float t[NA][NP], size_t nbytes, double gbit) {
+  double ring = 2.0 * 7 / 8 * (double)nbytes * 8 / (gbit * 1e3); /* us */
+  for (int a = 0; a < NA; a++)
+    for (int p = 0; p < NP; p++) t[a][p] = AGOQ_NCCL_ALGO_PROTO_IGNORE;
+  for (int p = 0; p < NP; p++) {
+    t[AGOQ_NCCL_ALGO_RING][p] = (float)(ring * (p == AGOQ_NCCL_PROTO_SIMPLE ? 1.0 : 2.0 + p));
+    t[AGOQ_NCCL_ALGO_TREE][p] = (float)(ring * (p == AGOQ_NCCL_PROTO_SIMPLE ? 1.1 : 2.5 + p));
+  }
+  t[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE] = (float)(ring * 1.2);
+  t[AGOQ_NCCL_ALGO_COLLNET_DIRECT][AGOQ_NCCL_PROTO_SIMPLE] = (float)(ring * 1.25);
+}
+
+/* The decision for one collective: the entry NCCL then picks, and the CollNet entry's new
+ * time checked against the model's own formula. */
+static int decide(int version, void* ctx, ncclFunc_t f, size_t nbytes, double gbit, const char* mbps) {
+  float t[NA][NP], ref[NA][NP];
+  table_link(t, nbytes, gbit);
+  table_link(ref, nbytes, gbit);
+  get_info(version, ctx, f, nbytes, t);
+  double ratio = agoq_tuner_wire_ratio(AGOQ_FORMAT_INT8, AGOQ_DTYPE_BF16, 128, nbytes);
+  double want = ref[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE] * ratio +
+                agoq_tuner_codec_us(nbytes, strtod(mbps, NULL));
+  assert_float_equal(t[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE], (float)want, want * 1e-6);
+  /* Nothing outside CollNet changed. */
+  for (int a = 0; a < NA; a++)
+    if (a != AGOQ_NCCL_ALGO_COLLNET_CHAIN && a != AGOQ_NCCL_ALGO_COLLNET_DIRECT)
+      assert_memory_equal(t[a], ref[a], sizeof t[a]);
+  int a, p;
+  table_pick(t, &a, &p);
+  return a;
+}
+
+static void* tuner_open_codec(int version, const char* mbps) {
+  setenv("AGOQ_CODEC_MBPS", mbps, 1);
+  return tuner_open(version, "int8");
+}
+
+/* 64 MiB of gradients on 25 Gbit/s Ethernet with a GPU-speed codec: the wire saves more than
+ * the codec costs, and NCCL picks agoq's CollNet (AllReduce and ReduceScatter). */
+static void test_compresses_where_the_network_is_slow(void** state) {
   (void)state;
   for (int version = 5; version <= 6; version++) {
-    void* ctx = tuner_open(version, "int8");
-    const ncclFunc_t funcs[] = {ncclFuncAllReduce, ncclFuncReduceScatter};
-    for (int i = 0; i < 2; i++) {
-      float t[NA][NP];
-      table_fill(t, true);
-      get_info(version, ctx, funcs[i], 1 << 20, t);
-      int a, p;
-      table_pick(t, &a, &p);
-      assert_int_equal(a, AGOQ_NCCL_ALGO_COLLNET_CHAIN);
-      assert_int_equal(p, AGOQ_NCCL_PROTO_SIMPLE);
-      /* Only that entry changed. */
-      float ref[NA][NP];
-      table_fill(ref, true);
-      ref[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE] = 0.0f;
-      assert_memory_equal(t, ref, sizeof t);
-    }
-    /* Chain unusable, direct usable: direct. */
+    void* ctx = tuner_open_codec(version, "20000");
+    assert_int_equal(decide(version, ctx, ncclFuncAllReduce, 64u << 20, 25, "20000"), AGOQ_NCCL_ALGO_COLLNET_CHAIN);
+    assert_int_equal(decide(version, ctx, ncclFuncReduceScatter, 64u << 20, 25, "20000"),
+                     AGOQ_NCCL_ALGO_COLLNET_CHAIN);
+    /* Chain unusable, direct usable: direct, rescaled the same way. */
     float t[NA][NP];
-    table_fill(t, true);
+    table_link(t, 64u << 20, 25);
+    float direct = t[AGOQ_NCCL_ALGO_COLLNET_DIRECT][AGOQ_NCCL_PROTO_SIMPLE];
     for (int p = 0; p < NP; p++) t[AGOQ_NCCL_ALGO_COLLNET_CHAIN][p] = AGOQ_NCCL_ALGO_PROTO_IGNORE;
-    get_info(version, ctx, ncclFuncAllReduce, 64 << 20, t);
+    get_info(version, ctx, ncclFuncAllReduce, 64u << 20, t);
     int a, p;
     table_pick(t, &a, &p);
     assert_int_equal(a, AGOQ_NCCL_ALGO_COLLNET_DIRECT);
     assert_int_equal(p, AGOQ_NCCL_PROTO_SIMPLE);
+    assert_true(t[AGOQ_NCCL_ALGO_COLLNET_DIRECT][AGOQ_NCCL_PROTO_SIMPLE] < direct);
     tuner_close(version, ctx);
   }
+  unsetenv("AGOQ_CODEC_MBPS");
+}
+
+/* Where the network is not the bottleneck (400 Gbit/s), or the codec is slow (a CPU at
+ * 2 GB/s on 25 Gbit/s), compression would make the collective slower: NCCL's ring stands. */
+static void test_keeps_nccl_where_compression_does_not_pay(void** state) {
+  (void)state;
+  void* ctx = tuner_open_codec(6, "20000");
+  assert_int_equal(decide(6, ctx, ncclFuncAllReduce, 64u << 20, 400, "20000"), AGOQ_NCCL_ALGO_RING);
+  tuner_close(6, ctx);
+  ctx = tuner_open_codec(5, "2000");
+  assert_int_equal(decide(5, ctx, ncclFuncAllReduce, 64u << 20, 25, "2000"), AGOQ_NCCL_ALGO_RING);
+  assert_int_equal(decide(5, ctx, ncclFuncReduceScatter, 64u << 20, 25, "2000"), AGOQ_NCCL_ALGO_RING);
+  tuner_close(5, ctx);
+  unsetenv("AGOQ_CODEC_MBPS");
+}
+
+/* The wire ratios the model uses are the frame layout's: int8 with one fp32 scale per 128
+ * elements is 8.25 bits per element, plus the escape bitmap (a bit per block) and one
+ * header: 0.5161 of bf16, 0.2581 of fp32. */
+static void test_wire_ratio(void** state) {
+  (void)state;
+  size_t n = 1u << 20;
+  double bf16 = agoq_tuner_wire_ratio(AGOQ_FORMAT_INT8, AGOQ_DTYPE_BF16, 128, n * 2);
+  double fp32 = agoq_tuner_wire_ratio(AGOQ_FORMAT_INT8, AGOQ_DTYPE_FP32, 128, n * 4);
+  assert_float_equal(bf16, (8.25 + 1.0 / 128) / 16, 1e-4);
+  assert_float_equal(fp32, (8.25 + 1.0 / 128) / 32, 1e-4);
+  assert_true(agoq_tuner_wire_ratio(AGOQ_FORMAT_INT4, AGOQ_DTYPE_BF16, 128, n * 2) < bf16);
+  assert_float_equal(agoq_tuner_wire_ratio(AGOQ_FORMAT_INT8, AGOQ_DTYPE_BF16, 128, 1), 1.0, 0); /* no element */
+  assert_float_equal(agoq_tuner_codec_us(1000000, 1000), 2000.0, 1e-9);
+  assert_true(agoq_tuner_codec_us(1, 0) > 1e300); /* no speed: never chosen */
+}
+
+/* The measurement is a rate over the clock it is given: 4 rounds of 1 MiB of bf16 (quantize
+ * and dequantize) over 2 ms of that clock is 2097.152 MB/s, whatever this machine does. */
+static double fake_t;
+static double fake_clock(void) {
+  double t = fake_t;
+  fake_t += 0.002;
+  return t;
+}
+
+static void test_codec_measured_with_the_clock_given(void** state) {
+  (void)state;
+  fake_t = 10.0;
+  assert_float_equal(agoq_tuner_codec_mbps_measure(fake_clock, 4), 4.0 * 1048576 / 0.002 / 1e6, 1e-6);
+  assert_float_equal(agoq_tuner_codec_mbps_measure(fake_clock, 0), 0.0, 0);
 }
 
 static void expect_unchanged(int version, void* ctx, ncclFunc_t f, size_t nbytes, bool usable) {
@@ -363,9 +443,29 @@ static void test_init_does_not_warn(void** state) {
   agoq_log_set_logger(NULL);
 }
 
+/* A type the profiler established as an integer goes exact on CollNet: NCCL's table holds. */
+static void test_integer_allreduce_untouched(void** state) {
+  (void)state;
+  void* ctx = tuner_open_codec(6, "20000");
+  void* pctx = prof_open(COMM);
+  coll_api(6, pctx, "AllReduce", "ncclInt32", 16u << 20);
+  float t[NA][NP], ref[NA][NP];
+  table_link(t, 64u << 20, 25);
+  table_link(ref, 64u << 20, 25);
+  get_info(6, ctx, ncclFuncAllReduce, 64u << 20, t);
+  assert_memory_equal(t, ref, sizeof t);
+  assert_int_equal(ncclProfiler_v6.finalize(pctx), ncclSuccess);
+  tuner_close(6, ctx);
+  unsetenv("AGOQ_CODEC_MBPS");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_collnet_cheapest_above_threshold),
+      cmocka_unit_test(test_compresses_where_the_network_is_slow),
+      cmocka_unit_test(test_keeps_nccl_where_compression_does_not_pay),
+      cmocka_unit_test(test_wire_ratio),
+      cmocka_unit_test(test_codec_measured_with_the_clock_given),
+      cmocka_unit_test(test_integer_allreduce_untouched),
       cmocka_unit_test(test_unchanged_otherwise),
       cmocka_unit_test(test_never_fails),
       cmocka_unit_test(test_warns_once_for_float_allreduce_without_collnet),

@@ -1,0 +1,80 @@
+/* The tuner's cost model (agoq_tuner_cost.h). */
+#include "tuner/agoq_tuner_cost.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "abi/agoq_nccl_tuner_v5.h"
+#include "agoq_frame.h"
+
+double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t nbytes) {
+  size_t esize = agoq_dtype_size(t);
+  size_t n = esize > 0 ? nbytes / esize : 0;
+  if (n == 0) return 1.0;
+  agoq_codec_params p = {.format = f, .dtype = t, .block = block};
+  double wire = (double)(AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(&p, n, 0));
+  double ratio = wire / (double)(n * esize);
+  return ratio < 1.0 ? ratio : 1.0; /* a frame no smaller than the payload goes exact */
+}
+
+double agoq_tuner_codec_us(size_t nbytes, double codec_mbps) {
+  if (codec_mbps <= 0.0) return INFINITY;
+  return 2.0 * (double)nbytes / codec_mbps; /* bytes / (MB/s) = microseconds */
+}
+
+void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto, int collnet_algo, size_t nbytes,
+                                 double ratio, double codec_mbps, agoq_tuner_estimate* e) {
+  memset(e, 0, sizeof *e);
+  e->algo = e->proto = -1;
+  e->best_other_us = -1.0;
+  for (int a = 0; a < num_algo; a++) {
+    if (a == AGOQ_NCCL_ALGO_COLLNET_CHAIN || a == AGOQ_NCCL_ALGO_COLLNET_DIRECT) continue;
+    for (int p = 0; p < num_proto; p++) {
+      float v = table[a * num_proto + p];
+      if (v >= 0.0f && (e->best_other_us < 0.0 || v < e->best_other_us)) {
+        e->best_other_us = v;
+        e->algo = a;
+        e->proto = p;
+      }
+    }
+  }
+  e->collnet_us = table[collnet_algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE];
+  e->ratio = ratio;
+  e->codec_us = agoq_tuner_codec_us(nbytes, codec_mbps);
+  e->agoq_us = e->collnet_us * ratio + e->codec_us;
+  e->compress = e->best_other_us < 0.0 || e->agoq_us < e->best_other_us;
+}
+
+double agoq_tuner_codec_mbps_measure(double (*clock_s)(void), int rounds) {
+  enum { N = 512 * 1024 }; /* 1 MiB of bf16 */
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 128};
+  size_t cap = agoq_codec_body_size_max(&p, N);
+  uint16_t* src = malloc((size_t)N * sizeof *src);
+  uint16_t* dst = malloc((size_t)N * sizeof *dst);
+  uint8_t* body = malloc(cap);
+  double mbps = 0.0;
+  if (src == NULL || dst == NULL || body == NULL || rounds < 1) goto out;
+  /* Gradient-like values: bf16 of a slowly varying sign and magnitude. */
+  uint32_t x = 12345;
+  for (size_t i = 0; i < N; i++) {
+    x = x * 1664525u + 1013904223u;
+    src[i] = (uint16_t)(0x3c00u + ((x >> 20) & 0x7ffu)) | (uint16_t)((x >> 31) << 15);
+  }
+  double t0 = 0.0;
+  for (int r = -1; r < rounds; r++) {
+    if (r == 0) t0 = clock_s();
+    size_t len = 0;
+    if (agoq_quantize(&p, src, N, body, cap, &len, NULL) != AGOQ_CODEC_OK ||
+        agoq_dequantize(&p, body, len, N, AGOQ_DTYPE_BF16, dst) != AGOQ_CODEC_OK)
+      goto out;
+  }
+  double dt = clock_s() - t0;
+  if (dt > 0.0) mbps = (double)rounds * (double)N * 2.0 / dt / 1e6;
+out:
+  free(src);
+  free(dst);
+  free(body);
+  return mbps;
+}

@@ -1,0 +1,48 @@
+/*
+ * The tuner's cost model: what agoq's compressed CollNet would cost for one collective,
+ * next to what NCCL estimates for everything else, from NCCL's own cost table. Pure
+ * functions of their arguments (the codec speed is one), so that tests give them the cost
+ * tables of fast and slow links and check the decision.
+ *
+ * agoq's CollNet moves the format's frames instead of the buffer's bytes, so NCCL's CollNet
+ * estimate (made for the uncompressed bytes) scales by the format's wire ratio; and it runs
+ * the codec twice over the buffer on each rank (its contribution quantized and the reduced
+ * result dequantized; the owner's share of decoding and re-encoding is about one more pass,
+ * spread over the ranks): two encode+decode round trips' worth of work at the measured
+ * speed, none of it overlapped with the wire in this estimate.
+ */
+#ifndef AGOQ_TUNER_COST_H
+#define AGOQ_TUNER_COST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "agoq_codec.h"
+
+/* Bytes on the wire over bytes of input for nbytes of type t in format f (one frame header,
+ * no escaped block). */
+double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t nbytes);
+
+/* Microseconds of codec work per rank for a reduction of nbytes at codec_mbps (MB/s of
+ * input for one quantization plus one dequantization). */
+double agoq_tuner_codec_us(size_t nbytes, double codec_mbps);
+
+typedef struct {
+  int algo, proto;      /* NCCL's cheapest entry outside CollNet; -1 when none is usable */
+  double best_other_us; /* its time */
+  double collnet_us;    /* NCCL's estimate for the CollNet entry the tuner would use */
+  double ratio, codec_us;
+  double agoq_us;       /* collnet_us * ratio + codec_us */
+  bool compress;        /* agoq_us beats best_other_us (or nothing else is usable) */
+} agoq_tuner_estimate;
+
+/* table is NCCL's float[num_algo][num_proto] (negative: unusable); collnet_algo is the
+ * CollNet row the tuner uses, with SIMPLE. */
+void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto, int collnet_algo, size_t nbytes,
+                                 double ratio, double codec_mbps, agoq_tuner_estimate* e);
+
+/* MB/s of one quantization plus one dequantization of 1 MiB of bf16 (int8, block 128) with
+ * the CPU codec, timed with clock_s (seconds) over `rounds` rounds after one untimed round. */
+double agoq_tuner_codec_mbps_measure(double (*clock_s)(void), int rounds);
+
+#endif
