@@ -72,6 +72,13 @@ size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n) {
   return total;
 }
 
+double agoq_frame_wire_ratio(const agoq_codec_params* p, size_t n) {
+  if (n == 0 || agoq_codec_params_check(p) != AGOQ_CODEC_OK) return 1.0;
+  double wire = (double)AGOQ_FRAME_HEADER_SIZE + (double)agoq_codec_body_size(p, n, 0);
+  double ratio = wire / ((double)n * (double)agoq_dtype_size(p->dtype));
+  return ratio < 1.0 ? ratio : 1.0;
+}
+
 agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src, size_t n,
                                     bool payload_crc, void* out, size_t cap, size_t* frame_len) {
   return agoq_frame_encode_mt(p, src, n, payload_crc, out, cap, frame_len, 1);

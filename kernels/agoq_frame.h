@@ -65,6 +65,10 @@ void agoq_frame_crc_clock_set(agoq_frame_clock_fn clock);
 uint64_t agoq_frame_crc_ns(void);
 
 size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n);
+/* Bytes on the wire over bytes of input for one frame of n elements with no escaped block
+ * (the header, the body, one scale per block and the escape bitmap), at most 1: a frame no
+ * smaller than its payload is sent exact. 1 for n = 0 or invalid parameters. */
+double agoq_frame_wire_ratio(const agoq_codec_params* p, size_t n);
 /* Quantizes n elements into a complete frame in out (capacity cap). */
 agoq_codec_status agoq_frame_encode(const agoq_codec_params* p, const void* src, size_t n,
                                     bool payload_crc, void* out, size_t cap, size_t* frame_len);

@@ -85,9 +85,10 @@ const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l);
 ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p);
 
 /* GPUDirect RDMA: whether the device can be asked to make a NIC's writes into its memory
- * visible to it (cudaDevAttrGPUDirectRDMAFlushWritesOptions), and the request itself
- * (cudaDeviceFlushGPUDirectRDMAWrites, to the owning context): what NCCL's iflush needs
- * after a receive the NIC wrote straight into device memory. Short, but it waits. */
+ * visible to it (cudaDevAttrGPUDirectRDMAFlushWritesOptions; false for NULL), and the
+ * request itself (cudaDeviceFlushGPUDirectRDMAWrites, to the owning context; only where
+ * the first says yes): what NCCL's iflush needs after a receive the NIC wrote straight
+ * into device memory. Short, but it waits. */
 bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l);
 ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l);
 

@@ -111,10 +111,6 @@ bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l) { return l != NULL && l->r
 
 ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l) {
   ncclResult_t res = ncclSuccess;
-  if (!l->rdma_flush) {
-    AGOQ_WARN("GPU %d cannot flush GPUDirect RDMA writes (no cudaFlushGPUDirectRDMAWritesOptionHost)", l->device);
-    return ncclInternalError;
-  }
   AGOQ_CHECK(agoq_gpu_link_enter(l));
   AGOQ_CUDA_CHECK_GOTO(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
                                                           cudaFlushGPUDirectRDMAWritesToOwner),

@@ -98,8 +98,11 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
  * agoq_dev_reg, then the NIC's registration (mr->direct; a failure is warned about and
  * leaves the buffer staged). */
 ncclResult_t agoq_dev_reg_dmabuf(agoq_comm* comm, void* data, size_t size, uint64_t offset, int fd, agoq_mr* mr);
-/* The handle is GPU memory the transport reaches directly (GPUDirect RDMA). */
+/* The handle is GPU memory the transport reaches directly (GPUDirect RDMA): sends from it
+ * skip the staging; receives into it too where the GPU can flush the NIC's writes
+ * (agoq_dev_direct_recv), and only those need iflush. */
 bool agoq_dev_direct(const void* mhandle);
+bool agoq_dev_direct_recv(const agoq_comm* comm, const void* mhandle);
 /* iflush: makes the NIC's writes into the direct buffers among mhandles visible to the GPU. */
 ncclResult_t agoq_dev_flush(agoq_comm* comm, int n, void** mhandles);
 /* A send whose transfer is complete: to the transport now, or behind the device sends

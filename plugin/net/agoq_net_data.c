@@ -17,22 +17,31 @@ static agoq_comm* agoq_comm_from(void* p, uint32_t magic) {
 
 /* ---- memory registration ------------------------------------------------------------ */
 
-ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+/* NCCL's regMr and regMrDmaBuf (fd >= 0): the comm and the memory type checked, a handle
+ * made and registered. Device memory travels through the link's pinned staging, registered
+ * with it, or by DMA-BUF straight to the NIC; host memory is registered with the transport
+ * now, so the data path never registers. */
+static ncclResult_t agoq_net_reg(const char* what, void* comm, void* data, size_t size, int type, uint64_t offset,
+                                 int fd, void** mhandle) {
   agoq_comm* c = comm;
   if (c == NULL || (c->magic != AGOQ_SEND_MAGIC && c->magic != AGOQ_RECV_MAGIC) || mhandle == NULL) {
-    AGOQ_WARN("regMr: invalid comm %p", comm);
+    AGOQ_WARN("%s: invalid comm %p", what, comm);
     return ncclInternalError;
   }
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
-    AGOQ_INFO(NCCL_NET | NCCL_REG, "regMr: memory type %d not supported (host and CUDA memory only)", type);
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "%s: memory type %d not supported (host and CUDA memory only)", what, type);
+    return ncclInternalError;
+  }
+  bool dmabuf = fd >= 0 && type == NCCL_PTR_CUDA;
+  if (dmabuf && agoq_net_tp->reg_dmabuf == NULL) {
+    AGOQ_INFO(NCCL_NET | NCCL_REG, "%s: DMA-BUF is not supported by this transport", what);
     return ncclInternalError;
   }
   agoq_mr* mr = calloc(1, sizeof *mr);
   if (mr == NULL) return ncclSystemError;
   *mr = (agoq_mr){.magic = AGOQ_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
-  /* Device memory travels through the link's pinned staging, registered with it; host
-   * memory is registered with the transport now, so the data path never registers. */
-  ncclResult_t res = type == NCCL_PTR_CUDA ? agoq_dev_reg(c, data, size, mr)
+  ncclResult_t res = dmabuf                     ? agoq_dev_reg_dmabuf(c, data, size, offset, fd, mr)
+                     : type == NCCL_PTR_CUDA    ? agoq_dev_reg(c, data, size, mr)
                      : agoq_net_tp->reg != NULL ? agoq_net_tp->reg(c->dev, data, size, &mr->tp_key)
                                                 : ncclSuccess;
   if (res != ncclSuccess) {
@@ -41,6 +50,10 @@ ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void
   }
   *mhandle = mr;
   return ncclSuccess;
+}
+
+ncclResult_t agoq_net_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return agoq_net_reg("regMr", comm, data, size, type, 0, -1, mhandle);
 }
 
 ncclResult_t agoq_net_reg_host(int dev, void* data, size_t size, void** key) {
@@ -63,27 +76,8 @@ void* agoq_mr_key(const void* mhandle, const void* data, size_t size) {
 
 ncclResult_t agoq_net_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                                     void** mhandle) {
-  agoq_comm* c = comm;
-  if (type == NCCL_PTR_HOST) return agoq_net_reg_mr(comm, data, size, type, mhandle);
-  if (c == NULL || (c->magic != AGOQ_SEND_MAGIC && c->magic != AGOQ_RECV_MAGIC) || mhandle == NULL) {
-    AGOQ_WARN("regMrDmaBuf: invalid comm %p", comm);
-    return ncclInternalError;
-  }
-  if (type != NCCL_PTR_CUDA || agoq_net_tp->reg_dmabuf == NULL) {
-    AGOQ_INFO(NCCL_NET | NCCL_REG, "regMrDmaBuf: %s", type != NCCL_PTR_CUDA ? "memory type not supported"
-                                                      : "DMA-BUF is not supported by this transport");
-    return ncclInternalError;
-  }
-  agoq_mr* mr = calloc(1, sizeof *mr);
-  if (mr == NULL) return ncclSystemError;
-  *mr = (agoq_mr){.magic = AGOQ_MR_MAGIC, .type = type, .device = -1, .addr = data, .size = size};
-  ncclResult_t res = agoq_dev_reg_dmabuf(c, data, size, offset, fd, mr);
-  if (res != ncclSuccess) {
-    free(mr);
-    return res;
-  }
-  *mhandle = mr;
-  return ncclSuccess;
+  /* Host memory by DMA-BUF is host memory: registered as regMr does. */
+  return agoq_net_reg("regMrDmaBuf", comm, data, size, type, offset, type == NCCL_PTR_CUDA ? fd : -1, mhandle);
 }
 
 ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle) {
@@ -291,10 +285,9 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     if (err != ncclSuccess) return err;
     if (on_device) dev_mask |= (uint8_t)(1u << i);
   }
-  /* Straight into GPU memory only where its writes can be made visible when NCCL asks. */
   uint8_t direct_ok = 0;
-  for (int i = 0; i < n && comm->gpu != NULL && agoq_gpu_link_rdma_flush(comm->gpu); i++)
-    if ((dev_mask & (1u << i)) && mhandles != NULL && agoq_dev_direct(mhandles[i])) direct_ok |= (uint8_t)(1u << i);
+  for (int i = 0; i < n && mhandles != NULL; i++)
+    if ((dev_mask & (1u << i)) && agoq_dev_direct_recv(comm, mhandles[i])) direct_ok |= (uint8_t)(1u << i);
   agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_RECV, comm);
   if (req == NULL) return ncclSuccess;
   req->n_bufs = n;

@@ -89,12 +89,16 @@ bool agoq_dev_direct(const void* mhandle) {
   return mr != NULL && mr->magic == AGOQ_MR_MAGIC && mr->direct;
 }
 
+bool agoq_dev_direct_recv(const agoq_comm* comm, const void* mhandle) {
+  /* Straight into GPU memory only where its writes can be made visible when NCCL asks. */
+  return agoq_dev_direct(mhandle) && agoq_gpu_link_rdma_flush(comm->gpu);
+}
+
 ncclResult_t agoq_dev_flush(agoq_comm* comm, int n, void** mhandles) {
   bool direct = false;
-  for (int i = 0; i < n && mhandles != NULL; i++) direct = direct || agoq_dev_direct(mhandles[i]);
+  for (int i = 0; i < n && mhandles != NULL; i++) direct = direct || agoq_dev_direct_recv(comm, mhandles[i]);
   /* Staged receives were copied in by the GPU's own stream before test said done. */
-  if (!direct || comm->gpu == NULL) return ncclSuccess;
-  return agoq_gpu_flush_rdma_writes(comm->gpu);
+  return direct ? agoq_gpu_flush_rdma_writes(comm->gpu) : ncclSuccess;
 }
 
 ncclResult_t agoq_dev_post_ready(agoq_comm* comm, agoq_request* req) {

@@ -77,8 +77,8 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
    * steers nothing rather than fail the communicator. */
   c->enabled = agoq_params_load() == ncclSuccess && agoq_param_int(AGOQ_PARAM_FORMAT) != 0;
   c->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
-  if (c->enabled && agoq_format_from_name(agoq_param_str(AGOQ_PARAM_FORMAT), &c->format) != 0) c->enabled = false;
-  c->block = (uint32_t)strtoul(agoq_param_str(AGOQ_PARAM_BLOCK), NULL, 10);
+  c->format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
+  c->block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK); /* 32|64|...|1024 */
   if (c->enabled) c->codec_mbps = agoq_tuner_codec_mbps();
   atomic_init(&c->logged_steer, 0);
   atomic_init(&c->logged_cost, 0);

@@ -10,13 +10,8 @@
 #include "agoq_frame.h"
 
 double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t nbytes) {
-  size_t esize = agoq_dtype_size(t);
-  size_t n = esize > 0 ? nbytes / esize : 0;
-  if (n == 0) return 1.0;
   agoq_codec_params p = {.format = f, .dtype = t, .block = block};
-  double wire = (double)(AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(&p, n, 0));
-  double ratio = wire / (double)(n * esize);
-  return ratio < 1.0 ? ratio : 1.0; /* a frame no smaller than the payload goes exact */
+  return agoq_frame_wire_ratio(&p, nbytes / agoq_dtype_size(t));
 }
 
 double agoq_tuner_codec_us(size_t nbytes, double codec_mbps) {

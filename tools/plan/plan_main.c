@@ -35,9 +35,7 @@ static void usage(FILE* out) {
 /* Wire bytes over input bytes of a format on a large buffer of the given element size. */
 static double plan_ratio(agoq_format f, int elem_bytes, uint32_t block) {
   agoq_codec_params p = {.format = f, .dtype = elem_bytes == 4 ? AGOQ_DTYPE_FP32 : AGOQ_DTYPE_BF16, .block = block};
-  size_t n = (size_t)1 << 24;
-  double r = (double)(AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(&p, n, 0)) / ((double)n * elem_bytes);
-  return r < 1.0 ? r : 1.0;
+  return agoq_frame_wire_ratio(&p, (size_t)1 << 24);
 }
 
 /* The options that take one whole number, into an int or a long long of the job. */

@@ -90,7 +90,7 @@ struct agoq_ib_mr {
   uint32_t magic;
   agoq_ib_dev* dev;
   uintptr_t start, end; /* whole pages (a dma-buf's: the bytes registered) */
-  bool dmabuf;          /* device memory: only the HCA reaches it, never shared with host ranges */
+  bool dmabuf;          /* GPU memory (ibv_reg_dmabuf_mr): a dma-buf is shared only with dma-bufs */
   struct agoq_ibv_mr* mr;
   int refs;
   struct agoq_ib_mr* next;

@@ -177,28 +177,23 @@ void agoq_ib_mr_release_dev(agoq_ib_state* st, agoq_ib_dev* d) {
 
 /* ---- the transport's reg/dereg ---------------------------------------------------------- */
 
+/* The device a caller's registration is for, or NULL (logged). */
+static agoq_ib_dev* agoq_ib_key_dev(int dev) {
+  if (dev >= 0 && dev < agoq_ib.ndevs) return &agoq_ib.devs[dev];
+  AGOQ_WARN("register: device %d out of range (%d devices)", dev, agoq_ib.ndevs);
+  return NULL;
+}
+
 ncclResult_t agoq_ib_reg_key(int dev, void* addr, size_t size, void** key) {
   *key = NULL;
-  if (dev < 0 || dev >= agoq_ib.ndevs) {
-    AGOQ_WARN("register: device %d out of range (%d devices)", dev, agoq_ib.ndevs);
-    return ncclInternalError;
-  }
-  agoq_ib_mr* m = NULL;
-  AGOQ_CHECK(agoq_ib_mr_get(&agoq_ib.devs[dev], addr, size, &m, NULL));
-  *key = m;
-  return ncclSuccess;
+  agoq_ib_dev* d = agoq_ib_key_dev(dev);
+  return d != NULL ? agoq_ib_mr_get(d, addr, size, (agoq_ib_mr**)key, NULL) : ncclInternalError;
 }
 
 ncclResult_t agoq_ib_reg_dmabuf_key(int dev, void* addr, size_t size, uint64_t offset, int fd, void** key) {
   *key = NULL;
-  if (dev < 0 || dev >= agoq_ib.ndevs) {
-    AGOQ_WARN("register: device %d out of range (%d devices)", dev, agoq_ib.ndevs);
-    return ncclInternalError;
-  }
-  agoq_ib_mr* m = NULL;
-  AGOQ_CHECK(agoq_ib_mr_get_dmabuf(&agoq_ib.devs[dev], addr, size, offset, fd, &m));
-  *key = m;
-  return ncclSuccess;
+  agoq_ib_dev* d = agoq_ib_key_dev(dev);
+  return d != NULL ? agoq_ib_mr_get_dmabuf(d, addr, size, offset, fd, (agoq_ib_mr**)key) : ncclInternalError;
 }
 
 void agoq_ib_dereg_key(void* key) {
