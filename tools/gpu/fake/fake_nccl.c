@@ -1,7 +1,8 @@
 /*
  * A stand-in for libnccl: ranks in separate processes exchange data through one POSIX
- * shared-memory segment named in the unique id. Only what nccl_multiproc_check calls is
- * there: AllReduce (float sum, ranks summed in order) and grouped Send/Recv of bytes.
+ * shared-memory segment named in the unique id. Only what nccl_multiproc_check and the
+ * stand-in nccl-tests (fake/nccl-tests) call is there: AllReduce and ReduceScatter (float
+ * sum, ranks summed in order), AllGather, and grouped Send/Recv of bytes or floats.
  * With NCCL_DEBUG=INFO it logs, like NCCL, "Using network <NCCL_NET>" at init, to
  * NCCL_DEBUG_FILE (%h host, %p pid) or stdout, so tools/gpu-check.sh's log reading runs too.
  * With NCCL_NET=AGOQ and NCCL_NET_GDR_LEVEL=SYS it also logs NCCL's GPUDirect lines
@@ -233,6 +234,13 @@ EXPORT ncclResult_t ncclCommGetAsyncError(fake_comm* c, ncclResult_t* r) {
   return ncclSuccess;
 }
 
+/* Bytes per element of the types the fake moves; 0 for any other. */
+static size_t fake_type_size(ncclDataType_t type) {
+  if (type == ncclUint8) return 1;
+  if (type == ncclFloat32) return sizeof(float);
+  return 0;
+}
+
 EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                                   ncclRedOp_t op, fake_comm* c, void* stream) {
   size_t bytes = count * sizeof(float);
@@ -252,6 +260,41 @@ EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, nc
   return ncclSuccess;
 }
 
+/* recv (count floats) = the sum over ranks of block `rank` of every rank's send. */
+EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                      ncclRedOp_t op, fake_comm* c, void* stream) {
+  size_t bytes = count * sizeof(float), total = bytes * (size_t)c->nranks;
+  if (type != ncclFloat32 || op != ncclSum || total > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  memcpy(slot(c, c->rank), send, total);
+  barrier(c);
+  float* out = recv;
+  for (size_t i = 0; i < count; i++) {
+    float sum = 0.0f;
+    for (int r = 0; r < c->nranks; r++) sum += ((const float*)slot(c, r))[(size_t)c->rank * count + i];
+    out[i] = sum;
+  }
+  barrier(c);
+  c->calls++;
+  c->bytes_moved += total;
+  maybe_fault(c, recv, bytes);
+  return ncclSuccess;
+}
+
+/* recv (count * nranks elements) = every rank's send, in rank order. */
+EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                  fake_comm* c, void* stream) {
+  size_t bytes = count * fake_type_size(type);
+  if ((bytes == 0 && count != 0) || bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  memcpy(slot(c, c->rank), send, bytes);
+  barrier(c);
+  for (int r = 0; r < c->nranks; r++) memcpy((uint8_t*)recv + (size_t)r * bytes, slot(c, r), bytes);
+  barrier(c);
+  c->calls++;
+  c->bytes_moved += bytes;
+  maybe_fault(c, recv, bytes * (size_t)c->nranks);
+  return ncclSuccess;
+}
+
 EXPORT ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
 
 /* Send and Recv of one rank are matched in ncclGroupEnd; the fake keeps the pending pair
@@ -260,10 +303,12 @@ static fake_comm* g_group_comm;
 
 EXPORT ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer,
                              fake_comm* c, void* stream) {
-  if (type != ncclUint8 || count > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  size_t bytes = count * fake_type_size(type);
+  if (bytes == 0 && count != 0) return ncclInvalidArgument;
+  if (bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
   c->in_group = 1;
   c->send_buf = buf;
-  c->send_bytes = count;
+  c->send_bytes = bytes;
   c->send_peer = peer;
   g_group_comm = c;
   return ncclSuccess;
@@ -271,10 +316,12 @@ EXPORT ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type,
 
 EXPORT ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, fake_comm* c,
                              void* stream) {
-  if (type != ncclUint8 || count > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  size_t bytes = count * fake_type_size(type);
+  if (bytes == 0 && count != 0) return ncclInvalidArgument;
+  if (bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
   c->in_group = 1;
   c->recv_buf = buf;
-  c->recv_bytes = count;
+  c->recv_bytes = bytes;
   c->recv_peer = peer;
   g_group_comm = c;
   return ncclSuccess;
