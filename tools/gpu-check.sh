@@ -284,26 +284,34 @@ collnet_log_lines() {
   cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep -c 'via COLLNET/AGOQ'
 }
 
+# A Python check's status from logs/NAME.{rc,out}: prints "PASSED: PASSED-TEXT", "SKIPPED
+# (why)", "TIMED OUT ..." or "FAILED ..."; returns 1 for the last two.
+# usage: python_check_status NAME PREFIX PASSED-TEXT (PREFIX: the check's own line prefix)
+python_check_status() {
+  local name=$1 prefix=$2 passed=$3 rc
+  rc=$(cat "$logs/$name.rc")
+  case "$rc" in
+    0) echo "PASSED: $passed" ;;
+    77) echo "SKIPPED ($(sed -n "s/^$prefix: SKIPPED: //p" "$logs/$name.out" | head -n 1))" ;;
+    skipped*) echo "SKIPPED (${rc#skipped: })" ;;
+    124 | 137)
+      echo "TIMED OUT (exit $rc)"
+      return 1
+      ;;
+    *)
+      echo "FAILED (exit $rc)"
+      return 1
+      ;;
+  esac
+}
+
 # A PyTorch check's line for the summary; adds to torch_failed. Reads logs/NAME.{rc,out}.
 # usage: torch_summary NAME PREFIX TITLE PASSED-TEXT (PREFIX: the check's own line prefix)
 torch_summary() {
   local name=$1 prefix=$2 title=$3 passed=$4
   [[ -f "$logs/$name.rc" ]] || return 0
-  local rc status
-  rc=$(cat "$logs/$name.rc")
-  case "$rc" in
-    0) status="PASSED: $passed" ;;
-    77) status="SKIPPED ($(sed -n "s/^$prefix: SKIPPED: //p" "$logs/$name.out" | head -n 1))" ;;
-    skipped*) status="SKIPPED (${rc#skipped: })" ;;
-    124 | 137)
-      status="TIMED OUT (exit $rc)"
-      torch_failed=1
-      ;;
-    *)
-      status="FAILED (exit $rc)"
-      torch_failed=1
-      ;;
-  esac
+  local status
+  status=$(python_check_status "$name" "$prefix" "$passed") || torch_failed=1
   echo "$title: $status"
   # The per-size table and the log facts, as the check printed them.
   grep -E "^ +[0-9]+ |^ +elements|^all_reduce|^$prefix: (torch |NCCL logs|plugin logs|FAILED|PASSED)" \
@@ -317,21 +325,9 @@ torch_summary() {
 mcore_summary() {
   mcore_failed=0
   [[ -f "$logs/mcore.rc" ]] || return 0
-  local rc status
-  rc=$(cat "$logs/mcore.rc")
-  case "$rc" in
-    0) status="PASSED: exact runs match Socket, int8 within its tolerance" ;;
-    77) status="SKIPPED ($(sed -n 's/^mcore-check: SKIPPED: //p' "$logs/mcore.out" | head -n 1))" ;;
-    skipped*) status="SKIPPED (${rc#skipped: })" ;;
-    124 | 137)
-      status="TIMED OUT (exit $rc)"
-      mcore_failed=1
-      ;;
-    *)
-      status="FAILED (exit $rc)"
-      mcore_failed=1
-      ;;
-  esac
+  local status
+  status=$(python_check_status mcore mcore-check \
+             "exact runs match Socket, int8 within its tolerance") || mcore_failed=1
   echo "Megatron-Core training (tools/gpu/megatron_check.py): $status"
   grep '^mcore-check: ' "$logs/mcore.out" 2>/dev/null | grep -v -e '^mcore-check: SKIPPED' \
     -e ' iter [0-9]' | tail -n 40 | cut -c1-180 | sed 's/^/  /'
@@ -936,6 +932,14 @@ tests_bin=$work/nccl-tests
 driver=$build/bin/nccl_multiproc_check
 if [[ "$launcher" == mpi ]]; then
   log "building nccl-tests with MPI=1 ($(elapsed) s)"
+  # make rebuilds what changed in one tree; binaries of another tree (or another MPI) in the
+  # same work folder would look up to date, so the folder remembers what built it.
+  tests_origin="$tests_src $mpi_home $nccl_lib"
+  if [[ "$(cat "$tests_bin/.built-from" 2>/dev/null)" != "$tests_origin" ]]; then
+    rm -rf "$tests_bin"
+    mkdir -p "$tests_bin"
+    echo "$tests_origin" >"$tests_bin/.built-from"
+  fi
   targets=()
   for t in $all_tests; do targets+=("$tests_bin/${t}_perf"); done
   if ! make -C "$tests_src/src" -j "$(nproc)" MPI=1 MPI_HOME="$mpi_home" \
