@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include <limits.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -30,7 +31,7 @@ typedef struct {
   uint64_t min_bytes; /* AGOQ_MIN_BYTES */
   agoq_format format; /* AGOQ_FORMAT */
   uint32_t block;     /* AGOQ_BLOCK */
-  double codec_mbps;  /* AGOQ_CODEC_MBPS, or this process's measurement */
+  double codec_mbps;  /* AGOQ_CODEC_MBPS: the same on every rank, never a local measurement */
   _Atomic int logged_steer; /* the per-communicator lines were printed: compression chosen */
   _Atomic int logged_cost;  /* ... NCCL's other choice cheaper */
   _Atomic int logged_keep;  /* ... and eligible but CollNet unusable */
@@ -46,19 +47,24 @@ static double agoq_tuner_now_s(void) {
 static pthread_once_t agoq_tuner_codec_once = PTHREAD_ONCE_INIT;
 static double agoq_tuner_codec_measured;
 
+/* The codec speed the cost model uses. NCCL runs a collective correctly only if every rank
+ * picks the same algorithm for it, and nothing lets the ranks' tuners agree: so the model
+ * takes AGOQ_CODEC_MBPS, which is the same everywhere, and never this process's own
+ * measurement, which differs from rank to rank and would split a decision near its
+ * threshold (a hang or a wrong result). The measurement is still made, once per process,
+ * and printed next to the setting: it is the figure a user should give AGOQ_CODEC_MBPS. */
 static void agoq_tuner_codec_measure(void) {
   agoq_tuner_codec_measured = agoq_tuner_codec_mbps_measure(agoq_tuner_now_s, 4);
-  AGOQ_INFO(NCCL_TUNING, "tuner: the CPU codec runs %.0f MB/s (int8 of bf16, quantize + dequantize, measured "
-                         "once; AGOQ_CODEC_MBPS sets it instead)",
-            agoq_tuner_codec_measured);
+  AGOQ_INFO(NCCL_TUNING, "tuner: this process's CPU codec runs %.0f MB/s (int8 of bf16, quantize + dequantize, "
+                         "measured once); the cost model uses AGOQ_CODEC_MBPS=%" PRId64
+                         " on every rank (set it, the same everywhere, to the figure of the codec your "
+                         "reductions use)",
+            agoq_tuner_codec_measured, agoq_param_int(AGOQ_PARAM_CODEC_MBPS));
 }
 
-/* AGOQ_CODEC_MBPS, else the CPU codec measured once per process. */
 static double agoq_tuner_codec_mbps(void) {
-  int64_t set = agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
-  if (set > 0) return (double)set;
   pthread_once(&agoq_tuner_codec_once, agoq_tuner_codec_measure);
-  return agoq_tuner_codec_measured;
+  return (double)agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
 }
 
 ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t nnodes,

@@ -195,6 +195,30 @@ static void test_keeps_nccl_where_compression_does_not_pay(void** state) {
   unsetenv("AGOQ_CODEC_MBPS");
 }
 
+/* Unset, AGOQ_CODEC_MBPS is its fixed default on every rank: the model never takes this
+ * process's measurement, which would differ between ranks and split NCCL's choice of
+ * algorithm (decide() checks the CollNet entry against the formula at 5000 MB/s). At that
+ * speed compression pays on 10 Gbit/s and not on 25 Gbit/s in this cost table. */
+static void test_codec_speed_is_the_same_on_every_rank(void** state) {
+  (void)state;
+  unsetenv("AGOQ_CODEC_MBPS");
+  void* ctx = tuner_open(6, "int8");
+  assert_int_equal(decide(6, ctx, ncclFuncAllReduce, 64u << 20, 10, "5000"), AGOQ_NCCL_ALGO_COLLNET_CHAIN);
+  assert_int_equal(decide(6, ctx, ncclFuncAllReduce, 64u << 20, 25, "5000"), AGOQ_NCCL_ALGO_RING);
+  tuner_close(6, ctx);
+  /* 0 no longer means "measure": it is invalid, reported by the loader, and the tuner then
+   * steers nothing (NCCL's table unchanged). */
+  setenv("AGOQ_CODEC_MBPS", "0", 1);
+  ctx = tuner_open(6, "int8");
+  float t[NA][NP], ref[NA][NP];
+  table_link(t, 64u << 20, 10);
+  table_link(ref, 64u << 20, 10);
+  get_info(6, ctx, ncclFuncAllReduce, 64u << 20, t);
+  assert_memory_equal(t, ref, sizeof t);
+  tuner_close(6, ctx);
+  unsetenv("AGOQ_CODEC_MBPS");
+}
+
 /* The wire ratios the model uses are the frame layout's: int8 with one fp32 scale per 128
  * elements is 8.25 bits per element, plus the escape bitmap (a bit per block) and one
  * header: 0.5161 of bf16, 0.2581 of fp32. */
@@ -463,6 +487,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_compresses_where_the_network_is_slow),
       cmocka_unit_test(test_keeps_nccl_where_compression_does_not_pay),
+      cmocka_unit_test(test_codec_speed_is_the_same_on_every_rank),
       cmocka_unit_test(test_wire_ratio),
       cmocka_unit_test(test_codec_measured_with_the_clock_given),
       cmocka_unit_test(test_integer_allreduce_untouched),
