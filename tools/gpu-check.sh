@@ -319,7 +319,7 @@ torch_summary() {
   return 0
 }
 
-# The Megatron-Core check's lines for the summary; sets mcore_failed. Reads logs/mcore.{rc,out}:
+# The Megatron-Core check's lines for the summary; sets mcore_failed (write_summary's). Reads logs/mcore.{rc,out}:
 # its verdict, and its comparison and statistics lines (not the per-iteration losses, which
 # stay in the log).
 mcore_summary() {
@@ -426,9 +426,8 @@ ratio() {
 
 write_summary() {
   local run config test rc wrong avg last rows wvals net status failed=0 codec_failed=0 torch_failed=0
-  mcore_failed=0
-  local gdr cpu payload pcie devcalls entries ends gb cpu_gb pcie_b unrun
-  local problems=() cost_rows=() unrun_gpu=() unrun_other=() unrun_why=()
+  local mcore_failed=0 gdr cpu payload pcie devcalls entries ends gb cpu_gb pcie_b unrun unrun_why=""
+  local problems=() cost_rows=() unrun_gpu=() unrun_other=()
   declare -A avg_of last_of cpugb_of
   {
     echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
@@ -455,7 +454,7 @@ write_summary() {
       elif [[ -n "$unrun" ]]; then
         status="UNRUN ($unrun)"
         unrun_gpu+=("$run")
-        unrun_why+=("$unrun")
+        unrun_why=${unrun_why:-$unrun}
       elif is_lossy_config "$config" && [[ "$wrong" != 0 && "$rc" =~ ^(0|1|7)$ ]] && ((rows > 0)); then
         # Compressed: the exact check of nccl-tests (exit 7) or of the driver (exit 1) counts
         # every value the quantization moved beyond 2 ulp; it measures no magnitude. The
@@ -483,11 +482,7 @@ write_summary() {
           [[ "$status" == ok* ]] && status="GDRDMA IN HOST-STAGED RUN"
         fi
         # A run the machine could not start is reported, not failed (nor passed).
-        if [[ "$status" == UNRUN* ]]; then
-          :
-        elif [[ "$status" != ok* ]]; then
-          failed=1
-        fi
+        [[ "$status" == ok* || "$status" == UNRUN* ]] || failed=1
         status="$status; NET/AGOQ log lines: $(agoq_log_lines "$run")"
         is_collnet_config "$config" && status="$status; via COLLNET/AGOQ: $(collnet_log_lines "$run")"
       fi
@@ -627,7 +622,7 @@ write_summary() {
       joined=$(printf '%s; ' "${reasons[@]}")
       echo "VERDICT: FAILED (${joined%; })$unrun_note"
     elif ((${#unrun_gpu[@]})); then
-      echo "VERDICT: UNRUN: ${#unrun_gpu[@]} of $(grep -c . "$logs/runs.txt") runs need a GPU (${unrun_why[0]}); nothing that could run failed$unrun_note"
+      echo "VERDICT: UNRUN: ${#unrun_gpu[@]} of $(grep -c . "$logs/runs.txt") runs need a GPU ($unrun_why); nothing that could run failed$unrun_note"
     else
       echo "VERDICT: agoq runs correct$unrun_note"
     fi
@@ -893,8 +888,8 @@ mpi_home=""
 mpi_notes=()
 if [[ "$launcher" != driver && "$tests_src" != - ]]; then
   mpi_env
-  i=0
-  for cand in "${mpi_candidates[@]}"; do
+  for i in "${!mpi_candidates[@]}"; do
+    cand=${mpi_candidates[$i]}
     prefix=$cand
     if [[ "$cand" == *.whl ]]; then
       prefix=$work/mpi-$i
@@ -903,7 +898,6 @@ if [[ "$launcher" != driver && "$tests_src" != - ]]; then
         continue
       fi
     fi
-    i=$((i + 1))
     if why=$(mpi_try "$prefix"); then
       mpi_home=$prefix
       have_mpi=1
@@ -925,6 +919,7 @@ if [[ "$launcher" == mpi ]]; then
   [[ "$tests_src" != - ]] || die "launcher mpi needs the nccl-tests source"
   ((have_mpi)) || die "launcher mpi: no usable MPI (see the mpi: lines)"
   export PATH="$mpi_home/bin:$PATH" LD_LIBRARY_PATH="$mpi_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  mpi_launcher "$mpi_home" # mpirun_base, for every run
 fi
 echo "launcher: $launcher (mpi available: $have_mpi)" | tee -a "$logs/env.txt"
 
@@ -1055,7 +1050,6 @@ chmod +x "$rank_wrapper"
 # Sets mpirun_args: the mpirun command line for one run, up to the benchmark.
 set_mpirun_args() {
   local envfile=$1
-  mpi_launcher "$mpi_home"
   mpirun_args=("${mpirun_base[@]}" "$rank_wrapper" "$envfile")
 }
 
@@ -1126,14 +1120,13 @@ run_one() {
 }
 
 # A PyTorch check: its own processes (torch's NCCL, this build's plugin), logs under
-# logs/NAME. usage: run_torch NAME SCRIPT [extra arguments...]; the Megatron-Core check
-# goes through it too, with its own switch and time limit (run_mcore).
+# logs/NAME, skipped when the variable SWITCH is 0, stopped after LIMIT seconds (or what is
+# left of the budget). usage: run_torch NAME SCRIPT SWITCH LIMIT [extra arguments...]
 run_torch() {
-  local name=$1 script=$2
-  shift 2
+  local name=$1 script=$2 switch=$3 limit=$4
+  shift 4
   local py=${AGOQ_GPU_CHECK_PYTHON:-python3}
   local remaining=$((budget - $(elapsed)))
-  local switch=${torch_switch:-AGOQ_GPU_CHECK_TORCH} limit=${torch_limit:-$torch_timeout}
   : >"$logs/$name.out"
   if [[ "${!switch:-1}" == 0 ]]; then
     echo "skipped: $switch=0" >"$logs/$name.rc"
@@ -1163,15 +1156,17 @@ run_torch() {
 # unpacked by the check itself; without one, megatron-core must be importable.
 run_mcore() {
   local wheel=${AGOQ_GPU_CHECK_MCORE_WHEEL:-}
-  local args=()
+  local args=() limit=$mcore_timeout
   if [[ -z "$wheel" ]]; then
     wheel=$(compgen -G "$repo/.whl/megatron_core-*.whl" | head -n 1)
   fi
   [[ -n "$wheel" ]] && args+=(--mcore-wheel "$wheel")
+  # Its own budget fits inside what run_torch will allow (the script's budget may be short),
+  # so its runs are cut in its order rather than all killed by the outer timeout.
+  (((budget - $(elapsed) - 10) < limit)) && limit=$((budget - $(elapsed) - 10))
   # shellcheck disable=SC2206 # AGOQ_GPU_CHECK_MCORE_ARGS is a list of arguments by design
-  args+=(--budget $((mcore_timeout - 20)) ${AGOQ_GPU_CHECK_MCORE_ARGS:-})
-  torch_switch=AGOQ_GPU_CHECK_MCORE torch_limit=$mcore_timeout \
-    run_torch mcore megatron_check.py "${args[@]}"
+  args+=(--budget $((limit > 40 ? limit - 20 : 20)) ${AGOQ_GPU_CHECK_MCORE_ARGS:-})
+  run_torch mcore megatron_check.py AGOQ_GPU_CHECK_MCORE "$limit" "${args[@]}"
 }
 
 for config in $configs $collnet_configs; do
@@ -1187,9 +1182,11 @@ for test in $all_tests; do
     run_one "$config" "$test"
   done
   # shellcheck disable=SC2086 # the *_ARGS variables are lists of arguments by design
-  [[ "$test" == all_reduce ]] && run_torch torch torch_allreduce_check.py ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
+  [[ "$test" == all_reduce ]] && run_torch torch torch_allreduce_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
+    ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
   # shellcheck disable=SC2086
-  [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
+  [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
+    ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
 done
 run_mcore
 

@@ -234,11 +234,24 @@ EXPORT ncclResult_t ncclCommGetAsyncError(fake_comm* c, ncclResult_t* r) {
   return ncclSuccess;
 }
 
-/* Bytes per element of the types the fake moves; 0 for any other. */
-static size_t fake_type_size(ncclDataType_t type) {
-  if (type == ncclUint8) return 1;
-  if (type == ncclFloat32) return sizeof(float);
-  return 0;
+/* The bytes of `count` elements of a type the fake moves (bytes or floats) that fit one
+ * slot; 0 when they do not, or the type is another. */
+static int fake_bytes(size_t count, ncclDataType_t type, size_t* bytes) {
+  size_t size = type == ncclUint8 ? 1 : type == ncclFloat32 ? sizeof(float) : 0;
+  *bytes = count * size;
+  return size != 0 && *bytes <= FAKE_SLOT_BYTES;
+}
+
+/* Every rank has put its contribution in its slot: out[i] = the sum over ranks, in rank
+ * order, of element `first + i` of each slot. */
+static void sum_slots(fake_comm* c, size_t first, size_t count, float* out) {
+  barrier(c);
+  for (size_t i = 0; i < count; i++) {
+    float sum = 0.0f;
+    for (int r = 0; r < c->nranks; r++) sum += ((const float*)slot(c, r))[first + i];
+    out[i] = sum;
+  }
+  barrier(c); /* nobody reuses its slot before all have read it */
 }
 
 EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
@@ -246,14 +259,7 @@ EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, nc
   size_t bytes = count * sizeof(float);
   if (type != ncclFloat32 || op != ncclSum || bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
   memcpy(slot(c, c->rank), send, bytes);
-  barrier(c);
-  float* out = recv;
-  for (size_t i = 0; i < count; i++) {
-    float sum = 0.0f;
-    for (int r = 0; r < c->nranks; r++) sum += ((const float*)slot(c, r))[i];
-    out[i] = sum;
-  }
-  barrier(c); /* nobody reuses its slot before all have read it */
+  sum_slots(c, 0, count, recv);
   c->calls++;
   c->bytes_moved += bytes;
   maybe_fault(c, recv, bytes);
@@ -266,14 +272,7 @@ EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count
   size_t bytes = count * sizeof(float), total = bytes * (size_t)c->nranks;
   if (type != ncclFloat32 || op != ncclSum || total > FAKE_SLOT_BYTES) return ncclInvalidArgument;
   memcpy(slot(c, c->rank), send, total);
-  barrier(c);
-  float* out = recv;
-  for (size_t i = 0; i < count; i++) {
-    float sum = 0.0f;
-    for (int r = 0; r < c->nranks; r++) sum += ((const float*)slot(c, r))[(size_t)c->rank * count + i];
-    out[i] = sum;
-  }
-  barrier(c);
+  sum_slots(c, (size_t)c->rank * count, count, recv);
   c->calls++;
   c->bytes_moved += total;
   maybe_fault(c, recv, bytes);
@@ -283,8 +282,8 @@ EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count
 /* recv (count * nranks elements) = every rank's send, in rank order. */
 EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                                   fake_comm* c, void* stream) {
-  size_t bytes = count * fake_type_size(type);
-  if ((bytes == 0 && count != 0) || bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  size_t bytes;
+  if (!fake_bytes(count, type, &bytes)) return ncclInvalidArgument;
   memcpy(slot(c, c->rank), send, bytes);
   barrier(c);
   for (int r = 0; r < c->nranks; r++) memcpy((uint8_t*)recv + (size_t)r * bytes, slot(c, r), bytes);
@@ -303,9 +302,8 @@ static fake_comm* g_group_comm;
 
 EXPORT ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer,
                              fake_comm* c, void* stream) {
-  size_t bytes = count * fake_type_size(type);
-  if (bytes == 0 && count != 0) return ncclInvalidArgument;
-  if (bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  size_t bytes;
+  if (!fake_bytes(count, type, &bytes)) return ncclInvalidArgument;
   c->in_group = 1;
   c->send_buf = buf;
   c->send_bytes = bytes;
@@ -316,9 +314,8 @@ EXPORT ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type,
 
 EXPORT ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, fake_comm* c,
                              void* stream) {
-  size_t bytes = count * fake_type_size(type);
-  if (bytes == 0 && count != 0) return ncclInvalidArgument;
-  if (bytes > FAKE_SLOT_BYTES) return ncclInvalidArgument;
+  size_t bytes;
+  if (!fake_bytes(count, type, &bytes)) return ncclInvalidArgument;
   c->in_group = 1;
   c->recv_buf = buf;
   c->recv_bytes = bytes;
