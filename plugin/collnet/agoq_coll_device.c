@@ -161,7 +161,8 @@ static ncclResult_t agoq_dev_stage_locked(agoq_coll_comm* g, agoq_coll_req* r, s
 fail:
   /* Copies may be queued into the staging: the group stops here (its later calls fail), so
    * nothing is staged into it again. */
-  if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: the device path failed (error %d); the group fails", g->rank, res);
+  if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: the device path failed (%s); the group fails", g->rank,
+                                       agoq_result_str(res));
   agoq_gpu_ring_put(agoq_gpu_link_ring(g->gpu), id);
   return res;
 }

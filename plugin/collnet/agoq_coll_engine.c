@@ -320,8 +320,9 @@ static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
         ncclResult_t res = agoq_net_test(*reqp, &done, &size);
         if (res != ncclSuccess) {
           if (agoq_coll_fail(g, res))
-            AGOQ_WARN("CollNet rank %d: %s rank %d failed (error %d); the group's requests fail", g->rank,
-                      kind == AGOQ_CQ_P1S || kind == AGOQ_CQ_P2S ? "sending to" : "receiving from", j, res);
+            AGOQ_WARN("CollNet rank %d: %s rank %d failed (%s); the group's requests fail", g->rank,
+                      kind == AGOQ_CQ_P1S || kind == AGOQ_CQ_P2S ? "sending to" : "receiving from", j,
+                      agoq_result_str(res));
           return res;
         }
         if (!done) break;
@@ -521,7 +522,7 @@ void agoq_coll_engine_assist(agoq_coll_comm* g) {
   bool progressed = false;
   ncclResult_t res = agoq_engine_step(g, &progressed);
   if (res != ncclSuccess && agoq_coll_fail(g, res))
-    AGOQ_WARN("CollNet rank %d: group failed (error %d)", g->rank, res);
+    AGOQ_WARN("CollNet rank %d: group failed (%s)", g->rank, agoq_result_str(res));
   if (progressed) g->assisted = true;
   pthread_mutex_unlock(&g->step_mu);
   /* The engine may sleep on the descriptors of operations this pass completed, or miss
@@ -566,7 +567,7 @@ static void* agoq_coll_engine_main(void* arg) {
     ncclResult_t res = agoq_engine_step(g, &progressed);
     if (res == ncclSuccess) res = (ncclResult_t)atomic_load(&g->error);
     if (res != ncclSuccess) {
-      if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: group failed (error %d)", g->rank, res);
+      if (agoq_coll_fail(g, res)) AGOQ_WARN("CollNet rank %d: group failed (%s)", g->rank, agoq_result_str(res));
       agoq_engine_abort(g, (ncclResult_t)atomic_load(&g->error));
       pthread_mutex_unlock(&g->step_mu);
       idle = 0;

@@ -292,8 +292,8 @@ static int agoq_coll_copy_state(agoq_coll_req* r) {
   ncclResult_t res = agoq_coll_dev_copied(r->comm, r, &copied);
   if (res == ncclSuccess) return copied ? AGOQ_COLL_REQ_DONE : AGOQ_COLL_REQ_COPY_OUT;
   if (agoq_coll_fail(r->comm, res))
-    AGOQ_WARN("CollNet rank %d: copying a result into device memory failed (error %d); the group fails", r->comm->rank,
-              res);
+    AGOQ_WARN("CollNet rank %d: copying a result into device memory failed (%s); the group fails", r->comm->rank,
+              agoq_result_str(res));
   r->error = res;
   return AGOQ_COLL_REQ_FAILED;
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <stdio_ext.h>
 #include <unistd.h>
 
 static _Atomic(ncclDebugLogger_t) agoq_logger; /* zero: no NCCL logger yet */
@@ -44,11 +45,35 @@ void agoq_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* f
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  /* A tool's stdout into a file is fully buffered while stderr is not: without this its
+   * pending bytes would go out after our line and a buffer written out mid-line would
+   * have this line spliced into it (`agoq-info -c >f 2>&1`). A line-buffered stdout has
+   * written every whole line already and holds at most a partial one, which must stay
+   * put until its newline, so only a fully buffered one is flushed. */
+  if (!__flbf(stdout)) fflush(stdout);
   const char* tag = level == NCCL_LOG_WARN ? "WARN" : level == NCCL_LOG_INFO ? "INFO" : "TRACE";
   if (level == NCCL_LOG_WARN || level == NCCL_LOG_TRACE)
     fprintf(stderr, "[%d] %s %s:%d %s\n", (int)getpid(), tag, file, line, msg);
   else
     fprintf(stderr, "[%d] %s %s\n", (int)getpid(), tag, msg);
+}
+
+const char* agoq_result_str(ncclResult_t res) {
+  /* Meanings as NCCL's own documentation words them, from the caller's side. */
+  static const char* const names[] = {
+      [ncclSuccess] = "ncclSuccess, 0: no error",
+      [ncclUnhandledCudaError] = "ncclUnhandledCudaError, 1: a CUDA call failed",
+      [ncclSystemError] = "ncclSystemError, 2: a system call, socket or allocation failed",
+      [ncclInternalError] = "ncclInternalError, 3: an internal error (a bug or a corrupted message)",
+      [ncclInvalidArgument] = "ncclInvalidArgument, 4: an invalid argument",
+      [ncclInvalidUsage] = "ncclInvalidUsage, 5: invalid usage (a call out of order or a bad setting)",
+      [ncclRemoteError] = "ncclRemoteError, 6: a peer failed or a connection broke",
+      [ncclInProgress] = "ncclInProgress, 7: still in progress",
+  };
+  if ((unsigned)res < sizeof(names) / sizeof(names[0]) && names[res] != NULL) return names[res];
+  static _Thread_local char unknown[40];
+  snprintf(unknown, sizeof unknown, "unknown result %d", (int)res);
+  return unknown;
 }
 
 void agoq_log_emit(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,

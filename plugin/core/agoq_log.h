@@ -18,6 +18,13 @@ void agoq_log_set_logger(ncclDebugLogger_t logger);
 void agoq_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                      const char* fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* An NCCL result as people read it, for every message that reports one: the enum's name,
+ * its number and a short meaning, "ncclRemoteError, 6: a peer failed or a connection
+ * broke", so "failed (%s)" reads "failed (ncclRemoteError, 6: ...)". A value outside the
+ * enum gives "unknown result N" (N kept: it is the only clue); that text lives in a
+ * per-thread buffer, valid until this thread's next call with an unknown value. */
+const char* agoq_result_str(ncclResult_t res);
+
 void agoq_log_emit(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                    const char* fmt, ...) __attribute__((format(printf, 5, 6)));
 

@@ -388,8 +388,8 @@ static void agoq_request_finish(agoq_comm* comm, agoq_request* req, const size_t
 static ncclResult_t agoq_dev_failed(agoq_comm* comm, ncclResult_t res) {
   if (!comm->error_reported) {
     comm->error_reported = true;
-    AGOQ_WARN("%s %s: the device path failed (error %d); pending requests on this connection fail",
-              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), res);
+    AGOQ_WARN("%s %s: the device path failed (%s); pending requests on this connection fail",
+              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), agoq_result_str(res));
   }
   agoq_net_tp->fail(comm->tp, res);
   return res;
@@ -451,8 +451,8 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   }
   if (err != ncclSuccess && !comm->error_reported) {
     comm->error_reported = true;
-    AGOQ_WARN("%s with %s failed (error %d); pending requests on this connection fail",
-              comm->is_send ? "send" : "receive", agoq_comm_peer(comm), err);
+    AGOQ_WARN("%s with %s failed (%s); pending requests on this connection fail",
+              comm->is_send ? "send" : "receive", agoq_comm_peer(comm), agoq_result_str(err));
   }
   return err;
 }

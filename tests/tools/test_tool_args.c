@@ -144,6 +144,20 @@ static void test_perf_coll_both_spellings(void** state) {
   }
 }
 
+/* Every message that reports an NCCL result names it and keeps its number. */
+static void test_result_str(void** state) {
+  (void)state;
+  assert_string_equal(agoq_result_str(ncclRemoteError), "ncclRemoteError, 6: a peer failed or a connection broke");
+  for (int r = ncclSuccess; r < ncclNumResults; r++) {
+    const char* s = agoq_result_str((ncclResult_t)r);
+    char num[16];
+    snprintf(num, sizeof num, ", %d: ", r);
+    assert_true(strncmp(s, "nccl", 4) == 0);
+    assert_non_null(strstr(s, num));
+  }
+  assert_string_equal(agoq_result_str((ncclResult_t)42), "unknown result 42");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_args_whole_string),
@@ -151,6 +165,7 @@ int main(void) {
       cmocka_unit_test(test_perf_p2p_both_spellings),
       cmocka_unit_test(test_perf_p2p_rejects),
       cmocka_unit_test(test_perf_coll_both_spellings),
+      cmocka_unit_test(test_result_str),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,7 +168,6 @@ int perf_net_connect_pair(perf_net* n, perf_boot* b);
  * rank's recv_comm): perf_net_connect_pair is sender 0, ping-pong adds sender 1. */
 int perf_net_connect_from(perf_net* n, perf_boot* b, int sender);
 void perf_net_close(perf_net* n);
-const char* perf_result_str(ncclResult_t r);
 
 /* ---- output (perf_report.c) ---- */
 

@@ -68,7 +68,7 @@ static int perf_coll_support(perf_coll_net* c, const perf_coll_opts* o, perf_gro
       fprintf(stderr, "agoq-perf: rank %d: the plugin does not reduce %s with %s%s%s\n",
               g->rank, perf_dtype_name(o->dtype), perf_op_name(o->op),
               r != ncclSuccess ? ": reduceSupport returned " : " (reduceSupport)",
-              r != ncclSuccess ? perf_result_str(r) : "");
+              r != ncclSuccess ? agoq_result_str(r) : "");
       ok = 0;
     }
   }

@@ -30,14 +30,14 @@ int perf_coll_open(perf_coll_net* c, const char* lib_path, int abi, int dev, uin
   ncclResult_t r = agoq_collnet_view_init(&c->view, &c->ctx, comm_id, agoq_log_stderr);
   if (r != ncclSuccess) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet v%d init failed: %s\n", rank, version,
-            perf_result_str(r));
+            agoq_result_str(r));
     return -1;
   }
   int ndev = 0;
   r = agoq_collnet_view_devices(&c->view, &ndev);
   if (r != ncclSuccess) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet v%d devices failed: %s\n", rank, version,
-            perf_result_str(r));
+            agoq_result_str(r));
     return -1;
   }
   if (ndev <= 0) {
@@ -57,7 +57,7 @@ int perf_coll_open(perf_coll_net* c, const char* lib_path, int abi, int dev, uin
   r = agoq_collnet_view_get_properties(&c->view, dev, &c->props);
   if (r != ncclSuccess) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet getProperties(%d) failed: %s\n", rank, dev,
-            perf_result_str(r));
+            agoq_result_str(r));
     return -1;
   }
   if (c->props.max_coll_bytes == 0) {
@@ -75,7 +75,7 @@ int perf_coll_connect(perf_coll_net* c, perf_group* g) {
   ncclResult_t r = agoq_collnet_view_listen(&c->view, c->ctx, c->dev, handle, &c->listen_comm);
   if (r != ncclSuccess || c->listen_comm == NULL) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet listen failed: %s\n", g->rank,
-            r != ncclSuccess ? perf_result_str(r) : "NULL listen comm");
+            r != ncclSuccess ? agoq_result_str(r) : "NULL listen comm");
     ok = 0;
   }
   /* Every rank learns whether all listened before anyone connects: a group with a
@@ -95,7 +95,7 @@ int perf_coll_connect(perf_coll_net* c, perf_group* g) {
                                 &c->coll_comm);
   if (r != ncclSuccess || c->coll_comm == NULL) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet connect (%d ranks) failed: %s\n", g->rank,
-            g->nranks, r != ncclSuccess ? perf_result_str(r) : "NULL collComm");
+            g->nranks, r != ncclSuccess ? agoq_result_str(r) : "NULL collComm");
     /* NCCL forgets the listen comm of a failed connect; we close it. */
     return -1;
   }
@@ -103,7 +103,7 @@ int perf_coll_connect(perf_coll_net* c, perf_group* g) {
   c->listen_comm = NULL;
   if (r != ncclSuccess) {
     fprintf(stderr, "agoq-perf: rank %d: CollNet closeListen failed: %s\n", g->rank,
-            perf_result_str(r));
+            agoq_result_str(r));
     return -1;
   }
   return 0;
@@ -118,7 +118,7 @@ int perf_coll_register(perf_coll_net* c, void* send, size_t send_bytes, void* re
                                  &c->recv_mh);
   if (r != ncclSuccess) {
     fprintf(stderr, "agoq-perf: CollNet regMr of %zu B failed: %s\n",
-            c->send_mh == NULL ? send_bytes : recv_bytes, perf_result_str(r));
+            c->send_mh == NULL ? send_bytes : recv_bytes, agoq_result_str(r));
     return -1;
   }
   return 0;
@@ -137,7 +137,7 @@ ncclResult_t perf_coll_close_group(perf_coll_net* c) {
 void perf_coll_close(perf_coll_net* c) {
   if (c->lib == NULL) return;
   ncclResult_t r = perf_coll_close_group(c);
-  if (r != ncclSuccess) fprintf(stderr, "agoq-perf: CollNet closeColl failed: %s\n", perf_result_str(r));
+  if (r != ncclSuccess) fprintf(stderr, "agoq-perf: CollNet closeColl failed: %s\n", agoq_result_str(r));
   if (c->listen_comm != NULL) agoq_collnet_view_close_listen(&c->view, c->listen_comm);
   /* Before v11 there is no finalize; the view makes it a no-op. */
   if (c->view.table != NULL) agoq_collnet_view_finalize(&c->view, c->ctx);

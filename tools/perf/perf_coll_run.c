@@ -123,7 +123,7 @@ int perf_coll_stream(perf_coll_net* c, perf_group* g, const perf_coll_opts* o,
       if (r != ncclSuccess) {
         fprintf(stderr, "agoq-perf: rank %d: %s call %ld (window %zu+%zu of %zu B) failed: %s\n",
                 p->rank, what, posted, p->win[w].off, p->win[w].bytes, p->bytes,
-                perf_result_str(r));
+                agoq_result_str(r));
         return -1;
       }
       if (req == NULL) break; /* the plugin's "try again" */
@@ -139,7 +139,7 @@ int perf_coll_stream(perf_coll_net* c, perf_group* g, const perf_coll_opts* o,
         int w = (int)(done % p->nwin);
         fprintf(stderr, "agoq-perf: rank %d: test of %s call %ld (window %zu+%zu of %zu B) "
                 "failed: %s\n", p->rank, what, done, p->win[w].off, p->win[w].bytes, p->bytes,
-                perf_result_str(r));
+                agoq_result_str(r));
         return -1;
       }
       if (finished) {

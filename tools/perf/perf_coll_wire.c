@@ -132,7 +132,7 @@ int perf_coll_wire_cycle(perf_coll_net* c, perf_group* g, perf_coll_wire* w, int
   int ok = 1;
   ncclResult_t r = perf_coll_close_group(c);
   if (r != ncclSuccess) {
-    fprintf(stderr, "agoq-perf: rank %d: CollNet closeColl failed: %s\n", g->rank, perf_result_str(r));
+    fprintf(stderr, "agoq-perf: rank %d: CollNet closeColl failed: %s\n", g->rank, agoq_result_str(r));
     ok = 0;
   }
   uint64_t mine[4] = {0, 0, 0, 0};

@@ -10,14 +10,6 @@
 
 #include "perf.h"
 
-const char* perf_result_str(ncclResult_t r) {
-  static const char* const names[] = {"ncclSuccess",        "ncclUnhandledCudaError",
-                                      "ncclSystemError",    "ncclInternalError",
-                                      "ncclInvalidArgument", "ncclInvalidUsage",
-                                      "ncclRemoteError",    "ncclInProgress"};
-  return (unsigned)r < sizeof(names) / sizeof(names[0]) ? names[r] : "(unknown)";
-}
-
 int perf_net_open(perf_net* n, const char* lib_path, int dev, uint64_t comm_id) {
   return perf_net_open_ex(n, lib_path, dev, comm_id, agoq_log_stderr, NULL);
 }
@@ -42,7 +34,7 @@ int perf_net_open_ex(perf_net* n, const char* lib_path, int dev, uint64_t comm_i
   int ndev = 0;
   if (r == ncclSuccess) r = agoq_view_devices(&n->view, &ndev);
   if (r != ncclSuccess) {
-    fprintf(stderr, "agoq-perf: plugin init/devices failed: %s\n", perf_result_str(r));
+    fprintf(stderr, "agoq-perf: plugin init/devices failed: %s\n", agoq_result_str(r));
     return -1;
   }
   if (dev >= ndev) {
@@ -52,7 +44,7 @@ int perf_net_open_ex(perf_net* n, const char* lib_path, int dev, uint64_t comm_i
   n->dev = dev;
   r = agoq_view_get_properties(&n->view, dev, &n->props);
   if (r != ncclSuccess) {
-    fprintf(stderr, "agoq-perf: getProperties(%d) failed: %s\n", dev, perf_result_str(r));
+    fprintf(stderr, "agoq-perf: getProperties(%d) failed: %s\n", dev, agoq_result_str(r));
     return -1;
   }
   return 0;
@@ -68,7 +60,7 @@ int perf_net_connect_from(perf_net* n, perf_boot* b, int sender) {
   if (listener) {
     r = agoq_view_listen(&n->view, n->ctx, n->dev, handle, &n->listen_comm);
     if (r != ncclSuccess || n->listen_comm == NULL) {
-      fprintf(stderr, "agoq-perf: listen failed: %s\n", perf_result_str(r));
+      fprintf(stderr, "agoq-perf: listen failed: %s\n", agoq_result_str(r));
       return -1;
     }
     if (perf_boot_send(b, PERF_MSG_HANDLE, handle, sizeof(handle)) != 0) return -1;
@@ -82,7 +74,7 @@ int perf_net_connect_from(perf_net* n, perf_boot* b, int sender) {
                  : agoq_view_connect(&n->view, n->ctx, n->dev, handle, comm);
     if (r != ncclSuccess) {
       fprintf(stderr, "agoq-perf: rank %d: %s failed: %s\n", b->rank,
-              listener ? "accept" : "connect", perf_result_str(r));
+              listener ? "accept" : "connect", agoq_result_str(r));
       return -1;
     }
     if (*comm != NULL) break;

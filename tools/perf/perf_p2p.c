@@ -159,7 +159,7 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
       }
       if (r != ncclSuccess) {
         fprintf(stderr, "agoq-perf: rank %d: %s of %zu B failed: %s\n", rank,
-                rank == 0 ? "isend" : "irecv", size, perf_result_str(r));
+                rank == 0 ? "isend" : "irecv", size, agoq_result_str(r));
         return -1;
       }
       if (req == NULL) break; /* the plugin's "try again", as NCCL reads it */
@@ -172,7 +172,7 @@ static int p2p_stream(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b, si
     r = agoq_view_test(&n->view, reqs[slot], &finished, &got);
     if (r != ncclSuccess) {
       fprintf(stderr, "agoq-perf: rank %d: test of message %d (%zu B) failed: %s\n", rank, done,
-              size, perf_result_str(r));
+              size, agoq_result_str(r));
       return -1;
     }
     if (finished) {
@@ -304,7 +304,7 @@ static int p2p_bufs_alloc(perf_net* n, int rank, const perf_opts* o, p2p_bufs* b
                                       o->device ? NCCL_PTR_CUDA : NCCL_PTR_HOST, &b->mh[i]);
     if (r != ncclSuccess) {
       fprintf(stderr, "agoq-perf: rank %d: regMr of %zu B failed: %s\n", rank, bytes,
-              perf_result_str(r));
+              agoq_result_str(r));
       return -1;
     }
   }

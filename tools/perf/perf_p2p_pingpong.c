@@ -37,7 +37,7 @@ int perf_pp_bufs_alloc(perf_net* n, size_t bytes, bool device, perf_pp_bufs* b) 
       ncclResult_t r = agoq_view_reg_mr(&n->view, comms[c], pp_plugin_buf(b, k), bytes,
                                         device ? NCCL_PTR_CUDA : NCCL_PTR_HOST, &b->mh[k][c]);
       if (r != ncclSuccess) {
-        fprintf(stderr, "agoq-perf: regMr of %zu B failed: %s\n", bytes, perf_result_str(r));
+        fprintf(stderr, "agoq-perf: regMr of %zu B failed: %s\n", bytes, agoq_result_str(r));
         return -1;
       }
     }
@@ -64,7 +64,7 @@ static int pp_post_recv(perf_net* n, void* buf, size_t size, void* mh, void** re
   for (;;) {
     ncclResult_t r = agoq_view_irecv(&n->view, n->recv_comm, 1, data, sizes, tags, &mh, req);
     if (r != ncclSuccess) {
-      fprintf(stderr, "agoq-perf: ping-pong: irecv of %zu B failed: %s\n", size, perf_result_str(r));
+      fprintf(stderr, "agoq-perf: ping-pong: irecv of %zu B failed: %s\n", size, agoq_result_str(r));
       return -1;
     }
     if (*req != NULL) return 0;
@@ -78,7 +78,7 @@ static int pp_send(perf_net* n, void* buf, size_t size, void* mh) {
   for (;;) {
     ncclResult_t r = agoq_view_isend_ph(&n->view, n->send_comm, buf, size, PP_TAG, mh, NULL, &req);
     if (r != ncclSuccess) {
-      fprintf(stderr, "agoq-perf: ping-pong: isend of %zu B failed: %s\n", size, perf_result_str(r));
+      fprintf(stderr, "agoq-perf: ping-pong: isend of %zu B failed: %s\n", size, agoq_result_str(r));
       return -1;
     }
     if (req != NULL) break;
@@ -88,7 +88,7 @@ static int pp_send(perf_net* n, void* buf, size_t size, void* mh) {
     int done = 0, got = -1;
     ncclResult_t r = agoq_view_test(&n->view, req, &done, &got);
     if (r != ncclSuccess) {
-      fprintf(stderr, "agoq-perf: ping-pong: test of a send (%zu B) failed: %s\n", size, perf_result_str(r));
+      fprintf(stderr, "agoq-perf: ping-pong: test of a send (%zu B) failed: %s\n", size, agoq_result_str(r));
       return -1;
     }
     if (done) return 0;
@@ -103,7 +103,7 @@ static int pp_wait_recv(perf_net* n, void* req, size_t size) {
     ncclResult_t r = agoq_view_test(&n->view, req, &done, &got);
     if (r != ncclSuccess) {
       fprintf(stderr, "agoq-perf: ping-pong: test of a receive (%zu B) failed: %s\n", size,
-              perf_result_str(r));
+              agoq_result_str(r));
       return -1;
     }
     if (done) {
