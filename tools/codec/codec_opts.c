@@ -63,15 +63,13 @@ static const char* codec_opt_spelling(unsigned bit) {
   }
 }
 
-/* "a, b, c" from a name function over [0, count). */
-static void codec_names(char* buf, size_t cap, int count, const char* (*name)(int)) {
-  size_t off = 0;
-  buf[0] = '\0';
-  for (int i = 0; i < count && off < cap; i++)
-    off += (size_t)snprintf(buf + off, cap - off, "%s%s", i ? ", " : "", name(i));
+/* A value outside a flag's set: OPT: "V" is not one of a, b, c (the set in full, as every
+ * agoq tool answers, tools/common/agoq_args.h). */
+static void codec_not_one_of(const char* cmd, const char* opt, const char* v, const char* const* names, int n) {
+  char list[256];
+  agoq_args_join(list, sizeof list, names, n);
+  codec_err(cmd, "%s: \"%s\" is not one of %s", opt, v, list);
 }
-static const char* codec_format_name_i(int i) { return agoq_format_name((agoq_format)i); }
-static const char* codec_dtype_name_i(int i) { return agoq_dtype_name((agoq_dtype)i); }
 
 /* Decimal or 0x hex, no sign, the whole string (tools/common/agoq_args.h; never octal). */
 static int codec_parse_u64(const char* s, uint64_t* out) {
@@ -102,20 +100,21 @@ static int codec_parse_count(const char* s, size_t* out) {
 }
 
 static int codec_opt_value(codec_opts* o, int c, const char* v) {
-  char names[128];
   uint64_t u = 0;
   switch (c) {
     case 'f':
       if (agoq_format_from_name(v, &o->format) != 0) {
-        codec_names(names, sizeof(names), AGOQ_FORMAT_COUNT, codec_format_name_i);
-        codec_err(o->cmd, "unknown format '%s' (%s)", v, names);
+        const char* names[AGOQ_FORMAT_COUNT];
+        for (int i = 0; i < AGOQ_FORMAT_COUNT; i++) names[i] = agoq_format_name((agoq_format)i);
+        codec_not_one_of(o->cmd, "-f/--format", v, names, AGOQ_FORMAT_COUNT);
         return -1;
       }
       return 0;
     case 't':
       if (agoq_dtype_from_name(v, &o->dtype) != 0) {
-        codec_names(names, sizeof(names), AGOQ_DTYPE_COUNT, codec_dtype_name_i);
-        codec_err(o->cmd, "unknown dtype '%s' (%s)", v, names);
+        const char* names[AGOQ_DTYPE_COUNT];
+        for (int i = 0; i < AGOQ_DTYPE_COUNT; i++) names[i] = agoq_dtype_name((agoq_dtype)i);
+        codec_not_one_of(o->cmd, "-t/--dtype", v, names, AGOQ_DTYPE_COUNT);
         return -1;
       }
       return 0;
@@ -146,7 +145,8 @@ static int codec_opt_value(codec_opts* o, int c, const char* v) {
       } else if (strcmp(v, "uniform") == 0) {
         o->dist = CODEC_DIST_UNIFORM;
       } else {
-        codec_err(o->cmd, "unknown distribution '%s' (normal, uniform)", v);
+        static const char* const dists[] = {"normal", "uniform"};
+        codec_not_one_of(o->cmd, "--dist", v, dists, 2);
         return -1;
       }
       return 0;

@@ -98,3 +98,21 @@ unsigned long long agoq_args_ull_or_exit(const char* prog, const char* opt, cons
   }
   return v;
 }
+
+void agoq_args_join(char* buf, size_t cap, const char* const* names, int n) {
+  size_t off = 0;
+  if (cap == 0) return;
+  buf[0] = '\0';
+  for (int i = 0; i < n && off < cap; i++) {
+    int w = snprintf(buf + off, cap - off, "%s%s", i ? ", " : "", names[i]);
+    if (w < 0) break;
+    off += (size_t)w;
+  }
+}
+
+void agoq_args_not_one_of(const char* prog, const char* opt, const char* s, const char* const* names,
+                          int n) {
+  char list[512];
+  agoq_args_join(list, sizeof list, names, n);
+  fprintf(stderr, "%s: %s: \"%s\" is not one of %s\n", prog, opt, s ? s : "(none)", list);
+}

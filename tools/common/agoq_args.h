@@ -11,6 +11,7 @@
 #ifndef AGOQ_ARGS_H
 #define AGOQ_ARGS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* 0 and *out set, or -1 (nothing printed, *out untouched). */
@@ -25,5 +26,14 @@ long long agoq_args_ll_or_exit(const char* prog, const char* opt, const char* s,
 int agoq_args_int_or_exit(const char* prog, const char* opt, const char* s, int min, int max);
 unsigned long long agoq_args_ull_or_exit(const char* prog, const char* opt, const char* s,
                                          unsigned long long max);
+
+/* Flags whose value is one of a fixed set of names (a datatype, a format, an op, a mode):
+ * a bad value is answered with the whole set, so the user never has to guess or open the
+ * help. Matching stays with each parser (some names have aliases, some compare case). */
+/* "a, b, c" (truncated to fit cap; buf is always terminated). */
+void agoq_args_join(char* buf, size_t cap, const char* const* names, int n);
+/* On stderr: PROG: OPT: "S" is not one of a, b, c */
+void agoq_args_not_one_of(const char* prog, const char* opt, const char* s, const char* const* names,
+                          int n);
 
 #endif

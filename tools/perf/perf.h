@@ -68,6 +68,11 @@ int perf_argv_check(perf_argv* p, const char* cmd, int* out);
 /* -t/--nthreads and -g/--ngpus: nccl-tests' threads per process and GPUs per thread;
  * only 1 here. 0 ok, -1 printed. */
 int perf_argv_threads(perf_argv* p, const char* cmd, const char* v);
+/* A value outside a flag's set of names: "agoq-perf CMD: OPT: "V" is not one of a, b, c"
+ * (tools/common/agoq_args.h). The dtype and op sets are NCCL's (perf_dtype.h). */
+void perf_not_one_of(const char* cmd, const char* opt, const char* v, const char* const* names, int n);
+void perf_bad_dtype(const char* cmd, const char* opt, const char* v);
+void perf_bad_op(const char* cmd, const char* opt, const char* v);
 /* Timed messages of one size: -n, or more with --target-bytes so that small sizes move
  * enough bytes to be timed above the noise: max(-n, min(ceil(target / size), 1e6)). */
 #define PERF_TARGET_ITERS_MAX 1000000

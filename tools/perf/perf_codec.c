@@ -15,8 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agoq_args.h"
 #include "agoq_codec.h"
 #include "perf.h"
+
+/* --isa's names (agoq_codec_set_isa). */
+static const char* const cp_isas[] = {"portable", "avx2", "avx512"};
+#define CP_NISAS ((int)(sizeof cp_isas / sizeof cp_isas[0]))
 
 enum { CP_QUANTIZE, CP_DEQUANTIZE, CP_DEQUANT_ACC, CP_QUANTIZE_FP32, CP_NOPS };
 static const char* const cp_op_names[CP_NOPS] = {"quantize", "dequantize",
@@ -76,8 +81,11 @@ static void cp_usage(FILE* f) {
           "or a dequantize writes), compared with memcpy of -s bytes measured in the same run.\n");
 }
 
-/* A comma list of names; name(i) for i in [0, count) gives the spellings. */
-static int cp_parse_list(const char* s, int count, const char* (*name)(int), unsigned* mask) {
+/* A comma list of names; name(i) for i in [0, count) gives the spellings. A name outside
+ * them is printed with the whole set (0 ok, -1 printed). */
+static int cp_parse_list(const char* opt, const char* s, int count, const char* (*name)(int), unsigned* mask) {
+  const char* names[32];
+  for (int i = 0; i < count && i < 32; i++) names[i] = name(i);
   *mask = 0;
   const char* p = s;
   while (*p) {
@@ -85,12 +93,23 @@ static int cp_parse_list(const char* s, int count, const char* (*name)(int), uns
     int found = -1;
     for (int i = 0; i < count; i++)
       if (strlen(name(i)) == len && strncmp(p, name(i), len) == 0) found = i;
-    if (found < 0) return -1;
+    if (found < 0) {
+      char item[64];
+      snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), p);
+      char what[96];
+      snprintf(what, sizeof what, "%s (a comma list)", opt);
+      perf_not_one_of("codec", what, item, names, count);
+      return -1;
+    }
     *mask |= 1u << found;
     p += len;
     if (*p == ',') p++;
   }
-  return *mask != 0 ? 0 : -1;
+  if (*mask == 0) {
+    perf_not_one_of("codec", opt, s, names, count);
+    return -1;
+  }
+  return 0;
 }
 static const char* cp_format_name_i(int i) { return agoq_format_name((agoq_format)i); }
 static const char* cp_op_name_i(int i) { return cp_op_names[i]; }
@@ -135,7 +154,12 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
     i++;
     int bad = 0;
     if (strcmp(a, "-d") == 0 || strcmp(a, "--dtype") == 0) {
-      bad = agoq_dtype_from_name(v, &o->dtype);
+      if (agoq_dtype_from_name(v, &o->dtype) != 0) {
+        const char* names[AGOQ_DTYPE_COUNT];
+        for (int k = 0; k < AGOQ_DTYPE_COUNT; k++) names[k] = agoq_dtype_name((agoq_dtype)k);
+        perf_not_one_of("codec", a, v, names, AGOQ_DTYPE_COUNT);
+        return -1;
+      }
     } else if (strcmp(a, "--block") == 0) {
       int b = 0;
       bad = perf_parse_int(v, AGOQ_CODEC_BLOCK_MIN, AGOQ_CODEC_BLOCK_MAX, &b);
@@ -146,14 +170,21 @@ static int cp_opts_parse(int argc, char** argv, cp_opts* o) {
       if (!bad && o->bytes < 4) bad = -1;
       o->bytes &= ~(size_t)3; /* whole elements of every dtype */
     } else if (strcmp(a, "--formats") == 0) {
-      bad = cp_parse_list(v, AGOQ_FORMAT_COUNT, cp_format_name_i, &o->format_mask);
+      if (cp_parse_list(a, v, AGOQ_FORMAT_COUNT, cp_format_name_i, &o->format_mask) != 0) return -1;
     } else if (strcmp(a, "--ops") == 0) {
-      bad = cp_parse_list(v, CP_NOPS, cp_op_name_i, &o->op_mask);
+      if (cp_parse_list(a, v, CP_NOPS, cp_op_name_i, &o->op_mask) != 0) return -1;
     } else if (strcmp(a, "--repeats") == 0) {
       bad = perf_parse_int(v, 1, 1000, &o->repeats);
     } else if (strcmp(a, "-j") == 0 || strcmp(a, "--threads") == 0) {
       bad = perf_parse_int(v, 0, CP_MAX_THREADS, &o->threads);
     } else if (strcmp(a, "--isa") == 0) {
+      /* Whether this CPU has it is checked when the run starts (perf_codec_main). */
+      int k = 0;
+      while (k < CP_NISAS && strcmp(v, cp_isas[k]) != 0) k++;
+      if (k == CP_NISAS) {
+        perf_not_one_of("codec", a, v, cp_isas, CP_NISAS);
+        return -1;
+      }
       o->isa = v;
     } else {
       fprintf(stderr, "agoq-perf codec: unknown option %s\n", a);
@@ -433,9 +464,8 @@ static void cp_header(const cp_opts* o, int nthreads) {
   perf_format_size(o->bytes, size, sizeof(size));
   printf("# agoq-perf codec: dtype %s, block %u, %s of input per operation, isa %s (available:",
          agoq_dtype_name(o->dtype), o->block, size, agoq_codec_isa());
-  static const char* const isas[] = {"portable", "avx2", "avx512"};
-  for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
-    if (agoq_codec_isa_available(isas[i])) printf(" %s", isas[i]);
+  for (int i = 0; i < CP_NISAS; i++)
+    if (agoq_codec_isa_available(cp_isas[i])) printf(" %s", cp_isas[i]);
   printf("), %d threads in the Nthr columns\n", nthreads);
   printf("# GB/s = input bytes / time: the %s array a quantize reads or a dequantize writes (fp32 "
          "for quantize-fp32). memcpy: the same bytes, 1 thread or %d threads.\n",
@@ -512,8 +542,14 @@ int perf_codec_main(int argc, char** argv) {
   int rc = cp_opts_parse(argc, argv, &o);
   if (rc != 0) return rc > 0 ? 0 : 2;
   if (o.isa != NULL && agoq_codec_set_isa(o.isa) != 0) {
-    fprintf(stderr, "agoq-perf codec: isa '%s' is not available in this build or on this CPU\n",
-            o.isa);
+    const char* have[CP_NISAS];
+    int n = 0;
+    for (int i = 0; i < CP_NISAS; i++)
+      if (agoq_codec_isa_available(cp_isas[i])) have[n++] = cp_isas[i];
+    char list[96];
+    agoq_args_join(list, sizeof list, have, n);
+    fprintf(stderr, "agoq-perf codec: --isa: \"%s\" is not available in this build or on this CPU "
+            "(available: %s)\n", o.isa, list);
     return 2;
   }
   /* The codec never runs more threads than there are CPUs; neither does the memcpy it is

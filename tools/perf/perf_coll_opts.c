@@ -134,9 +134,15 @@ int perf_coll_opts_parse(int argc, char** argv, perf_coll_kind kind, perf_coll_o
                strcmp(a, "--ngpus") == 0) {
       if (perf_argv_threads(&p, cmd, v) != 0) return -1;
     } else if (strcmp(a, "-d") == 0 || strcmp(a, "--dtype") == 0 || strcmp(a, "--datatype") == 0) {
-      bad = perf_dtype_parse(v, &o->dtype);
+      if (perf_dtype_parse(v, &o->dtype) != 0) {
+        perf_bad_dtype(cmd, a, v);
+        return -1;
+      }
     } else if (strcmp(a, "-o") == 0 || strcmp(a, "--op") == 0) {
-      bad = perf_op_parse(v, &o->op);
+      if (perf_op_parse(v, &o->op) != 0) {
+        perf_bad_op(cmd, a, v);
+        return -1;
+      }
     } else if (strcmp(a, "-b") == 0 || strcmp(a, "--minbytes") == 0) {
       bad = perf_parse_size(v, &o->min_bytes);
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--maxbytes") == 0) {
@@ -154,12 +160,13 @@ int perf_coll_opts_parse(int argc, char** argv, perf_coll_kind kind, perf_coll_o
     } else if (strcmp(a, "--chunk") == 0) {
       bad = perf_parse_size(v, &o->chunk);
     } else if (strcmp(a, "--format") == 0) {
-      bad = -1;
+      o->format = -1;
       for (int f = 0; f < perf_coll_nformats; f++)
-        if (strcasecmp(v, perf_coll_formats[f]) == 0) {
-          o->format = f;
-          bad = 0;
-        }
+        if (strcasecmp(v, perf_coll_formats[f]) == 0) o->format = f;
+      if (o->format < 0) {
+        perf_not_one_of(cmd, a, v, perf_coll_formats, perf_coll_nformats);
+        return -1;
+      }
     } else if (strcmp(a, "--abi") == 0) {
       bad = perf_parse_int(v, AGOQ_LOADER_MIN_VERSION, AGOQ_LOADER_MAX_VERSION, &o->abi);
     } else if (strcmp(a, "--lib") == 0) {

@@ -199,6 +199,24 @@ int perf_argv_threads(perf_argv* p, const char* cmd, const char* v) {
   return -1;
 }
 
+void perf_not_one_of(const char* cmd, const char* opt, const char* v, const char* const* names, int n) {
+  char prog[64];
+  snprintf(prog, sizeof prog, "agoq-perf %s", cmd);
+  agoq_args_not_one_of(prog, opt, v, names, n);
+}
+
+void perf_bad_dtype(const char* cmd, const char* opt, const char* v) {
+  const char* names[PERF_NUM_DTYPES];
+  for (int i = 0; i < PERF_NUM_DTYPES; i++) names[i] = perf_dtype_name((ncclDataType_t)i);
+  perf_not_one_of(cmd, opt, v, names, PERF_NUM_DTYPES);
+}
+
+void perf_bad_op(const char* cmd, const char* opt, const char* v) {
+  const char* names[PERF_NUM_OPS];
+  for (int i = 0; i < PERF_NUM_OPS; i++) names[i] = perf_op_name((ncclRedOp_t)i);
+  perf_not_one_of(cmd, opt, v, names, PERF_NUM_OPS);
+}
+
 int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
   *o = (perf_opts){.min_bytes = 1u << 20,
                    .max_bytes = 64u << 20,
@@ -281,7 +299,10 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
       bad = perf_parse_int(v, 1, 86400, &o->boot_timeout_s);
     } else if (strcmp(a, "-d") == 0 || strcmp(a, "--dtype") == 0 || strcmp(a, "--datatype") == 0) {
       ncclDataType_t t;
-      bad = perf_dtype_parse(v, &t);
+      if (perf_dtype_parse(v, &t) != 0) {
+        perf_bad_dtype(cmd, a, v);
+        return -1;
+      }
       o->dtype = (int)t;
     } else if (strcmp(a, "-t") == 0 || strcmp(a, "--nthreads") == 0 || strcmp(a, "-g") == 0 ||
                strcmp(a, "--ngpus") == 0) {
@@ -293,18 +314,30 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
       bad = agoq_args_parse_double(v, 0, 1e300, &o->max_rel_l2);
     } else if (strcmp(a, "--format") == 0) {
       static const char* const formats[] = {"none", "int8", "int4", "fp8e4m3", "fp8e5m2"};
-      bad = -1;
-      for (size_t k = 0; k < sizeof formats / sizeof formats[0]; k++)
-        if (strcmp(v, formats[k]) == 0) bad = 0;
+      const int nformats = (int)(sizeof formats / sizeof formats[0]);
+      int k = 0;
+      while (k < nformats && strcmp(v, formats[k]) != 0) k++;
+      if (k == nformats) {
+        perf_not_one_of(cmd, a, v, formats, nformats);
+        return -1;
+      }
       o->format = v;
     } else if (strcmp(a, "--oracle") == 0) {
-      bad = strcmp(v, "profiler") != 0 && strcmp(v, "none") != 0 ? -1 : 0;
+      static const char* const oracles[] = {"profiler", "none"};
+      if (strcmp(v, oracles[0]) != 0 && strcmp(v, oracles[1]) != 0) {
+        perf_not_one_of(cmd, a, v, oracles, 2);
+        return -1;
+      }
       o->no_oracle = strcmp(v, "none") == 0;
     } else if (strcmp(a, "--chunk") == 0) {
       bad = perf_parse_size(v, &o->chunk);
       if (!bad && o->chunk != 0 && (o->chunk < 64 || o->chunk % 64 != 0)) bad = -1;
     } else if (strcmp(a, "--traffic") == 0) {
-      bad = strcmp(v, "p2p") != 0 && strcmp(v, "coll") != 0 ? -1 : 0;
+      static const char* const traffic[] = {"p2p", "coll"};
+      if (strcmp(v, traffic[0]) != 0 && strcmp(v, traffic[1]) != 0) {
+        perf_not_one_of(cmd, a, v, traffic, 2);
+        return -1;
+      }
       o->coll_traffic = strcmp(v, "coll") == 0;
     } else {
       fprintf(stderr, "agoq-perf %s: unknown option %s\n", cmd, a);
