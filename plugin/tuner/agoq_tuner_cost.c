@@ -14,32 +14,42 @@ double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t
   return agoq_frame_wire_ratio(&p, nbytes / agoq_dtype_size(t));
 }
 
-double agoq_tuner_codec_us(size_t nbytes, double codec_mbps) {
+double agoq_tuner_codec_us(double nbytes, double codec_mbps) {
   if (codec_mbps <= 0.0) return INFINITY;
-  return 2.0 * (double)nbytes / codec_mbps; /* bytes / (MB/s) = microseconds */
+  return 2.0 * nbytes / codec_mbps; /* bytes / (MB/s) = microseconds */
+}
+
+void agoq_tuner_cost_compare(double best_other_us, double collnet_us, double ratio, double nbytes,
+                             double codec_mbps, agoq_tuner_estimate* e) {
+  memset(e, 0, sizeof *e);
+  e->algo = e->proto = -1;
+  e->best_other_us = best_other_us;
+  e->collnet_us = collnet_us;
+  e->ratio = ratio;
+  e->codec_us = agoq_tuner_codec_us(nbytes, codec_mbps);
+  e->agoq_us = collnet_us * ratio + e->codec_us;
+  e->compress = best_other_us < 0.0 || e->agoq_us < best_other_us;
 }
 
 void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto, int collnet_algo, size_t nbytes,
                                  double ratio, double codec_mbps, agoq_tuner_estimate* e) {
-  memset(e, 0, sizeof *e);
-  e->algo = e->proto = -1;
-  e->best_other_us = -1.0;
+  int best_a = -1, best_p = -1;
+  double best = -1.0;
   for (int a = 0; a < num_algo; a++) {
     if (a == AGOQ_NCCL_ALGO_COLLNET_CHAIN || a == AGOQ_NCCL_ALGO_COLLNET_DIRECT) continue;
     for (int p = 0; p < num_proto; p++) {
       float v = table[a * num_proto + p];
-      if (v >= 0.0f && (e->best_other_us < 0.0 || v < e->best_other_us)) {
-        e->best_other_us = v;
-        e->algo = a;
-        e->proto = p;
+      if (v >= 0.0f && (best < 0.0 || v < best)) {
+        best = v;
+        best_a = a;
+        best_p = p;
       }
     }
   }
-  e->collnet_us = table[collnet_algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE];
-  e->ratio = ratio;
-  e->codec_us = agoq_tuner_codec_us(nbytes, codec_mbps);
-  e->agoq_us = e->collnet_us * ratio + e->codec_us;
-  e->compress = e->best_other_us < 0.0 || e->agoq_us < e->best_other_us;
+  agoq_tuner_cost_compare(best, table[collnet_algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE], ratio, (double)nbytes,
+                          codec_mbps, e);
+  e->algo = best_a;
+  e->proto = best_p;
 }
 
 double agoq_tuner_codec_mbps_measure(double (*clock_s)(void), int rounds) {

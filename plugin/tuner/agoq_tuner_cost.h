@@ -8,8 +8,12 @@
  * estimate (made for the uncompressed bytes) scales by the format's wire ratio; and it runs
  * the codec twice over the buffer on each rank (its contribution quantized and the reduced
  * result dequantized; the owner's share of decoding and re-encoding is about one more pass,
- * spread over the ranks): two encode+decode round trips' worth of work at the measured
- * speed, none of it overlapped with the wire in this estimate.
+ * spread over the ranks): two encode+decode round trips' worth of work at AGOQ_CODEC_MBPS,
+ * none of it overlapped with the wire in this estimate.
+ *
+ * The one cost model of agoq: the tuner applies it to NCCL's cost table, and agoq-plan
+ * (tools/plan) to its modelled times, through agoq_tuner_cost_compare, so that the plan
+ * shows compressed exactly what the tuner would let NCCL compress. No NCCL-process state.
  */
 #ifndef AGOQ_TUNER_COST_H
 #define AGOQ_TUNER_COST_H
@@ -24,8 +28,9 @@
 double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t nbytes);
 
 /* Microseconds of codec work per rank for a reduction of nbytes at codec_mbps (MB/s of
- * input for one quantization plus one dequantization). */
-double agoq_tuner_codec_us(size_t nbytes, double codec_mbps);
+ * input for one quantization plus one dequantization). A double, not a size_t: agoq-plan
+ * costs a whole iteration's bytes. */
+double agoq_tuner_codec_us(double nbytes, double codec_mbps);
 
 typedef struct {
   int algo, proto;      /* NCCL's cheapest entry outside CollNet; -1 when none is usable */
@@ -35,6 +40,13 @@ typedef struct {
   double agoq_us;       /* collnet_us * ratio + codec_us */
   bool compress;        /* agoq_us beats best_other_us (or nothing else is usable) */
 } agoq_tuner_estimate;
+
+/* The decision: best_other_us (NCCL's cheapest choice outside CollNet; negative: none) against
+ * collnet_us (NCCL's CollNet estimate for the uncompressed bytes) x ratio + the codec's time
+ * for nbytes at codec_mbps. Every term is proportional to the bytes, so a sum over many
+ * collectives decides as each one does. Fills all of e but algo and proto (left -1). */
+void agoq_tuner_cost_compare(double best_other_us, double collnet_us, double ratio, double nbytes,
+                             double codec_mbps, agoq_tuner_estimate* e);
 
 /* table is NCCL's float[num_algo][num_proto] (negative: unusable); collnet_algo is the
  * CollNet row the tuner uses, with SIMPLE. */

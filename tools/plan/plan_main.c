@@ -1,13 +1,15 @@
 /*
  * agoq-plan: for a Megatron-style job, the bytes each parallel group puts on the inter-node
- * links per iteration, their time at the NIC's line rate, and what agoq's formats would
- * leave of them. A model (plan_model.h), labelled as one in its output.
+ * links per iteration, their time at the NIC's line rate, and what agoq would leave of them:
+ * compressed only where agoq's tuner would choose it, by the tuner's own cost model
+ * (plugin/tuner/agoq_tuner_cost.h) at the tuner's codec speed (AGOQ_CODEC_MBPS). A model
+ * (plan_model.h), labelled as one in its output.
  *
- *   agoq-plan [--model llama2-7b|llama2-13b] [--layers N --hidden N --heads N --ffn N
- *             --swiglu --vocab N --tied] [--params-b B]
+ *   agoq-plan [--model llama2-7b|llama2-13b|llama2-70b] [--layers N --hidden N --heads N
+ *             --kv-heads N --ffn N --swiglu --vocab N --tied] [--params-b B]
  *             --seq N --micro-batch N --global-batch N --tp N --pp N --dp N
- *             [--dist-opt] [--grad-dtype fp32|bf16] --gpus-per-node N --nic-gbps G
- *             [--format int8,int4,...] [--block N]
+ *             [--dist-opt] [--grad-dtype fp32|bf16] [--nvswitch yes|no] --gpus-per-node N
+ *             --nic-gbps G [--format int8,int4,...] [--block N] [--codec-mbps M]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,27 +17,29 @@
 
 #include "agoq_args.h"
 #include "agoq_codec.h"
-#include "agoq_frame.h"
+#include "core/agoq_params.h"
 #include "plan_model.h"
 
 static const char* prog = "agoq-plan";
 
 static void usage(FILE* out) {
   fprintf(out,
-          "usage: %s [--model llama2-7b|llama2-13b] [--layers N --hidden N --heads N --ffn N --swiglu\n"
-          "                 --vocab N --tied] [--params-b B] --seq N --micro-batch N --global-batch N\n"
-          "                 --tp N --pp N --dp N [--dist-opt] [--grad-dtype fp32|bf16] --gpus-per-node N\n"
-          "                 --nic-gbps G [--format LIST] [--block N]\n"
+          "usage: %s [--model llama2-7b|llama2-13b|llama2-70b] [--layers N --hidden N --heads N\n"
+          "                 --kv-heads N --ffn N --swiglu --vocab N --tied] [--params-b B] --seq N\n"
+          "                 --micro-batch N --global-batch N --tp N --pp N --dp N [--dist-opt]\n"
+          "                 [--grad-dtype fp32|bf16] [--nvswitch yes|no] --gpus-per-node N --nic-gbps G\n"
+          "                 [--format LIST] [--block N] [--codec-mbps M]\n"
           "The bytes each parallel group of a Megatron-style job sends over the busiest node's NIC per\n"
-          "iteration, their time at line rate, and what agoq's formats (default int8) leave of them.\n"
-          "A model, not a measurement.\n",
+          "iteration, their time at line rate, and what agoq's formats (default int8) leave of them,\n"
+          "compressed only where agoq's tuner would choose compression (its cost model, the codec at\n"
+          "--codec-mbps, default AGOQ_CODEC_MBPS). A model, not a measurement.\n"
+          "  --nic-gbps G     Gbit/s of the node's network link, PER NODE (shared by all its GPUs)\n"
+          "  --kv-heads N     K/V heads of grouped-query attention (default: --heads)\n"
+          "  --nvswitch       NVSwitch in the node (default no): NCCL's CollNet-Direct, the only\n"
+          "                   CollNet algorithm for ReduceScatter (--dist-opt)\n"
+          "  --codec-mbps M   MB/s of the codec (quantize + dequantize); default AGOQ_CODEC_MBPS\n"
+          "TP must divide --gpus-per-node or be a multiple of it, and so must TP x DP.\n",
           prog);
-}
-
-/* Wire bytes over input bytes of a format on a large buffer of the given element size. */
-static double plan_ratio(agoq_format f, int elem_bytes, uint32_t block) {
-  agoq_codec_params p = {.format = f, .dtype = elem_bytes == 4 ? AGOQ_DTYPE_FP32 : AGOQ_DTYPE_BF16, .block = block};
-  return agoq_frame_wire_ratio(&p, (size_t)1 << 24);
 }
 
 /* The options that take one whole number, into an int or a long long of the job. */
@@ -59,10 +63,12 @@ int main(int argc, char** argv) {
   const char* formats = "int8";
   uint32_t block = 128;
   bool have_model = false;
+  double codec_mbps = 0.0; /* 0: AGOQ_CODEC_MBPS */
   const plan_int_opt ints[] = {
       {"--layers", &j.layers, NULL, 1, 100000},
       {"--hidden", &j.hidden, NULL, 1, 1 << 20},
       {"--heads", &j.heads, NULL, 1, 1 << 16},
+      {"--kv-heads", &j.kv_heads, NULL, 1, 1 << 16},
       {"--ffn", &j.ffn_hidden, NULL, 1, 1 << 22},
       {"--vocab", &j.vocab, NULL, 1, 1 << 24},
       {"--seq", NULL, &j.seq, 1, 1LL << 30},
@@ -100,8 +106,11 @@ int main(int argc, char** argv) {
         j.layers = 32, j.hidden = 4096, j.heads = 32, j.ffn_hidden = 11008;
       } else if (!strcmp(v, "llama2-13b")) {
         j.layers = 40, j.hidden = 5120, j.heads = 40, j.ffn_hidden = 13824;
+      } else if (!strcmp(v, "llama2-70b")) {
+        j.layers = 80, j.hidden = 8192, j.heads = 64, j.kv_heads = 8, j.ffn_hidden = 28672; /* GQA: 8 K/V heads */
       } else {
-        fprintf(stderr, "%s: unknown --model '%s' (llama2-7b, llama2-13b; or give the shapes)\n", prog, v);
+        fprintf(stderr, "%s: unknown --model '%s' (llama2-7b, llama2-13b, llama2-70b; or give the shapes)\n", prog,
+                v);
         return 2;
       }
       j.swiglu = true, j.vocab = 32000, have_model = true;
@@ -130,6 +139,19 @@ int main(int argc, char** argv) {
       NEXT();
       if (agoq_args_parse_double(v, 0.001, 1e6, &j.nic_gbps) != 0) {
         fprintf(stderr, "%s: bad value for --nic-gbps: '%s' (Gbit/s per node)\n", prog, v);
+        return 2;
+      }
+    } else if (!strcmp(o, "--nvswitch")) {
+      NEXT();
+      if (strcmp(v, "yes") && strcmp(v, "no")) {
+        fprintf(stderr, "%s: bad value for --nvswitch: '%s' (yes or no)\n", prog, v);
+        return 2;
+      }
+      j.nvswitch = !strcmp(v, "yes");
+    } else if (!strcmp(o, "--codec-mbps")) {
+      NEXT();
+      if (agoq_args_parse_double(v, 1, 1e8, &codec_mbps) != 0) {
+        fprintf(stderr, "%s: bad value for --codec-mbps: '%s' (MB/s, 1 to 100000000)\n", prog, v);
         return 2;
       }
     } else if (!strcmp(o, "--format")) {
@@ -169,32 +191,50 @@ int main(int argc, char** argv) {
     }
     nfmt++;
   }
+  /* The codec speed is the tuner's own setting, read by the same parameter table, so that
+   * the plan decides as the tuner would in a job started from this environment. */
+  const char* codec_from = "--codec-mbps";
+  if (codec_mbps <= 0.0) {
+    if (agoq_params_load() != ncclSuccess) {
+      fprintf(stderr, "%s: an AGOQ_* setting is invalid (reported above); fix it or give --codec-mbps\n", prog);
+      return 2;
+    }
+    codec_mbps = (double)agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
+    codec_from = !strcmp(agoq_param_source(AGOQ_PARAM_CODEC_MBPS), "default") ? "AGOQ_CODEC_MBPS's default"
+                                                                                 : "AGOQ_CODEC_MBPS";
+  }
   agoq_plan_result r;
-  char why[256];
+  char why[320];
   if (agoq_plan_compute(&j, &r, why, sizeof why) != 0) {
     fprintf(stderr, "%s: %s\n", prog, why);
     return 2;
   }
 
   printf("agoq-plan: a MODEL, not a measurement: bytes from the model's shapes and the layout, times at the\n"
-         "NIC's line rate with nothing overlapped; real jobs add protocol overhead and overlap some of it.\n\n");
+         "NIC's line rate and the codec's set speed with nothing overlapped; real jobs add protocol overhead\n"
+         "and overlap some of it.\n\n");
   printf("model    %.2f B parameters", r.params / 1e9);
   if (j.params_b > 0) printf(" (given; the shapes scaled to it)");
-  printf(": %d layers, hidden %d, %d heads, ffn %d%s, vocab %d%s\n", j.layers, j.hidden, j.heads,
-         j.ffn_hidden > 0 ? j.ffn_hidden : 4 * j.hidden, j.swiglu ? " (SwiGLU)" : "", j.vocab,
-         j.tied_embeddings ? " (tied)" : "");
-  printf("layout   %lld GPUs on %d nodes of %d; TP %d, PP %d, DP %d; distributed optimizer %s; gradients "
-         "reduced in %s\n",
-         (long long)j.tp * j.pp * j.dp, r.nodes, j.gpus_per_node, j.tp, j.pp, j.dp, j.dist_opt ? "on" : "off",
-         j.grad_bytes == 4 ? "fp32" : "bf16");
+  printf(": %d layers, hidden %d, %d heads", j.layers, j.hidden, j.heads);
+  if (j.kv_heads > 0 && j.kv_heads != j.heads) printf(" (%d K/V)", j.kv_heads);
+  printf(", ffn %d%s, vocab %d%s\n", j.ffn_hidden > 0 ? j.ffn_hidden : 4 * j.hidden, j.swiglu ? " (SwiGLU)" : "",
+         j.vocab, j.tied_embeddings ? " (tied)" : "");
+  printf("layout   %lld GPUs on %d nodes of %d (NVSwitch %s); TP %d, PP %d, DP %d; distributed optimizer %s;\n"
+         "         gradients reduced in %s\n",
+         (long long)j.tp * j.pp * j.dp, r.nodes, j.gpus_per_node, j.nvswitch ? "yes" : "no", j.tp, j.pp, j.dp,
+         j.dist_opt ? "on" : "off", j.grad_bytes == 4 ? "fp32" : "bf16");
   printf("batch    sequence %lld, micro batch %lld, global batch %lld: %lld micro-batches per pipeline\n", j.seq,
          j.micro_batch, j.global_batch, r.micro_batches);
-  printf("per GPU  %.3f B parameters in the largest pipeline stage's share\n\n", r.params_per_gpu / 1e9);
-  printf("per iteration, sent by the busiest node's NIC at %g Gbit/s:\n", j.nic_gbps);
+  printf("per GPU  %.3f B parameters in the largest pipeline stage's share\n", r.params_per_gpu / 1e9);
+  printf("codec    %g MB/s (%s): quantize + dequantize, the speed agoq's tuner costs\n\n", codec_mbps, codec_from);
+  printf("per iteration, sent by the busiest node's NIC at %g Gbit/s (--nic-gbps, per node); a format's\n"
+         "column is agoq's time where it compresses (wire + codec), else the exact time:\n",
+         j.nic_gbps);
   printf("  %-15s %-33s %12s %10s", "group", "collective", "bytes", "time");
   for (int f = 0; f < nfmt; f++) printf(" %17s", agoq_format_name(fmt[f]));
   printf("\n");
   double total[8] = {0};
+  agoq_plan_choice ch[AGOQ_PLAN_NGROUPS][8];
   for (int i = 0; i < AGOQ_PLAN_NGROUPS; i++) {
     const agoq_plan_group* g = &r.g[i];
     char b[32];
@@ -202,20 +242,61 @@ int main(int argc, char** argv) {
     printf("  %-15s %-33s %12s %8.3f s", g->name, g->node_bytes > 0 || i != AGOQ_PLAN_TP ? g->collective : "(inside a node)",
            b, agoq_plan_seconds(&j, g->node_bytes));
     for (int f = 0; f < nfmt; f++) {
-      double left = g->compressible ? g->node_bytes * plan_ratio(fmt[f], g->elem_bytes, block) : g->node_bytes;
-      total[f] += left;
-      if (g->compressible && g->node_bytes > 0)
-        printf(" %9.3f s (%.2fx)", agoq_plan_seconds(&j, left), left / g->node_bytes);
+      agoq_plan_choice* c = &ch[i][f];
+      agoq_plan_choose(&j, g, fmt[f], block, codec_mbps, c);
+      total[f] += c->time_s;
+      if (c->compressed)
+        printf(" %9.3f s (%.2fx)", c->time_s, c->time_s / c->exact_s);
       else
-        printf(" %9.3f s %7s", agoq_plan_seconds(&j, left), "exact");
+        printf(" %9.3f s %7s", c->time_s, "exact");
     }
     printf("\n");
   }
   char b[32];
   gb(b, sizeof b, r.total_bytes);
-  printf("  %-15s %-33s %12s %8.3f s", "total", "", b, agoq_plan_seconds(&j, r.total_bytes));
-  for (int f = 0; f < nfmt; f++)
-    printf(" %9.3f s (%.2fx)", agoq_plan_seconds(&j, total[f]), r.total_bytes > 0 ? total[f] / r.total_bytes : 1.0);
+  double exact_total = agoq_plan_seconds(&j, r.total_bytes);
+  printf("  %-15s %-33s %12s %8.3f s", "total", "", b, exact_total);
+  for (int f = 0; f < nfmt; f++) printf(" %9.3f s (%.2fx)", total[f], exact_total > 0 ? total[f] / exact_total : 1.0);
   printf("\n");
+
+  /* Why each group that agoq could compress is, or is not, compressed. */
+  bool header = false;
+  for (int i = 0; i < AGOQ_PLAN_NGROUPS; i++) {
+    const agoq_plan_group* g = &r.g[i];
+    if (g->node_bytes <= 0 || g->path == AGOQ_PLAN_EXACT) continue;
+    if (!header)
+      printf("\nwhy (agoq's tuner's cost model, plugin/tuner/agoq_tuner_cost.c, on modelled NCCL estimates):\n");
+    header = true;
+    gb(b, sizeof b, g->codec_bytes);
+    if (g->path == AGOQ_PLAN_NO_COLLNET) {
+      printf("  %s: exact: %s\n", g->name, g->no_collnet);
+      continue;
+    }
+    if (g->path == AGOQ_PLAN_P2P) {
+      printf("  %s: typed p2p, no tuner (NCCL never asks it about send/recv): always compressed; codec: %s\n"
+             "    per rank quantized and as much dequantized\n",
+             g->name, b);
+      for (int f = 0; f < nfmt; f++) {
+        const agoq_plan_choice* c = &ch[i][f];
+        printf("    %-7s %.3f s x %.3f = %.3f s + codec %.3f s = %.3f s against %.3f s exact\n",
+               agoq_format_name(fmt[f]), c->exact_s, c->ratio, c->wire_s, c->codec_s, c->time_s, c->exact_s);
+      }
+      continue;
+    }
+    char cb[32];
+    gb(cb, sizeof cb, g->comm_bytes);
+    printf("  %s: the tuner sees one group's %s at the NIC's whole line rate (ring and CollNet alike;\n"
+           "    %d groups share the NIC, which NCCL's estimate does not know) and costs the codec over %s per rank\n"
+           "    twice (the contribution and the result)\n",
+           g->name, cb, g->groups_on_node, b);
+    if (g->tuner_as_bf16)
+      printf("    (it is not told a ReduceScatter's type and costs it as bf16; the wire carries the real one)\n");
+    for (int f = 0; f < nfmt; f++) {
+      const agoq_tuner_estimate* e = &ch[i][f].tuner;
+      printf("    %-7s CollNet %.3f s x %.3f + codec %.3f s = %.3f s against the ring's %.3f s: %s\n",
+             agoq_format_name(fmt[f]), e->collnet_us / 1e6, e->ratio, e->codec_us / 1e6, e->agoq_us / 1e6,
+             e->best_other_us / 1e6, e->compress ? "compressed on CollNet" : "NCCL's ring stays, exact");
+    }
+  }
   return 0;
 }
