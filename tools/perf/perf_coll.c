@@ -224,11 +224,18 @@ static int perf_coll_main(int argc, char** argv, perf_coll_kind kind) {
   int rc = perf_coll_opts_parse(argc, argv, kind, &o);
   if (rc != 0) return rc > 0 ? 0 : 2;
   perf_group g;
+  /* Before the fork, so rank 0 knows every rank's statistics file (perf_coll_wire.c). */
+  if (perf_coll_stats_prepare(o.rank < 0 ? o.nranks : 1) != 0) return 1;
   if (o.rank < 0) {
     /* All ranks on this host: loopback, unless the user chose interfaces. */
     if (getenv("NCCL_SOCKET_IFNAME") == NULL) setenv("AGOQ_SOCKET_IFNAME", "lo", 0);
-    if (perf_group_fork(&g, o.nranks) != 0) return 1;
+    if (perf_group_fork(&g, o.nranks) != 0) {
+      perf_coll_stats_cleanup();
+      return 1;
+    }
+    perf_coll_stats_children(&g);
   } else if (perf_group_tcp(&g, o.rank, o.nranks, o.addr, o.boot_timeout_s) != 0) {
+    perf_coll_stats_cleanup();
     return 1;
   }
   uint8_t config[PERF_COLL_CONFIG_BYTES];
@@ -271,6 +278,7 @@ static int perf_coll_main(int argc, char** argv, perf_coll_kind kind) {
 done:
   /* On failure this kills forked ranks that may be stuck in a plugin call. */
   perf_group_close(&g);
+  perf_coll_stats_cleanup();
   return rc;
 }
 

@@ -132,9 +132,15 @@ int perf_coll_diverged(perf_group* g, const perf_coll_plan* p, const uint8_t* re
 
 /* ---- the wire column, measured by the plugin (perf_coll_wire.c) ---- */
 
+#define PERF_WIRE_PATH_MAX 512
+
 typedef struct {
-  char path[512]; /* this rank's AGOQ_STATS_FILE */
+  char path[PERF_WIRE_PATH_MAX]; /* this rank's AGOQ_STATS_FILE, the tool's */
   long offset;    /* bytes of it already read */
+  /* The user's AGOQ_STATS=1: where the lines are copied (user_path, "" = stderr). */
+  bool forward;
+  char user_path[4096];
+  int user_fd; /* opened at the first line, -1 until then */
   /* The plugin's configuration, from its statistics lines (after the first cycle). */
   char format[16];
   unsigned block;
@@ -145,8 +151,19 @@ typedef struct {
   size_t send_bytes, recv_bytes;
 } perf_coll_wire;
 
-/* Before the plugin is loaded: a statistics file of this rank's own, AGOQ_STATS=1. */
+/* Before the ranks exist: the statistics files of every rank of this process group
+ * (nfiles: all ranks in fork mode, 1 with --rank), the user's AGOQ_STATS settings read,
+ * and SIGINT/SIGTERM/SIGHUP/SIGPIPE handlers that remove the files. -1 printed. */
+int perf_coll_stats_prepare(int nfiles);
+/* Fork mode, rank 0, right after the fork: the ranks the handler stops before it removes
+ * their files. */
+void perf_coll_stats_children(const perf_group* g);
+/* Every exit path, after the group is closed: removes the files (rank 0 of a fork run:
+ * all; any other process: its own) and restores the signal handlers. */
+void perf_coll_stats_cleanup(void);
+/* Before the plugin is loaded: this rank's prepared file as AGOQ_STATS_FILE, AGOQ_STATS=1. */
 int perf_coll_wire_begin(perf_coll_wire* w, int rank);
+/* Copies the lines not yet read on to the user's destination, removes this rank's file. */
 void perf_coll_wire_end(perf_coll_wire* w);
 /* What the plugin counted for one size, summed over every rank's both paths. */
 typedef struct {

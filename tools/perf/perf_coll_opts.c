@@ -71,6 +71,9 @@ static void perf_coll_usage(FILE* f, perf_coll_kind kind) {
           "size x iters (JSON: cpu_s, the sum, and cpu_s_per_GB).\n"
           "Without --rank the ranks are forked on this host and, unless AGOQ_SOCKET_IFNAME or\n"
           "NCCL_SOCKET_IFNAME says otherwise, talk over loopback.\n"
+          "The plugin writes its statistics to a file of each rank's own (in TMPDIR, removed at\n"
+          "exit or on SIGINT/SIGTERM); with AGOQ_STATS=1 every line is copied on to your\n"
+          "AGOQ_STATS_FILE (%%h, %%p expanded per rank) or to stderr, as the plugin would.\n"
           "Short flags mean what they mean in nccl-tests; \"--name=value\" and \"-Xvalue\" work.\n",
           cmd, kind == PERF_COLL_ALLGATHER ? " (ignored: allgather moves bytes)" : "",
           kind == PERF_COLL_ALLREDUCE ? "2(n-1)/n" : "(n-1)/n");
