@@ -38,6 +38,23 @@ static pthread_mutex_t agoq_params_mutex = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool agoq_params_loaded = false;
 static ncclResult_t agoq_params_result = ncclSuccess;
 static agoq_param_value agoq_param_values[AGOQ_PARAM_COUNT];
+/* AGOQ_* variables of the environment that are neither parameters nor other names agoq
+ * reads, counted by the last load. */
+static int agoq_params_unknown_n;
+/* Bumped by every reset, so that what was derived from the values knows to derive again. */
+static atomic_uint agoq_params_gen;
+
+unsigned agoq_params_generation(void) { return atomic_load(&agoq_params_gen); }
+
+extern char** environ;
+
+/* Names outside the table that agoq, its tools or its tests read (agoq_env_other.def); a
+ * row ending in '*' covers every name with that prefix. */
+static const char* const agoq_env_known_other[] = {
+#define AGOQ_ENV_OTHER(NAME, READ_BY, DOC) NAME,
+#include "core/agoq_env_other.def"
+#undef AGOQ_ENV_OTHER
+};
 
 const agoq_param_desc* agoq_param_describe(agoq_param_id id) {
   if ((int)id < 0 || id >= AGOQ_PARAM_COUNT) return NULL;
@@ -305,6 +322,96 @@ static ncclResult_t agoq_param_load_one(agoq_param_id id) {
   return ncclSuccess;
 }
 
+/* ---- Unknown names ------------------------------------------------------------------- */
+
+/* Edit distance with adjacent transpositions (optimal string alignment): "FOMRAT" is one
+ * step from "FORMAT", as a typist would count it. Names are short (< 64). */
+static int agoq_param_distance(const char* a, size_t la, const char* b, size_t lb) {
+  enum { AGOQ_DIST_MAX = 64 };
+  if (la >= AGOQ_DIST_MAX || lb >= AGOQ_DIST_MAX) return AGOQ_DIST_MAX;
+  int d[AGOQ_DIST_MAX + 1][AGOQ_DIST_MAX + 1];
+  for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    for (size_t j = 1; j <= lb; j++) {
+      int cost = toupper((unsigned char)a[i - 1]) == toupper((unsigned char)b[j - 1]) ? 0 : 1;
+      int best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (d[i - 1][j - 1] + cost < best) best = d[i - 1][j - 1] + cost;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  }
+  return d[la][lb];
+}
+
+const char* agoq_param_closest(const char* name, size_t len) {
+  const char* best = NULL;
+  int best_d = 0;
+  for (int id = 0; id < AGOQ_PARAM_COUNT; id++) {
+    const char* cand = agoq_param_table[id].name;
+    int dist = agoq_param_distance(name, len, cand, strlen(cand));
+    if (best == NULL || dist < best_d) {
+      best = cand;
+      best_d = dist;
+    }
+  }
+  /* A suggestion only where it is plausibly what was meant: a few edits, at most a third
+   * of the part after "AGOQ_" (AGOQ_FOO is not a misspelling of AGOQ_GPU). */
+  size_t tail = len > 5 ? len - 5 : 0;
+  int limit = (int)(tail / 3) < 3 ? (int)(tail / 3) : 3;
+  if (limit < 1) limit = 1;
+  return best != NULL && best_d <= limit ? best : NULL;
+}
+
+bool agoq_param_name_known(const char* name, size_t len) {
+  for (int id = 0; id < AGOQ_PARAM_COUNT; id++) {
+    const char* p = agoq_param_table[id].name;
+    if (strlen(p) == len && strncmp(p, name, len) == 0) return true;
+  }
+  for (size_t i = 0; i < sizeof agoq_env_known_other / sizeof agoq_env_known_other[0]; i++) {
+    const char* o = agoq_env_known_other[i];
+    size_t ol = strlen(o);
+    if (ol > 0 && o[ol - 1] == '*') {
+      if (len >= ol - 1 && strncmp(o, name, ol - 1) == 0) return true;
+    } else if (ol == len && strncmp(o, name, len) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/* One WARN per AGOQ_* variable nobody reads: a misspelt setting would otherwise leave its
+ * default in effect without a word. Returns how many. */
+static int agoq_params_warn_unknown(void) {
+  int n = 0;
+  for (char** e = environ; e != NULL && *e != NULL; e++) {
+    const char* eq = strchr(*e, '=');
+    size_t len = eq != NULL ? (size_t)(eq - *e) : strlen(*e);
+    if (len <= 5 || strncmp(*e, "AGOQ_", 5) != 0 || agoq_param_name_known(*e, len)) continue;
+    char quoted[AGOQ_PARAM_QUOTE_MAX + 4];
+    char name[AGOQ_PARAM_QUOTE_MAX + 1];
+    size_t nl = len < AGOQ_PARAM_QUOTE_MAX ? len : AGOQ_PARAM_QUOTE_MAX;
+    memcpy(name, *e, nl);
+    name[nl] = '\0';
+    agoq_param_quote(name, quoted, sizeof quoted);
+    const char* closest = agoq_param_closest(*e, len);
+    if (closest != NULL)
+      AGOQ_WARN("%s is not an agoq setting and is ignored; did you mean %s? (agoq-info -c lists them all)", quoted,
+                closest);
+    else
+      AGOQ_WARN("%s is not an agoq setting and is ignored (agoq-info -c lists them all)", quoted);
+    n++;
+  }
+  return n;
+}
+
+int agoq_params_unknown_count(void) {
+  (void)agoq_params_load();
+  return agoq_params_unknown_n;
+}
+
 ncclResult_t agoq_params_load(void) {
   if (atomic_load_explicit(&agoq_params_loaded, memory_order_acquire)) return agoq_params_result;
   pthread_mutex_lock(&agoq_params_mutex);
@@ -315,6 +422,9 @@ ncclResult_t agoq_params_load(void) {
       ncclResult_t r = agoq_param_load_one((agoq_param_id)id);
       if (r != ncclSuccess && result == ncclSuccess) result = r;
     }
+    /* Not an error for the plugin (a job's environment may carry names meant for a newer
+     * agoq); agoq-info -c, the pre-launch check, fails on them. */
+    agoq_params_unknown_n = agoq_params_warn_unknown();
     agoq_params_result = result;
     atomic_store_explicit(&agoq_params_loaded, true, memory_order_release);
   }
@@ -326,6 +436,8 @@ void agoq_params_reset(void) {
   pthread_mutex_lock(&agoq_params_mutex);
   atomic_store_explicit(&agoq_params_loaded, false, memory_order_relaxed);
   agoq_params_result = ncclSuccess;
+  agoq_params_unknown_n = 0;
+  atomic_fetch_add(&agoq_params_gen, 1);
   memset(agoq_param_values, 0, sizeof agoq_param_values);
   pthread_mutex_unlock(&agoq_params_mutex);
 }

@@ -5,6 +5,7 @@
 #ifndef AGOQ_PARAMS_H
 #define AGOQ_PARAMS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,9 +54,23 @@ ncclResult_t agoq_param_parse(const agoq_param_desc* desc, const char* text, int
  * is a WARN naming the variable and the allowed values, and ncclInvalidUsage. */
 ncclResult_t agoq_params_load(void);
 
+/* How many AGOQ_* variables of the environment the last load found that no part of agoq
+ * reads (each was a WARN naming the closest parameter). Loads first if needed. */
+int agoq_params_unknown_count(void);
+
+/* True when the first len bytes of name are a parameter, or a name agoq's tools and tests
+ * read (agoq_env_other.def). */
+bool agoq_param_name_known(const char* name, size_t len);
+
+/* The parameter name closest to the first len bytes of name, when close enough to be a
+ * plausible misspelling; else NULL. */
+const char* agoq_param_closest(const char* name, size_t len);
+
 /* Forgets the loaded values so the next agoq_params_load reads the environment again
  * (tests). Not thread-safe against concurrent readers. */
 void agoq_params_reset(void);
+/* Changes with every agoq_params_reset. */
+unsigned agoq_params_generation(void);
 
 /* Values after a successful load. Reading before any load loads first. After a failed
  * load an invalid parameter reports its text and variable but the default's number. */

@@ -10,6 +10,7 @@
 #include "core/agoq_params.h"
 #include "gpu/agoq_gpu.h"
 #include "net/agoq_net_comm.h"
+#include "net/agoq_net_config.h"
 #include "agoq_codec.h"
 
 const agoq_transport* agoq_net_tp;
@@ -20,16 +21,6 @@ static struct {
   int live_ctx;         /* contexts handed out and not finalized */
   agoq_ctx* legacy_ctx; /* the one context of v6..v10 */
 } agoq_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static ncclResult_t agoq_config_load(void) {
-  AGOQ_CHECK(agoq_params_load());
-  const agoq_transport* tp = NULL;
-  AGOQ_CHECK(agoq_transport_choose(&tp));
-  AGOQ_CHECK(agoq_gpu_init());
-  agoq_net_tp = tp;
-  agoq_typed_policy_load();
-  return ncclSuccess;
-}
 
 static ncclResult_t agoq_ctx_create(uint64_t comm_id, int traffic_class, ncclProfilerCallback_t prof_fn,
                                     agoq_ctx** out) {
@@ -57,7 +48,7 @@ out:
 static ncclResult_t agoq_init_common_locked(ncclDebugLogger_t log_fn) {
   if (log_fn != NULL) agoq_log_set_logger(log_fn);
   if (!agoq_state.configured) {
-    AGOQ_CHECK(agoq_config_load());
+    AGOQ_CHECK(agoq_net_config_load()); /* once per process: each WARN once */
     agoq_state.configured = true;
   }
   return ncclSuccess;

@@ -183,4 +183,8 @@ void agoq_tp_props_defaults(agoq_tp_props* p, int dev);
  * port is usable, else tcp with the reason at INFO). */
 ncclResult_t agoq_transport_choose(const agoq_transport** out);
 
+/* Why the last agoq_transport_choose took its transport, for the summary of what is in
+ * effect ("AGOQ_TRANSPORT=tcp", "verbs off: no RDMA device ..."); "" before any choice. */
+const char* agoq_transport_reason(void);
+
 #endif

@@ -24,11 +24,17 @@ void agoq_tp_props_defaults(agoq_tp_props* p, int dev) {
 
 enum { AGOQ_TRANSPORT_AUTO = 0, AGOQ_TRANSPORT_TCP = 1, AGOQ_TRANSPORT_IB = 2 };
 
+/* Written by agoq_transport_choose, which runs once per process under the net init's lock. */
+static char agoq_transport_why[512];
+
+const char* agoq_transport_reason(void) { return agoq_transport_why; }
+
 ncclResult_t agoq_transport_choose(const agoq_transport** out) {
   int64_t mode = agoq_param_int(AGOQ_PARAM_TRANSPORT);
   /* TCP first in every mode: it is the verbs transport's bootstrap, or the transport. */
   AGOQ_CHECK(agoq_transport_tcp.init());
   if (mode == AGOQ_TRANSPORT_TCP) {
+    snprintf(agoq_transport_why, sizeof agoq_transport_why, "%s=tcp", agoq_param_source(AGOQ_PARAM_TRANSPORT));
     *out = &agoq_transport_tcp;
     return ncclSuccess;
   }
@@ -44,6 +50,8 @@ ncclResult_t agoq_transport_choose(const agoq_transport** out) {
     }
     AGOQ_INFO(NCCL_INIT | NCCL_NET, "Using verbs (%s, %s) on %s; %d queue pair%s per connection; bootstrap over TCP",
               agoq_param_str(AGOQ_PARAM_TRANSPORT), agoq_ib.api.path, line, agoq_ib.nqps, agoq_ib.nqps == 1 ? "" : "s");
+    snprintf(agoq_transport_why, sizeof agoq_transport_why, "%.200s; bootstrap over TCP (AGOQ_TRANSPORT=%s)", line,
+             agoq_param_str(AGOQ_PARAM_TRANSPORT));
     *out = &agoq_transport_ib;
     return ncclSuccess;
   }
@@ -53,6 +61,7 @@ ncclResult_t agoq_transport_choose(const agoq_transport** out) {
     return res == ncclInvalidArgument ? ncclInvalidArgument : ncclSystemError;
   }
   AGOQ_INFO(NCCL_INIT | NCCL_NET, "verbs transport off: %s; using TCP (AGOQ_TRANSPORT=auto)", why);
+  snprintf(agoq_transport_why, sizeof agoq_transport_why, "verbs off: %.400s", why);
   *out = &agoq_transport_tcp;
   return ncclSuccess;
 }

@@ -12,7 +12,8 @@ asserts what must hold:
   - a p2p small enough that NCCL may use LL stays exact;
   - a collective's ring traffic stays exact;
   - with no profiler loaded everything is exact (and counted as of unknown type);
-  - AGOQ_P2P_FORMAT=none sends everything exactly.
+  - AGOQ_P2P_FORMAT=none sends everything exactly, and so does a run with AGOQ_P2P_FORMAT
+    unset: p2p compression is opt-in (every other case asks for int8 with --format).
 The oracle's cost per isend (the plugin's own measurement) is printed, not asserted.
 
 With --device (or AGOQ_TYPED_DEVICE=1) every run is `agoq-perf p2p --device`: NCCL's buffers,
@@ -45,10 +46,15 @@ def device_calls(stderr):
     return out
 
 
-def run(perf, lib, args):
+def run(perf, lib, args, default_format=False):
+    """default_format: leave AGOQ_P2P_FORMAT unset (from the environment too), else the case
+    asks for int8 unless it names a --format itself."""
+    if not default_format and "--format" not in args:
+        args = ["--format", "int8"] + args
     cmd = [perf, "p2p", "--json", "-n", "3", "-w", "2"] + (["--device"] if DEVICE else []) + \
         (["--lib", lib] if lib else []) + args
     env = dict(os.environ, AGOQ_SOCKET_IFNAME="lo")
+    env.pop("AGOQ_P2P_FORMAT", None)
     if DEVICE:
         env.setdefault("AGOQ_GPU_STAGING", "16M")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
@@ -115,16 +121,18 @@ def main():
         ("bf16 with AGOQ_P2P_FORMAT=none is exact", ["-d", "bf16", "--format", "none", "--chunk", "128K", "-b", "4M",
                                                      "-e", "4M"]),
     ]
+    exact_cases.append(("bf16 with no AGOQ_P2P_FORMAT set is exact (opt-in)",
+                        ["-d", "bf16", "--chunk", "128K", "-b", "4M", "-e", "4M"]))
     known_reasons = 0
     for name, args in exact_cases:
-        sizes, w = run(perf, lib, args)
+        sizes, w = run(perf, lib, args, default_format="opt-in" in name)
         check(name, all(d["exact"] for d in sizes) and w["frames"] == 0,
               "%d sizes exact, %d frames, %d of unknown type" % (sum(d["exact"] for d in sizes), w["frames"],
                                                                 w["unknown"]))
         if "no profiler" in name:
             check("  ... and counted as of unknown type", w["unknown"] > 0, "%d unknown" % w["unknown"])
             known_reasons += 1
-        elif "p2p" in name and "FORMAT=none" not in name:
+        elif "p2p" in name and "FORMAT" not in name:
             # The profiler knows why an integer, fp64 or LL-sized send goes exact: the
             # statistics must give that reason, not "unknown type".
             check("  ... with its reason known (not unknown type)", w["unknown"] == 0, "%d unknown" % w["unknown"])

@@ -42,7 +42,9 @@ def parse_args(argv):
     p.add_argument("--nranks", type=int, default=4)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="element counts (default %s)" % DEFAULT_SIZES)
     p.add_argument("--bound", type=float, default=0.012)
-    p.add_argument("--format", help="AGOQ_P2P_FORMAT for the ranks (default: the plugin's, int8)")
+    p.add_argument("--format", default="int8",
+                   help="AGOQ_P2P_FORMAT for the ranks (default int8: the check is of the typed path, which is "
+                        "opt-in; the plugin's own default is none)")
     p.add_argument("--iters", type=int, default=5, help="timed bf16 exchanges per size >= 1M elements")
     p.add_argument("--seed", type=int, default=4321)
     p.add_argument("--log-dir")

@@ -1,0 +1,149 @@
+/* The plugin's configuration once per process, and the summary of what is in effect
+ * (agoq_net_config.h). */
+#include "net/agoq_net_config.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "agoq_codec.h"
+#include "core/agoq_check.h"
+#include "core/agoq_params.h"
+#include "gpu/agoq_gpu.h"
+#include "net/agoq_net_comm.h"
+
+static struct {
+  pthread_mutex_t mu;
+  bool done;         /* a load ran; res is its outcome */
+  ncclResult_t res;
+  unsigned params_gen; /* agoq_params_generation() it ran with */
+} agoq_net_config = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* What each transport and memory path has been run on. The TCP transport with host memory
+ * has run inside NCCL on a GPU host (tools/gpu-check.sh, 2026-11-30: nccl-tests, PyTorch
+ * CollNet and typed p2p); the verbs transport only over the soft-RC emulator; the GPU data
+ * path only over the CUDA emulation. Update when a run on hardware says otherwise. */
+static void agoq_effect_hardware(agoq_effect* e, bool verbs, bool gpu) {
+  e->unvalidated = verbs || gpu;
+  if (!e->unvalidated) {
+    snprintf(e->hardware, sizeof e->hardware,
+             "hardware: every path in use (TCP, host memory) has run inside NCCL on a GPU host");
+    return;
+  }
+  snprintf(e->hardware, sizeof e->hardware,
+           "not yet run on hardware: %s%s%s (tested over agoq's emulators only%s)",
+           verbs ? "the verbs transport (no real HCA)" : "", verbs && gpu ? " and " : "",
+           gpu ? "the GPU data path (no real GPU)" : "",
+           gpu ? "; AGOQ_GPU=off keeps NCCL's buffers in host memory" : "");
+}
+
+static void agoq_effect_transport(agoq_effect* e) {
+  if (agoq_net_tp == NULL) {
+    snprintf(e->transport, sizeof e->transport, "transport: none (init failed)");
+    return;
+  }
+  char devs[192] = "";
+  size_t len = 0;
+  int n = agoq_net_tp->ndevs();
+  for (int d = 0; d < n && len + 1 < sizeof devs; d++) {
+    agoq_tp_props p;
+    const char* name = agoq_net_tp->get_properties(d, &p) == ncclSuccess && p.name != NULL ? p.name : "?";
+    int w = snprintf(devs + len, sizeof devs - len, "%s%s", d ? ", " : "", name);
+    len += w > 0 ? (size_t)w : 0;
+  }
+  snprintf(e->transport, sizeof e->transport, "transport: %s on %.190s (%.150s)", agoq_net_tp->name, devs,
+           agoq_transport_reason());
+}
+
+static void agoq_effect_collnet(agoq_effect* e) {
+  agoq_format f = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
+  if (f == AGOQ_FORMAT_NONE) {
+    snprintf(e->collnet, sizeof e->collnet, "CollNet reductions: exact (%s=none)",
+             agoq_param_source(AGOQ_PARAM_FORMAT));
+    return;
+  }
+  snprintf(e->collnet, sizeof e->collnet,
+           "CollNet reductions: fp32/bf16/fp16 Sum of %s bytes or more quantized to %s (block %s, AGOQ_FORMAT "
+           "[%s]) only where the job enables CollNet (NCCL_COLLNET_ENABLE=1 or ncclConfig_t.collnetEnable) and "
+           "NCCL picks it; everything else exact",
+           agoq_param_str(AGOQ_PARAM_MIN_BYTES), agoq_format_name(f), agoq_param_str(AGOQ_PARAM_BLOCK),
+           agoq_param_source(AGOQ_PARAM_FORMAT));
+}
+
+static void agoq_effect_p2p(agoq_effect* e) {
+  if (agoq_typed.format == AGOQ_FORMAT_NONE) {
+    snprintf(e->p2p, sizeof e->p2p, "p2p sends: exact (AGOQ_P2P_FORMAT=none%s)",
+             strcmp(agoq_param_source(AGOQ_PARAM_P2P_FORMAT), "default") == 0 ? ", the default" : "");
+    return;
+  }
+  snprintf(e->p2p, sizeof e->p2p,
+           "p2p sends: fp32/bf16/fp16 ncclSend payloads of %s bytes or more per transfer quantized to %s (block "
+           "%s, AGOQ_P2P_FORMAT [%s]) where agoq's profiler knows the type: torch.distributed send, recv, isend, "
+           "irecv, batch_isend_irecv, scatter, gather, all_to_all(_single) of float tensors (docs/typed-p2p.md)",
+           agoq_param_str(AGOQ_PARAM_MIN_BYTES), agoq_format_name((agoq_format)agoq_typed.format),
+           agoq_param_str(AGOQ_PARAM_BLOCK), agoq_param_source(AGOQ_PARAM_P2P_FORMAT));
+}
+
+void agoq_net_effect_describe(agoq_effect* e) {
+  memset(e, 0, sizeof *e);
+  agoq_effect_transport(e);
+  const char* gpu = agoq_gpu_describe();
+  snprintf(e->gpu, sizeof e->gpu, "GPU data path: %s%s", gpu,
+           agoq_gpu_active() ? "" : "; NCCL's buffers stay in host memory (NCCL's kernels stage them)");
+  agoq_effect_collnet(e);
+  agoq_effect_p2p(e);
+  agoq_effect_hardware(e, agoq_net_tp != NULL && strcmp(agoq_net_tp->name, "tcp") != 0, agoq_gpu_active());
+}
+
+static void agoq_net_effect_log(void) {
+  agoq_effect e;
+  agoq_net_effect_describe(&e);
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, AGOQ_EFFECT_TAG "%s", e.transport);
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, AGOQ_EFFECT_TAG "%s", e.gpu);
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, AGOQ_EFFECT_TAG "%s", e.collnet);
+  AGOQ_INFO(NCCL_INIT | NCCL_NET, AGOQ_EFFECT_TAG "%s", e.p2p);
+  if (e.unvalidated)
+    AGOQ_WARN(AGOQ_EFFECT_TAG "%s", e.hardware);
+  else
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, AGOQ_EFFECT_TAG "%s", e.hardware);
+}
+
+static ncclResult_t agoq_net_config_run(void) {
+  AGOQ_CHECK(agoq_params_load());
+  const agoq_transport* tp = NULL;
+  AGOQ_CHECK(agoq_transport_choose(&tp));
+  AGOQ_CHECK(agoq_gpu_init());
+  agoq_net_tp = tp;
+  agoq_typed_policy_load();
+  agoq_net_effect_log();
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_net_config_load(void) {
+  pthread_mutex_lock(&agoq_net_config.mu);
+  /* A success stands for the process (the transport's threads and devices are live); a
+   * failure stands until the parameters are read again (tests that change them). */
+  if (!agoq_net_config.done ||
+      (agoq_net_config.res != ncclSuccess && agoq_net_config.params_gen != agoq_params_generation())) {
+    agoq_net_config.params_gen = agoq_params_generation();
+    agoq_net_config.res = agoq_net_config_run();
+    agoq_net_config.done = true;
+  }
+  ncclResult_t res = agoq_net_config.res;
+  pthread_mutex_unlock(&agoq_net_config.mu);
+  return res;
+}
+
+bool agoq_net_configured(void) {
+  pthread_mutex_lock(&agoq_net_config.mu);
+  bool ok = agoq_net_config.done && agoq_net_config.res == ncclSuccess;
+  pthread_mutex_unlock(&agoq_net_config.mu);
+  return ok;
+}
+
+void agoq_net_config_reset(void) {
+  pthread_mutex_lock(&agoq_net_config.mu);
+  agoq_net_config.done = false;
+  agoq_net_config.res = ncclSuccess;
+  pthread_mutex_unlock(&agoq_net_config.mu);
+}
