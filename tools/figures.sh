@@ -15,6 +15,9 @@
 #                   yourself from NCCL's net_socket.cc
 #   --rounds R      rounds of every group (default: the group's own, see --list)
 #   --out DIR       where the figure files go (default docs/figures of this repo)
+#   --no-build      measure the binaries as they are; by default the plugin, agoq-perf and
+#                   agoq-info are first rebuilt (cmake --build DIR --target ...) so that they
+#                   are the working tree the figure files name (commit, dirty files)
 #   --dry-run       print the commands, run nothing, write nothing
 #
 # Groups (benchmarks run one after another, never two at once; every group alternates
@@ -43,6 +46,8 @@ socket="${NCCL_SOCKET_PLUGIN_PATH:-}"
 rounds=""
 outdir="$repo/docs/figures"
 dry=0
+rebuild=1
+built=""
 groups=()
 all_groups=(p2p-socket demo collnet iperf netlab)
 invocation="tools/figures.sh $*"
@@ -57,6 +62,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) need "$@"; rounds="$2"; shift 2 ;;
     --out) need "$@"; outdir="$2"; shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --no-build) rebuild=0; shift ;;
     --list)
       awk '/^# Groups/ {on = 1; next} on && /^#   [a-z0-9-]+ / {print $2} /^# "all"/ {exit}' "$0"
       exit 0 ;;
@@ -74,6 +80,14 @@ done
 [[ -z "$rounds" || "$rounds" =~ ^[1-9][0-9]*$ ]] || die "bad --rounds '$rounds'"
 build="$(cd "$build" 2>/dev/null && pwd)" || die "--build: no folder '$build'"
 perf="$build/bin/agoq-perf"
+if ((rebuild && !dry)); then
+  echo "+ cmake --build $build --target nccl-net-agoq agoq-perf agoq-info -j $(nproc)" >&2
+  cmake --build "$build" --target nccl-net-agoq agoq-perf agoq-info -j "$(nproc)" >"$build/figures-build.log" 2>&1 ||
+    die "rebuilding $build failed (see $build/figures-build.log); fix it, or measure as is with --no-build"
+  built="rebuilt from the working tree at the start (cmake --build, the targets the benchmarks use)"
+else
+  built="not rebuilt (--no-build): binaries as built before"
+fi
 lib="$build/lib/libnccl-net-agoq.so"
 [[ -x "$perf" && -f "$lib" ]] || die "no agoq-perf or plugin under '$build' (build it, or pass --build)"
 command -v python3 >/dev/null || die "python3 is needed to read the benchmarks' JSON"
@@ -105,6 +119,10 @@ run_log() { # prints the command, runs it unless --dry-run
   "$@"
 }
 
+# The tree as built and measured: named when the run starts, not when a file is written.
+commit_at_start=$(commit_id)
+dirty_at_start=$(dirty_files)
+
 work="$(mktemp -d /tmp/agoq-figures.XXXXXX)"
 # Kept when something failed, so the raw results of a long run are not lost.
 trap 'rc=$?; if ((rc == 0)); then rm -rf "$work"; else echo "figures: raw results kept in $work" >&2; fi' EXIT
@@ -124,8 +142,9 @@ write_figure() {
     echo "tables marked \`<!-- table: NAME -->\` verbatim (checked by ctest \`docs.figures\`)."
     echo
     echo "- command: \`$invocation\`"
-    echo "- commit: $(commit_id)"
-    echo "- dirty files: $(dirty_files)"
+    echo "- commit: $commit_at_start"
+    echo "- dirty files: $dirty_at_start"
+    echo "- build: $(rel "$build"), $built; plugin built $(date -u -r "$lib" +%Y-%m-%dT%H:%M:%SZ)"
     echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "- machine: $(machine)"
     echo "- load average (1/5/15 min): $load0 at start, $(loadavg) at end"
@@ -325,7 +344,7 @@ group_iperf() {
   load0=$(loadavg)
   (cd "$repo" && run_log "${cmd[@]}") >"$d/out.txt" 2>&1 || { echo "figures: iperf failed; file not written" >&2; tail -n 5 "$d/out.txt" >&2; return 1; }
   ((dry)) && return 0
-  { echo "## Output"; echo; echo "<!-- table: iperf -->"; echo '```'; cat "$d/out.txt"; echo '```'; } >"$d/body.md"
+  { echo "## Output"; echo; echo "<!-- table: iperf -->"; echo '```'; grep -v '^+ ' "$d/out.txt"; echo '```'; } >"$d/body.md"
   write_figure iperf "agoq p2p (1 GiB messages) against iperf3 over loopback, interleaved rounds." "$load0" "$d/cmds" "$d/body.md"
 }
 
