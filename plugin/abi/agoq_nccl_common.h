@@ -104,6 +104,11 @@ typedef ncclResult_t (*ncclProfilerCallback_t)(void** eHandle, int type, void* p
 #define NCCL_MAX_NET_SIZE_BYTES (1ULL << 40) /* largest maxP2pBytes/maxCollBytes NCCL accepts */
 #define AGOQ_NCCL_MAX_NET_SIZE (1ULL << 30)  /* MAX_NET_SIZE: int-size ABIs (v6..v8) */
 #define AGOQ_NCCL_MAX_COLLNET_SIZE (512ULL << 20)
+/* The largest call NCCL's staged CollNet path makes (nccl-plugin-api.md 2.5): a proxy groups
+ * up to 8 channels (COLLNET_GROUP_NSUBS) of at most 256 KiB each per iallreduce with the
+ * default NCCL_BUFFSIZE of 4 MiB. Only user-registered buffers with one rank per node give
+ * bigger calls (up to maxCollBytes). */
+#define AGOQ_NCCL_STAGED_COLLNET_CALL_MAX (2ULL << 20)
 
 typedef enum {
   NCCL_NET_DEVICE_HOST = 0,

@@ -32,7 +32,12 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->codec_threads = (int)agoq_param_int(AGOQ_PARAM_COLLNET_CODEC_THREADS);
   cfg->assist = agoq_param_int(AGOQ_PARAM_COLLNET_ASSIST) != 0;
   cfg->gpu_reduce = agoq_param_int(AGOQ_PARAM_COLLNET_GPU) != 0;
-  (void)agoq_coll_min_bytes_check(cfg->min_bytes);
+  return agoq_coll_config_check();
+}
+
+ncclResult_t agoq_coll_config_check(void) {
+  AGOQ_CHECK(agoq_params_load());
+  (void)agoq_coll_min_bytes_check((uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES));
   return ncclSuccess;
 }
 

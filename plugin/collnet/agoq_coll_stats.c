@@ -7,11 +7,7 @@
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 
-/* The largest call NCCL's staged CollNet path makes (docs: nccl-plugin-api.md 2.5): a proxy
- * groups up to 8 channels (COLLNET_GROUP_NSUBS) of at most 256 KiB each per iallreduce with
- * the default NCCL_BUFFSIZE of 4 MiB. Only user-registered buffers with one rank per node
- * give bigger calls (up to maxCollBytes). */
-#define AGOQ_COLL_NCCL_STAGED_CALL_MAX (2ull << 20)
+#define AGOQ_COLL_NCCL_STAGED_CALL_MAX AGOQ_NCCL_STAGED_COLLNET_CALL_MAX
 
 ncclResult_t agoq_coll_stats_open(agoq_coll_comm* g) {
   char config[96];

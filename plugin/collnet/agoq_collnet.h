@@ -49,6 +49,10 @@ typedef struct {
  * the net core's configuration (a CollNet needs the net core's devices), and warns once per
  * process when NCCL_COLLNET_ENABLE does not enable CollNet. */
 ncclResult_t agoq_coll_init(void** ctx, uint64_t comm_id, ncclDebugLogger_t log_fn);
+/* The checks of CollNet's settings that init makes (after the net's agoq_net_config_load),
+ * for `agoq-info -c` to run the same code: AGOQ_MIN_BYTES above NCCL's largest staged call
+ * is a WARN (once per process). Fails only where the parameters do not load. */
+ncclResult_t agoq_coll_config_check(void);
 /* v6..v10: one process-wide context, created by the first call. */
 ncclResult_t agoq_coll_legacy_init(ncclDebugLogger_t log_fn);
 void* agoq_coll_legacy_ctx(void);

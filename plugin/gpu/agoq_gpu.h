@@ -132,4 +132,13 @@ void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes);
  * kernels run: first-launch loading from a proxy thread has hung jobs elsewhere. */
 ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p);
 
+/* Why cudaGetDeviceCount failed, in words that are right: the runtime reports a missing
+ * driver as "CUDA driver version is insufficient for CUDA runtime version"
+ * (cudaErrorInsufficientDriver, 35), so for that error the driver library (driver_lib,
+ * "libcuda.so.1" in the plugin) is looked for: absent, "no CUDA driver (...)"; present, the
+ * CUDA version it supports against the runtime's. Any other error: the runtime's text. Defined by
+ * the CUDA-runtime builds of plugin/gpu only (agoq_gpu_runtime.c). */
+void agoq_gpu_start_failure(int cuda_error, const char* runtime_text, const char* driver_lib, char* out,
+                            size_t len);
+
 #endif

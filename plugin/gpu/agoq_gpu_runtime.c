@@ -2,6 +2,7 @@
  * checks. Compiled against whichever cuda_runtime_api.h the build gives it (the toolkit's
  * or the emulation's, agoq_gpu.h). */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,6 +34,37 @@ ncclResult_t agoq_gpu_cuda_error(cudaError_t e, const char* what) {
   return ncclUnhandledCudaError;
 }
 
+/* cudaErrorInsufficientDriver's documented value (the emulation's header has no name for it). */
+#define AGOQ_CUDA_ERROR_INSUFFICIENT_DRIVER 35
+
+void agoq_gpu_start_failure(int cuda_error, const char* runtime_text, const char* driver_lib, char* out,
+                            size_t len) {
+  if (cuda_error != AGOQ_CUDA_ERROR_INSUFFICIENT_DRIVER) {
+    snprintf(out, len, "%s", runtime_text);
+    return;
+  }
+  void* h = dlopen(driver_lib, RTLD_LAZY | RTLD_LOCAL);
+  if (h == NULL) {
+    const char* why = dlerror();
+    snprintf(out, len, "no CUDA driver (%s cannot be loaded: %.120s)", driver_lib, why != NULL ? why : "not found");
+    return;
+  }
+  /* cuDriverGetVersion(int*): CUDA_SUCCESS is 0; 12040 means 12.4. */
+  int (*get_version)(int*) = (int (*)(int*))dlsym(h, "cuDriverGetVersion");
+  int v = 0;
+  if (get_version != NULL && get_version(&v) == 0 && v > 0) {
+#ifdef CUDART_VERSION
+    snprintf(out, len, "the CUDA driver supports CUDA %d.%d, older than this build's runtime (CUDA %d.%d): update the driver",
+             v / 1000, v % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+#else
+    snprintf(out, len, "the CUDA driver supports CUDA %d.%d, older than this build's runtime", v / 1000, v % 1000 / 10);
+#endif
+  } else {
+    snprintf(out, len, "%s (the driver, %s, does not say which CUDA it supports)", runtime_text, driver_lib);
+  }
+  dlclose(h);
+}
+
 static ncclResult_t agoq_gpu_probe_locked(void) {
   int64_t mode = agoq_param_int(AGOQ_PARAM_GPU);
   if (mode == AGOQ_GPU_MODE_OFF) {
@@ -43,8 +75,9 @@ static ncclResult_t agoq_gpu_probe_locked(void) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count <= 0) {
     /* No driver, no device, or a driver older than the runtime: the host path still works. */
-    snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "off: %s",
-             e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+    char why[160] = "no CUDA device";
+    if (e != cudaSuccess) agoq_gpu_start_failure((int)e, cudaGetErrorString(e), "libcuda.so.1", why, sizeof why);
+    snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "off: %s", why);
     (void)cudaGetLastError();
     if (mode == AGOQ_GPU_MODE_ON) {
       AGOQ_WARN("AGOQ_GPU=on but the GPU data path cannot start: %s (backend %s)", agoq_gpu_state.describe + 5,

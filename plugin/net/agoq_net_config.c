@@ -51,37 +51,47 @@ static void agoq_effect_transport(agoq_effect* e) {
     int w = snprintf(devs + len, sizeof devs - len, "%s%s", d ? ", " : "", name);
     len += w > 0 ? (size_t)w : 0;
   }
-  snprintf(e->transport, sizeof e->transport, "transport: %s on %.190s (%.150s)", agoq_net_tp->name, devs,
+  /* The verbs transport is "ib" in AGOQ_TRANSPORT; users know it as verbs (InfiniBand or RoCE). */
+  const char* name = strcmp(agoq_net_tp->name, "ib") == 0 ? "verbs" : agoq_net_tp->name;
+  snprintf(e->transport, sizeof e->transport, "transport: %s on %.190s (%.150s)", name, devs,
            agoq_transport_reason());
+}
+
+/* "set" or "default": where a format came from, in a word. */
+static const char* agoq_effect_source(agoq_param_id id) {
+  return strcmp(agoq_param_source(id), "default") == 0 ? "the default" : "set";
 }
 
 static void agoq_effect_collnet(agoq_effect* e) {
   agoq_format f = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
   if (f == AGOQ_FORMAT_NONE) {
-    snprintf(e->collnet, sizeof e->collnet, "CollNet reductions: exact (%s=none)",
-             agoq_param_source(AGOQ_PARAM_FORMAT));
+    snprintf(e->collnet, sizeof e->collnet, "CollNet reductions: exact (AGOQ_FORMAT=none, %s)",
+             agoq_effect_source(AGOQ_PARAM_FORMAT));
     return;
   }
   snprintf(e->collnet, sizeof e->collnet,
-           "CollNet reductions: fp32/bf16/fp16 Sum of %s bytes or more quantized to %s (block %s, AGOQ_FORMAT "
-           "[%s]) only where the job enables CollNet (NCCL_COLLNET_ENABLE=1 or ncclConfig_t.collnetEnable) and "
-           "NCCL picks it; everything else exact",
-           agoq_param_str(AGOQ_PARAM_MIN_BYTES), agoq_format_name(f), agoq_param_str(AGOQ_PARAM_BLOCK),
-           agoq_param_source(AGOQ_PARAM_FORMAT));
+           "CollNet reductions: %s (block %s; AGOQ_FORMAT, %s) for fp32/bf16/fp16 Sum calls of at least %s, only "
+           "where the job enables CollNet (NCCL_COLLNET_ENABLE=1 or ncclConfig_t.collnetEnable) and NCCL picks it; "
+           "the rest exact%s",
+           agoq_format_name(f), agoq_param_str(AGOQ_PARAM_BLOCK), agoq_effect_source(AGOQ_PARAM_FORMAT),
+           agoq_param_str(AGOQ_PARAM_MIN_BYTES),
+           (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES) > AGOQ_NCCL_STAGED_COLLNET_CALL_MAX
+               ? " (AGOQ_MIN_BYTES is above NCCL's largest staged call, 2 MiB: in practice every reduction is exact)"
+               : "");
 }
 
 static void agoq_effect_p2p(agoq_effect* e) {
   if (agoq_typed.format == AGOQ_FORMAT_NONE) {
-    snprintf(e->p2p, sizeof e->p2p, "p2p sends: exact (AGOQ_P2P_FORMAT=none%s)",
-             strcmp(agoq_param_source(AGOQ_PARAM_P2P_FORMAT), "default") == 0 ? ", the default" : "");
+    snprintf(e->p2p, sizeof e->p2p, "p2p sends: exact (AGOQ_P2P_FORMAT=none, %s)",
+             agoq_effect_source(AGOQ_PARAM_P2P_FORMAT));
     return;
   }
   snprintf(e->p2p, sizeof e->p2p,
-           "p2p sends: fp32/bf16/fp16 ncclSend payloads of %s bytes or more per transfer quantized to %s (block "
-           "%s, AGOQ_P2P_FORMAT [%s]) where agoq's profiler knows the type: torch.distributed send, recv, isend, "
-           "irecv, batch_isend_irecv, scatter, gather, all_to_all(_single) of float tensors (docs/typed-p2p.md)",
-           agoq_param_str(AGOQ_PARAM_MIN_BYTES), agoq_format_name((agoq_format)agoq_typed.format),
-           agoq_param_str(AGOQ_PARAM_BLOCK), agoq_param_source(AGOQ_PARAM_P2P_FORMAT));
+           "p2p sends: %s (block %s; AGOQ_P2P_FORMAT, %s) for fp32/bf16/fp16 sends of at least %s per transfer whose "
+           "type agoq's profiler knows: every float torch.distributed send, recv, isend, irecv, batch_isend_irecv, "
+           "scatter, gather and all_to_all(_single) between nodes (docs/typed-p2p.md)",
+           agoq_format_name((agoq_format)agoq_typed.format), agoq_param_str(AGOQ_PARAM_BLOCK),
+           agoq_effect_source(AGOQ_PARAM_P2P_FORMAT), agoq_param_str(AGOQ_PARAM_MIN_BYTES));
 }
 
 void agoq_net_effect_describe(agoq_effect* e) {

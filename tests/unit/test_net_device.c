@@ -502,6 +502,21 @@ static void test_off_refuses_device_memory(void** state) {
   pair_close(&p);
 }
 
+/* The reason the GPU path is off must be the right one: the runtime calls a missing driver
+ * "CUDA driver version is insufficient for CUDA runtime version". */
+static void test_start_failure_reason(void** state) {
+  (void)state;
+  char why[256];
+  const char* insufficient = "CUDA driver version is insufficient for CUDA runtime version";
+  agoq_gpu_start_failure(35, insufficient, "libagoq-no-such-driver.so.1", why, sizeof why);
+  assert_non_null(strstr(why, "no CUDA driver"));
+  assert_null(strstr(why, "insufficient"));
+  agoq_gpu_start_failure(35, insufficient, AGOQ_FAKE_LIBCUDA, why, sizeof why);
+  assert_non_null(strstr(why, "supports CUDA 11.8, older than this build's runtime"));
+  agoq_gpu_start_failure(100, "no CUDA-capable device is detected", "libagoq-no-such-driver.so.1", why, sizeof why);
+  assert_string_equal(why, "no CUDA-capable device is detected");
+}
+
 int main(void) {
   setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
@@ -516,6 +531,7 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend_is_the_emulation),
+      cmocka_unit_test(test_start_failure_reason),
       cmocka_unit_test(test_exact_every_memory_pair),
       cmocka_unit_test(test_inflight_in_order),
       cmocka_unit_test(test_host_send_after_staged_device_send),

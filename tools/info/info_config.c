@@ -6,7 +6,12 @@
 #include <string.h>
 
 #include "agoq_info.h"
+#include "collnet/agoq_collnet.h"
+#include "core/agoq_log.h"
 #include "core/agoq_params.h"
+#include "net/agoq_net_config.h"
+
+extern char** environ;
 
 #define AGOQ_INFO_WIDTH 88
 
@@ -126,8 +131,20 @@ static void agoq_info_env_other_text(FILE* out) {
                "parameters, read as described)\n",
           (int)AGOQ_INFO_ENV_OTHER_COUNT);
   for (size_t i = 0; i < AGOQ_INFO_ENV_OTHER_COUNT; i++) {
-    const char* v = getenv(agoq_info_env_other[i].name);
-    fprintf(out, "\n%s\n    value:    %s\n    read by:  %s\n", agoq_info_env_other[i].name,
+    const char* name = agoq_info_env_other[i].name;
+    size_t nl = strlen(name);
+    if (nl > 0 && name[nl - 1] == '*') {
+      /* A family of names: show the members that are set. */
+      fprintf(out, "\n%s\n    set:     ", name);
+      int shown = 0;
+      for (char** e = environ; e != NULL && *e != NULL; e++)
+        if (strncmp(*e, name, nl - 1) == 0) fprintf(out, "%s%s", shown++ ? ", " : " ", *e);
+      fprintf(out, "%s\n    read by:  %s\n", shown ? "" : " (none)", agoq_info_env_other[i].read_by);
+      agoq_info_wrap(out, agoq_info_env_other[i].doc, 4, AGOQ_INFO_WIDTH);
+      continue;
+    }
+    const char* v = getenv(name);
+    fprintf(out, "\n%s\n    value:    %s\n    read by:  %s\n", name,
             v == NULL ? "(unset)" : *v == '\0' ? "(empty)" : v, agoq_info_env_other[i].read_by);
     agoq_info_wrap(out, agoq_info_env_other[i].doc, 4, AGOQ_INFO_WIDTH);
   }
@@ -135,11 +152,59 @@ static void agoq_info_env_other_text(FILE* out) {
 
 /* ---- Text -------------------------------------------------------------------------------- */
 
+/* One line each, never wrapped: the summary is five lines to read (or grep) at a glance. */
+static void agoq_info_summary_line(FILE* out, const char* text) { fprintf(out, "  %s\n", text); }
+
+/* AGOQ_* names of the environment nobody reads (the plugin's init WARNed for each). */
+static int agoq_info_unknown_names(FILE* out) {
+  int n = 0;
+  for (char** e = environ; e != NULL && *e != NULL; e++) {
+    const char* eq = strchr(*e, '=');
+    size_t len = eq != NULL ? (size_t)(eq - *e) : strlen(*e);
+    if (len <= 5 || strncmp(*e, "AGOQ_", 5) != 0 || agoq_param_name_known(*e, len)) continue;
+    const char* closest = agoq_param_closest(*e, len);
+    char line[256];
+    snprintf(line, sizeof line, "UNKNOWN: %.*s is not an agoq setting and is ignored%s%s%s", (int)(len < 96 ? len : 96),
+             *e, closest != NULL ? "; did you mean " : "", closest != NULL ? closest : "", closest != NULL ? "?" : "");
+    agoq_info_summary_line(out, line);
+    n++;
+  }
+  return n;
+}
+
+/* What the plugin's init would put in effect, from the plugin's own configuration code
+ * (agoq_net_config_load, agoq_coll_config_check): whatever init refuses, this refuses. */
+static int agoq_info_config_summary(FILE* out, bool* init_fails) {
+  ncclResult_t net = agoq_net_config_load();
+  ncclResult_t coll = net == ncclSuccess ? agoq_coll_config_check() : net;
+  fprintf(out, "agoq %s: what the plugin's init puts in effect (its own checks, run here)\n", AGOQ_VERSION_STRING);
+  int bad = 0;
+  if (net != ncclSuccess || coll != ncclSuccess) {
+    char line[256];
+    snprintf(line, sizeof line, "INIT FAILS: %s; the WARN lines on stderr say why, and NCCL would not load the plugin",
+             agoq_result_str(net != ncclSuccess ? net : coll));
+    agoq_info_summary_line(out, line);
+    bad = 1;
+    *init_fails = true;
+  } else {
+    agoq_effect e;
+    agoq_net_effect_describe(&e);
+    agoq_info_summary_line(out, e.transport);
+    agoq_info_summary_line(out, e.gpu);
+    agoq_info_summary_line(out, e.collnet);
+    agoq_info_summary_line(out, e.p2p);
+    agoq_info_summary_line(out, e.hardware);
+  }
+  if (agoq_info_unknown_names(out) > 0) bad = 1;
+  return bad;
+}
+
 int agoq_info_config_text(FILE* out) {
+  bool init_fails = false;
+  int summary = agoq_info_config_summary(out, &init_fails);
   ncclResult_t load = agoq_params_load();
   int invalid = 0;
-  fprintf(out, "agoq %s: %d parameters, read from the environment once per process\n",
-          AGOQ_VERSION_STRING, (int)AGOQ_PARAM_COUNT);
+  fprintf(out, "\n%d parameters, read from the environment once per process\n", (int)AGOQ_PARAM_COUNT);
   for (int i = 0; i < AGOQ_PARAM_COUNT; i++) {
     agoq_param_id id = (agoq_param_id)i;
     const agoq_param_desc* d = agoq_param_describe(id);
@@ -196,9 +261,18 @@ int agoq_info_config_text(FILE* out) {
                         : "parameters failed to load");
     return 1;
   }
-  /* Valid values can still select nothing: resolve the interfaces and ports as init does. */
-  int rc = agoq_info_config_interfaces(out);
-  return agoq_info_config_ports(out) != 0 ? 1 : rc;
+  /* Valid values can still select nothing: resolve the interfaces and ports as init does
+   * (after a failed init that would only repeat its WARNs, and blame the wrong thing). */
+  int rc = 0;
+  if (!init_fails) {
+    rc = agoq_info_config_interfaces(out);
+    if (agoq_info_config_ports(out) != 0) rc = 1;
+  }
+  if (summary != 0) {
+    fprintf(stderr, "agoq-info: the configuration is not what was asked for (see the summary at the top)\n");
+    rc = 1;
+  }
+  return rc;
 }
 
 /* ---- Markdown ---------------------------------------------------------------------------- */

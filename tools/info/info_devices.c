@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "agoq_info.h"
 #include "agoq_loader.h"
+#include "net/agoq_net_config.h"
 
 /* Newest profiler/tuner ABI version looked for (ncclProfiler_v1.., ncclTunerPlugin_v1..). */
 #define AGOQ_INFO_MAX_AUX_VERSION 8
@@ -42,11 +44,29 @@ typedef struct {
   int collnet_ndev;
 } agoq_info_report;
 
-static const char* agoq_info_result_name(ncclResult_t r) {
-  static const char* const names[] = {
-      "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
-      "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
-  return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "unknown result";
+/* The loaded plugin's summary of what is in effect, taken from its own init's log (the
+ * lines tagged AGOQ_EFFECT_TAG), so the view shows what that library decided, not what this
+ * tool's copy of the code would. */
+#define AGOQ_INFO_EFFECT_MAX 8
+static struct {
+  char lines[AGOQ_INFO_EFFECT_MAX][640];
+  int n;
+} agoq_info_effect;
+
+static void agoq_info_capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                                  const char* fmt, ...) __attribute__((format(printf, 5, 6)));
+static void agoq_info_capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                                  const char* fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char* tag = strstr(msg, AGOQ_EFFECT_TAG);
+  if (tag != NULL && agoq_info_effect.n < AGOQ_INFO_EFFECT_MAX)
+    snprintf(agoq_info_effect.lines[agoq_info_effect.n++], sizeof agoq_info_effect.lines[0], "%s%s",
+             level == NCCL_LOG_WARN ? "WARN: " : "", tag + strlen(AGOQ_EFFECT_TAG));
+  agoq_log_stderr(level, flags, file, line, "%s", msg);
 }
 
 /* The profiler and tuner tables NCCL also looks for in the net library (2.28.3+), newest
@@ -66,7 +86,7 @@ static void agoq_info_aux_versions(agoq_info_report* rep) {
 
 static void agoq_info_call_failed(char* buf, size_t len, int version, const char* call,
                                   ncclResult_t r) {
-  snprintf(buf, len, "v%d %s failed: %s (%d)", version, call, agoq_info_result_name(r), (int)r);
+  snprintf(buf, len, "v%d %s failed: %s", version, call, agoq_result_str(r));
 }
 
 /* init (commId 0, as for a first communicator), devices, getProperties of each, finalize:
@@ -77,7 +97,7 @@ static void agoq_info_collect_net(agoq_netlib* lib, agoq_info_report* rep) {
     return;
   }
   void* ctx = NULL;
-  ncclResult_t r = agoq_view_init(&rep->net, &ctx, 0, agoq_log_stderr);
+  ncclResult_t r = agoq_view_init(&rep->net, &ctx, 0, agoq_info_capture_log);
   if (r != ncclSuccess) {
     agoq_info_call_failed(rep->net_error, sizeof rep->net_error, rep->net.version, "init", r);
     goto finalize; /* NCCL finalizes even after a failed init */
@@ -117,7 +137,7 @@ static void agoq_info_collect_collnet(agoq_netlib* lib, agoq_info_report* rep) {
   if (agoq_netlib_collnet_view(lib, rep->collnet_versions[0], &rep->collnet) != 0) return;
   rep->has_collnet = true;
   void* ctx = NULL;
-  ncclResult_t r = agoq_collnet_view_init(&rep->collnet, &ctx, 0, agoq_log_stderr);
+  ncclResult_t r = agoq_collnet_view_init(&rep->collnet, &ctx, 0, agoq_info_capture_log);
   if (r != ncclSuccess) {
     agoq_info_call_failed(rep->collnet_error, sizeof rep->collnet_error, rep->collnet.version,
                           "init", r);
@@ -178,6 +198,10 @@ static void agoq_info_print_text(FILE* out, const agoq_info_report* rep) {
                            rep->n_profiler_versions);
   agoq_info_print_versions(out, "tuner ABI:", rep->tuner_versions, rep->n_tuner_versions);
 
+  fputs("\nin effect (the plugin's init says):\n", out);
+  if (agoq_info_effect.n == 0) fputs("  (nothing: init failed before deciding; see the WARN lines)\n", out);
+  for (int i = 0; i < agoq_info_effect.n; i++) fprintf(out, "  %s\n", agoq_info_effect.lines[i]);
+
   fprintf(out, "\nnet devices through ncclNetPlugin_v%d \"%s\": %d\n", rep->net.version,
           rep->net.name != NULL ? rep->net.name : "", rep->ndev);
   if (rep->net_error[0] != '\0') fprintf(out, "  error: %s\n", rep->net_error);
@@ -187,15 +211,23 @@ static void agoq_info_print_text(FILE* out, const agoq_info_report* rep) {
     agoq_info_ptr_support(p->ptr_support, ptr, sizeof ptr);
     agoq_info_size_human((long long)p->max_p2p_bytes, p2p, sizeof p2p);
     agoq_info_size_human((long long)p->max_coll_bytes, coll, sizeof coll);
+    /* A TCP interface has an address, a carrier and a speed source; a verbs port has none
+     * of those here (agoq-info -c lists its state, GID and link layer). */
     const agoq_netif* nif = rep->net_resolved ? agoq_info_net_find(&rep->net_cfg, p->name) : NULL;
-    char addr[INET6_ADDRSTRLEN + 8] = "?";
-    const char *link = "?", *src = "?";
-    if (nif != NULL) agoq_info_netif_fields(nif, addr, sizeof addr, &link, &src);
     fprintf(out, "  [%d] %s\n", d, p->name);
-    fprintf(out, "      address       %s\n", addr);
-    fprintf(out, "      link          %s\n", link);
-    fprintf(out, "      pciPath       %s\n", p->has_pci_path ? p->pci_path : "(virtual)");
-    fprintf(out, "      speed         %d Mbps, %s\n", p->speed, src);
+    if (nif != NULL) {
+      char addr[INET6_ADDRSTRLEN + 8];
+      const char *link, *src;
+      agoq_info_netif_fields(nif, addr, sizeof addr, &link, &src);
+      fprintf(out, "      address       %s\n", addr);
+      fprintf(out, "      link          %s\n", link);
+      fprintf(out, "      pciPath       %s\n", p->has_pci_path ? p->pci_path : "(virtual)");
+      fprintf(out, "      speed         %d Mbps, %s\n", p->speed, src);
+    } else {
+      fprintf(out, "      pciPath       %s\n", p->has_pci_path ? p->pci_path : "(virtual)");
+      fprintf(out, "      speed         %d Mbps, as the verbs port reports it (agoq-info -c: the port's state)\n",
+              p->speed);
+    }
     fprintf(out, "      ptrSupport    %s\n", ptr);
     fprintf(out, "      maxRecvs      %d\n", p->max_recvs);
     fprintf(out, "      maxComms      %d\n", p->max_comms);
@@ -211,7 +243,11 @@ static void agoq_info_print_text(FILE* out, const agoq_info_report* rep) {
             p->max_multi_request_size);
   }
 
-  if (rep->net_resolved) {
+  /* Sockets and progress threads exist only where TCP carries the data. */
+  bool tcp_data = false;
+  for (int d = 0; d < rep->ndev && rep->net_resolved; d++)
+    if (agoq_info_net_find(&rep->net_cfg, rep->props[d].name) != NULL) tcp_data = true;
+  if (tcp_data) {
     fputc('\n', out);
     agoq_info_net_print_counts(out, &rep->net_cfg);
   }

@@ -92,6 +92,16 @@ uint64_t agoq_tcp_inline_max(const agoq_transport_config* c, int dev, bool paces
   return agoq_dev_is_loopback(c, dev) && !paces ? UINT64_MAX : (uint64_t)AGOQ_TCP_INLINE_DEFAULT;
 }
 
+/* One line of a /proc list of algorithms, "(unreadable)" when it cannot be read. */
+static void agoq_tcp_cc_read_list(const char* path, char* out, size_t len) {
+  snprintf(out, len, "(unreadable)");
+  FILE* f = fopen(path, "re");
+  if (f == NULL) return;
+  if (fgets(out, (int)len, f) == NULL) snprintf(out, len, "(empty)");
+  fclose(f);
+  out[strcspn(out, "\n")] = '\0';
+}
+
 ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
   c->cc_auto = false;
   c->cc[0] = '\0';
@@ -110,6 +120,25 @@ ncclResult_t agoq_tcp_cc_resolve(agoq_transport_config* c, const char* value) {
               "_; see /proc/sys/net/ipv4/tcp_available_congestion_control)",
               value, sizeof c->cc - 1);
     return ncclInvalidArgument;
+  }
+  /* Ask the kernel now, as every socket would ask it later: a name it refuses (not built,
+   * not loadable, or not allowed to this process) would otherwise leave every socket on the
+   * system's default with one WARN at the first connection, and `agoq-info -c` would pass
+   * it. No IPv4 socket (an IPv6-only host) leaves the check to the connections. */
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    int rc = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, value, (socklen_t)n);
+    int err = errno;
+    close(fd);
+    if (rc != 0) {
+      char avail[160], allowed[160];
+      agoq_tcp_cc_read_list("/proc/sys/net/ipv4/tcp_available_congestion_control", avail, sizeof avail);
+      agoq_tcp_cc_read_list("/proc/sys/net/ipv4/tcp_allowed_congestion_control", allowed, sizeof allowed);
+      AGOQ_WARN("AGOQ_SOCKET_CC=%s: this kernel refuses it (%s); loaded: %s; allowed without CAP_NET_ADMIN: %s. "
+                "Use one of those, auto, or system",
+                value, strerror(err), avail, allowed);
+      return ncclInvalidArgument;
+    }
   }
   memcpy(c->cc, value, n + 1);
   return ncclSuccess;
