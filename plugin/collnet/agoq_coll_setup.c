@@ -363,23 +363,59 @@ out:
 /* Checks every handle: ours at our rank, the same settings everywhere. */
 static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int rank, const agoq_coll_listen_comm* lc) {
   const uint8_t* mine = lc->handle + AGOQ_COLL_HANDLE_OFFSET;
+  agoq_coll_settings my_settings, first_theirs = {0};
+  if (agoq_coll_settings_decode(mine, &my_settings) != AGOQ_COLL_SETTINGS_OK) {
+    AGOQ_WARN("CollNet connect: this rank's own settings block does not decode");
+    return ncclInternalError;
+  }
+  int first_mismatch = -1, mismatches = 0;
   for (int i = 0; i < nranks; i++) {
     const uint8_t* h = handles[i];
     if (h == NULL) {
       AGOQ_WARN("CollNet connect: handle of rank %d is NULL", i);
       return ncclInternalError;
     }
+    agoq_coll_settings theirs;
     agoq_coll_settings_status st = agoq_coll_settings_check(h + AGOQ_COLL_HANDLE_OFFSET, mine);
-    if (st == AGOQ_COLL_SETTINGS_FOREIGN) {
-      AGOQ_WARN("CollNet connect: handle of rank %d was not made by this agoq version's CollNet listen", i);
-      return ncclInvalidUsage;
+    if (st == AGOQ_COLL_SETTINGS_OK) continue;
+    (void)agoq_coll_settings_decode(h + AGOQ_COLL_HANDLE_OFFSET, &theirs);
+    switch (st) {
+      case AGOQ_COLL_SETTINGS_FOREIGN:
+        AGOQ_WARN("CollNet connect: handle of rank %d was not made by agoq's CollNet listen (another plugin on "
+                  "that rank?)", i);
+        return ncclInvalidUsage;
+      case AGOQ_COLL_SETTINGS_VERSION:
+        /* Its fields may sit elsewhere in another layout: name the versions, not values. */
+        AGOQ_WARN("CollNet connect: rank %d runs an agoq whose CollNet handle has layout version %u, this rank (%d) "
+                  "has version %u; every rank must run the same agoq version", i, (unsigned)theirs.version, rank,
+                  (unsigned)AGOQ_COLL_HANDLE_VERSION);
+        return ncclInvalidUsage;
+      case AGOQ_COLL_SETTINGS_MALFORMED:
+        AGOQ_WARN("CollNet connect: the settings in rank %d's handle are corrupt (an unknown AGOQ_FORMAT or "
+                  "AGOQ_BLOCK, or nonzero padding)", i);
+        return ncclInvalidUsage;
+      case AGOQ_COLL_SETTINGS_OK:
+      case AGOQ_COLL_SETTINGS_MISMATCH:
+        if (mismatches++ == 0) {
+          first_mismatch = i;
+          first_theirs = theirs;
+        }
+        break;
     }
-    if (st == AGOQ_COLL_SETTINGS_MISMATCH) {
-      /* Every rank sees the same handles, so every rank fails here alike. */
-      AGOQ_WARN("CollNet connect: rank %d runs with different AGOQ_FORMAT, AGOQ_BLOCK, AGOQ_MIN_BYTES or "
-                "AGOQ_COLLNET_CHUNK than rank %d; every rank needs the same values", i, rank);
-      return ncclInvalidUsage;
-    }
+  }
+  if (mismatches > 0) {
+    /* Every rank sees the same handles, so every rank fails here alike, each naming a peer
+     * and both values: the WARN of whichever rank a user reads is enough. One line however
+     * many peers differ (with 256 ranks one odd rank would otherwise log 255). */
+    char msg[768];
+    if (agoq_coll_settings_describe(&first_theirs, first_mismatch, &my_settings, rank, msg, sizeof msg) == 0)
+      snprintf(msg, sizeof msg, "CollNet group: rank %d's settings block differs from this rank (%d)'s", first_mismatch,
+               rank);
+    if (mismatches > 1)
+      AGOQ_WARN("%s (%d more rank(s) differ from this rank too)", msg, mismatches - 1);
+    else
+      AGOQ_WARN("%s", msg);
+    return ncclInvalidUsage;
   }
   if (memcmp(handles[rank], lc->handle, NCCL_NET_HANDLE_MAXSIZE) != 0) {
     AGOQ_WARN("CollNet connect: handles[%d] is not the handle this rank's listen produced", rank);

@@ -1,5 +1,7 @@
 #include "collnet/agoq_coll_wire.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 static void agoq_cw_put16(uint8_t* p, uint16_t v) {
@@ -12,8 +14,14 @@ static void agoq_cw_put32(uint8_t* p, uint32_t v) {
 static void agoq_cw_put64(uint8_t* p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
+static uint16_t agoq_cw_get16(const uint8_t* p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t agoq_cw_get32(const uint8_t* p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t agoq_cw_get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
 }
 
 /* Settings layout: magic 0, version 4, format 5, block 6, min_bytes 8, chunk_bytes 16,
@@ -28,11 +36,102 @@ void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COL
   agoq_cw_put64(out + 16, cfg->chunk_bytes);
 }
 
+agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll_settings* out) {
+  memset(out, 0, sizeof *out);
+  if (agoq_cw_get32(in) != AGOQ_COLL_HANDLE_MAGIC) return AGOQ_COLL_SETTINGS_FOREIGN;
+  out->version = in[4];
+  /* Another layout's fields may sit elsewhere: reading them as ours would show garbage. */
+  if (in[4] != AGOQ_COLL_HANDLE_VERSION) return AGOQ_COLL_SETTINGS_VERSION;
+  uint32_t block = agoq_cw_get16(in + 6);
+  /* The values a mismatch message prints must be ones a user could have set, so anything
+   * this version's encode never writes is refused rather than shown. */
+  if (in[5] >= AGOQ_FORMAT_COUNT || block < AGOQ_CODEC_BLOCK_MIN || block > AGOQ_CODEC_BLOCK_MAX ||
+      (block & (block - 1)) != 0)
+    return AGOQ_COLL_SETTINGS_MALFORMED;
+  for (int i = 24; i < AGOQ_COLL_SETTINGS_SIZE; i++)
+    if (in[i] != 0) return AGOQ_COLL_SETTINGS_MALFORMED;
+  out->format = (agoq_format)in[5];
+  out->block = block;
+  out->min_bytes = agoq_cw_get64(in + 8);
+  out->chunk_bytes = agoq_cw_get64(in + 16);
+  return AGOQ_COLL_SETTINGS_OK;
+}
+
 agoq_coll_settings_status agoq_coll_settings_check(const uint8_t* theirs, const uint8_t* mine) {
-  if (agoq_cw_get32(theirs) != AGOQ_COLL_HANDLE_MAGIC || theirs[4] != AGOQ_COLL_HANDLE_VERSION)
-    return AGOQ_COLL_SETTINGS_FOREIGN;
+  agoq_coll_settings t;
+  agoq_coll_settings_status st = agoq_coll_settings_decode(theirs, &t);
+  if (st != AGOQ_COLL_SETTINGS_OK) return st;
   if (memcmp(theirs, mine, AGOQ_COLL_SETTINGS_SIZE) != 0) return AGOQ_COLL_SETTINGS_MISMATCH;
   return AGOQ_COLL_SETTINGS_OK;
+}
+
+/* A byte count as AGOQ_* SIZE values are written (1024-based K/M/G/T suffixes, as the
+ * parameter parser reads them), with the exact count beside a suffixed one so a user who
+ * wrote 65536 recognises 64K too. */
+static void agoq_cw_size_text(uint64_t v, char* buf, size_t len) {
+  static const char units[] = "KMGT";
+  int u = -1;
+  uint64_t q = v;
+  while (u < 3 && q != 0 && q % 1024 == 0) {
+    q /= 1024;
+    u++;
+  }
+  if (u < 0)
+    snprintf(buf, len, "%llu", (unsigned long long)v);
+  else
+    snprintf(buf, len, "%llu%c (%llu bytes)", (unsigned long long)q, units[u], (unsigned long long)v);
+}
+
+/* Appends to buf at *used, never past len; *used may exceed len - 1 (then nothing more
+ * fits and the text stays truncated but terminated). */
+static void agoq_cw_append(char* buf, size_t len, size_t* used, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void agoq_cw_append(char* buf, size_t len, size_t* used, const char* fmt, ...) {
+  if (*used >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *used, len - *used, fmt, ap);
+  va_end(ap);
+  if (n > 0) *used += (size_t)n;
+}
+
+enum { AGOQ_CW_NVARS = 4, AGOQ_CW_VALUE_MAX = 48 };
+
+/* The variables one side has, as "AGOQ_X=v and AGOQ_Y=w", for the differing ones only. */
+static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW_NVARS], char* buf, size_t len,
+                         size_t* used) {
+  static const char* const names[AGOQ_CW_NVARS] = {"AGOQ_FORMAT", "AGOQ_BLOCK", "AGOQ_MIN_BYTES",
+                                                   "AGOQ_COLLNET_CHUNK"};
+  bool first = true;
+  for (int v = 0; v < AGOQ_CW_NVARS; v++) {
+    if (!differs[v]) continue;
+    char value[AGOQ_CW_VALUE_MAX];
+    switch (v) {
+      case 0: snprintf(value, sizeof value, "%s", agoq_format_name(s->format)); break;
+      case 1: snprintf(value, sizeof value, "%u", (unsigned)s->block); break;
+      case 2: agoq_cw_size_text(s->min_bytes, value, sizeof value); break;
+      default: agoq_cw_size_text(s->chunk_bytes, value, sizeof value); break;
+    }
+    agoq_cw_append(buf, len, used, "%s%s=%s", first ? "" : " and ", names[v], value);
+    first = false;
+  }
+}
+
+int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank, const agoq_coll_settings* mine,
+                                int my_rank, char* buf, size_t len) {
+  if (len > 0) buf[0] = '\0';
+  bool differs[AGOQ_CW_NVARS] = {theirs->format != mine->format, theirs->block != mine->block,
+                                 theirs->min_bytes != mine->min_bytes, theirs->chunk_bytes != mine->chunk_bytes};
+  int n = 0;
+  for (int v = 0; v < AGOQ_CW_NVARS; v++) n += differs[v];
+  if (n == 0 || len == 0) return n;
+  size_t used = 0;
+  agoq_cw_append(buf, len, &used, "CollNet group: rank %d has ", their_rank);
+  agoq_cw_side(theirs, differs, buf, len, &used);
+  agoq_cw_append(buf, len, &used, ", this rank (%d) has ", my_rank);
+  agoq_cw_side(mine, differs, buf, len, &used);
+  agoq_cw_append(buf, len, &used, "; every rank must use the same value%s", n > 1 ? "s" : "");
+  return n;
 }
 
 /* Message layout: magic 0, kind 4, phase 5, zero 6..7, rank 8, nranks 12. */

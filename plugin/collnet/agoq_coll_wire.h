@@ -2,7 +2,8 @@
  * What CollNet group creation reads from other ranks, as pure functions (unit-tested and
  * fuzzed by tests/fuzz/fuzz_collnet_msg.c):
  *  - the settings block every rank appends to its net handle ([64, 96) of NCCL's 128-byte
- *    handle), which must match this rank's byte for byte;
+ *    handle), which must match this rank's byte for byte; it carries the values themselves
+ *    (not a digest), so a mismatch can be reported variable by variable, both values shown;
  *  - the 16-byte messages on every mesh connection: "ident" (rank, phase) first on each
  *    connection, "ready" closing setup.
  * The per-chunk messages of the collectives themselves carry no header of their own: they
@@ -36,13 +37,36 @@ typedef struct {
 
 typedef enum {
   AGOQ_COLL_SETTINGS_OK = 0,
-  AGOQ_COLL_SETTINGS_FOREIGN,  /* not made by this version's CollNet listen */
-  AGOQ_COLL_SETTINGS_MISMATCH, /* another rank runs with different settings */
+  AGOQ_COLL_SETTINGS_FOREIGN,   /* no magic: not made by an agoq CollNet listen at all */
+  AGOQ_COLL_SETTINGS_VERSION,   /* an agoq CollNet handle of another layout version */
+  AGOQ_COLL_SETTINGS_MALFORMED, /* this version's magic but values no listen writes */
+  AGOQ_COLL_SETTINGS_MISMATCH,  /* another rank runs with different settings */
 } agoq_coll_settings_status;
 
+/* The decoded settings block: the group-wide subset of agoq_coll_config. */
+typedef struct {
+  uint8_t version; /* layout version the block was written with */
+  agoq_format format;
+  uint32_t block;
+  uint64_t min_bytes;
+  uint64_t chunk_bytes;
+} agoq_coll_settings;
+
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]);
-/* theirs: AGOQ_COLL_SETTINGS_SIZE bytes from another rank's handle; mine: ours. */
+/* in: AGOQ_COLL_SETTINGS_SIZE bytes. OK only for a block this version's encode could have
+ * written (known format, block a power of two in [32, 1024], zero padding); out->version
+ * is set whenever the magic is there (VERSION names it in the error). */
+agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll_settings* out);
+/* theirs: AGOQ_COLL_SETTINGS_SIZE bytes from another rank's handle; mine: ours. OK exactly
+ * when the two are byte-identical. */
 agoq_coll_settings_status agoq_coll_settings_check(const uint8_t* theirs, const uint8_t* mine);
+/* Writes into buf (always NUL-terminated when len > 0) the error for a peer whose decoded
+ * settings differ from ours, naming every variable that differs with both values as a user
+ * writes them, e.g. "CollNet group: rank 3 has AGOQ_FORMAT=int4, this rank (0) has
+ * AGOQ_FORMAT=int8; every rank must use the same value". Returns how many variables
+ * differ (0: nothing written but an empty string). */
+int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank, const agoq_coll_settings* mine,
+                                int my_rank, char* buf, size_t len);
 
 void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks);
 /* True when `in` (size bytes as received) is a well-formed message of `kind`. */

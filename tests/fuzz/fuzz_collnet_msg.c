@@ -3,7 +3,10 @@
  * connections. Byte 0 picks the decoder and, for messages, the group (my rank, nranks).
  * Invariants: nothing crashes or reads out of bounds; an accepted message re-encodes to
  * the same 16 bytes' fields; an accepted ident names an existing other rank and phase 0/1
- * (setup indexes arrays with them); settings are accepted only when byte-identical. */
+ * (setup indexes arrays with them); settings are accepted only when byte-identical; a block
+ * that decodes re-encodes to the same bytes (so the values a mismatch WARN prints are the
+ * ones the peer set), and its mismatch text names at least one variable and stays
+ * terminated within any buffer length. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +36,29 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       agoq_coll_settings_status st = agoq_coll_settings_check(in, mine);
       if ((st == AGOQ_COLL_SETTINGS_OK) != (memcmp(in, mine, AGOQ_COLL_SETTINGS_SIZE) == 0)) abort();
       if (agoq_coll_settings_check(mine, mine) != AGOQ_COLL_SETTINGS_OK) abort();
+      agoq_coll_settings theirs, ours;
+      agoq_coll_settings_status dst = agoq_coll_settings_decode(in, &theirs);
+      if (agoq_coll_settings_decode(mine, &ours) != AGOQ_COLL_SETTINGS_OK) abort();
+      /* check refuses exactly what decode refuses, with the same status. */
+      if (dst != AGOQ_COLL_SETTINGS_OK ? st != dst : st == AGOQ_COLL_SETTINGS_FOREIGN) abort();
+      if (dst != AGOQ_COLL_SETTINGS_OK) break;
+      agoq_coll_config back = cfg;
+      back.format = theirs.format;
+      back.block = theirs.block;
+      back.min_bytes = theirs.min_bytes;
+      back.chunk_bytes = theirs.chunk_bytes;
+      uint8_t again[AGOQ_COLL_SETTINGS_SIZE];
+      agoq_coll_settings_encode(&back, again);
+      if (memcmp(again, in, AGOQ_COLL_SETTINGS_SIZE) != 0) abort();
+      /* The message length comes from the input's last byte: every cut must stay in bounds. */
+      size_t len = size > AGOQ_COLL_SETTINGS_SIZE ? in[AGOQ_COLL_SETTINGS_SIZE] : 512;
+      char* msg = malloc(len ? len : 1);
+      if (msg == NULL) break;
+      int n = agoq_coll_settings_describe(&theirs, nranks - 1, &ours, me, msg, len);
+      if ((n > 0) != (st == AGOQ_COLL_SETTINGS_MISMATCH) || n > 4) abort();
+      if (len > 0 && strlen(msg) >= len) abort();
+      if (n > 0 && len == 512 && strstr(msg, "AGOQ_") == NULL) abort();
+      free(msg);
       break;
     }
     default: {

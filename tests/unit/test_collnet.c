@@ -1023,25 +1023,52 @@ static void test_connect_timeout(void** state) {
   agoq_params_reset();
 }
 
-/* Ranks with different settings fail alike, at once: the handles carry the settings. */
+/* Ranks with different settings fail alike, at once: the handles carry the settings, and
+ * each rank's WARN names a differing peer, every differing variable and both values. Rank 0
+ * runs int8 with 1M chunks, ranks 1 and 2 int4 with 2M: rank 0 sees two peers differ, ranks 1
+ * and 2 only rank 0. */
 static void test_mismatched_settings_fail_everywhere(void** state) {
   (void)state;
   group g;
   memset(&g, 0, sizeof g);
-  g.n = 2;
-  for (int r = 0; r < 2; r++) {
-    env_set(r ? "int4" : "int8", "64K", "1M");
+  g.n = 3;
+  for (int r = 0; r < 3; r++) {
+    env_set(r ? "int4" : "int8", "64K", r ? "2M" : "1M");
     assert_int_equal(agoq_coll_init(&g.ctx[r], COMM_ID, NULL), ncclSuccess);
     assert_int_equal(agoq_coll_listen(g.ctx[r], 0, g.handles[r], &g.listen[r]), ncclSuccess);
     g.hptr[r] = g.handles[r];
   }
-  for (int r = 0; r < 2; r++) {
+  capture_reset();
+  agoq_log_set_logger(capture_log);
+  for (int r = 0; r < 3; r++) {
     void* c = (void*)1;
-    assert_int_equal(agoq_coll_connect(g.hptr, 2, r, g.listen[r], &c), ncclInvalidUsage);
+    assert_int_equal(agoq_coll_connect(g.hptr, 3, r, g.listen[r], &c), ncclInvalidUsage);
     assert_null(c);
+  }
+  agoq_log_set_logger(NULL);
+  pthread_mutex_lock(&log_mu);
+  assert_int_equal(log_warns, 3);
+  assert_non_null(strstr(log_buf, "CollNet group: rank 1 has AGOQ_FORMAT=int4 and AGOQ_COLLNET_CHUNK=2M (2097152 "
+                                  "bytes), this rank (0) has AGOQ_FORMAT=int8 and AGOQ_COLLNET_CHUNK=1M (1048576 "
+                                  "bytes); every rank must use the same values (1 more rank(s) differ from this "
+                                  "rank too)\n"));
+  for (int r = 1; r < 3; r++) {
+    char want[512];
+    snprintf(want, sizeof want,
+             "CollNet group: rank 0 has AGOQ_FORMAT=int8 and AGOQ_COLLNET_CHUNK=1M (1048576 bytes), this rank (%d) "
+             "has AGOQ_FORMAT=int4 and AGOQ_COLLNET_CHUNK=2M (2097152 bytes); every rank must use the same values\n",
+             r);
+    assert_non_null(strstr(log_buf, want));
+  }
+  /* The variables that agree are not named. */
+  assert_null(strstr(log_buf, "AGOQ_MIN_BYTES"));
+  assert_null(strstr(log_buf, "AGOQ_BLOCK"));
+  pthread_mutex_unlock(&log_mu);
+  for (int r = 0; r < 3; r++) {
     assert_int_equal(agoq_coll_close_listen(g.listen[r]), ncclSuccess);
     assert_int_equal(agoq_coll_finalize(g.ctx[r]), ncclSuccess);
   }
+  env_set("int8", "64K", "1M");
 }
 
 static void test_memory_and_flush(void** state) {

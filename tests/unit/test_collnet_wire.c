@@ -1,0 +1,200 @@
+/* The CollNet settings block as pure functions (agoq_coll_wire.c): encode and decode agree,
+ * blocks of another layout version or with values no listen writes are refused by kind, and
+ * a settings mismatch is described naming every differing variable with both values as a
+ * user writes them. Group creation's use of it (each rank's WARN) is test_collnet's
+ * test_mismatched_settings_fail_everywhere. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "collnet/agoq_coll_wire.h"
+
+static agoq_coll_config cfg_of(agoq_format format, uint32_t block, uint64_t min_bytes, uint64_t chunk_bytes) {
+  agoq_coll_config c;
+  memset(&c, 0, sizeof c);
+  c.format = format;
+  c.block = block;
+  c.min_bytes = min_bytes;
+  c.chunk_bytes = chunk_bytes;
+  c.timeout_s = 60; /* per rank, not in the block */
+  return c;
+}
+
+static agoq_coll_settings settings_of(agoq_format format, uint32_t block, uint64_t min_bytes, uint64_t chunk_bytes) {
+  agoq_coll_config c = cfg_of(format, block, min_bytes, chunk_bytes);
+  uint8_t b[AGOQ_COLL_SETTINGS_SIZE];
+  agoq_coll_settings_encode(&c, b);
+  agoq_coll_settings s;
+  assert_int_equal(agoq_coll_settings_decode(b, &s), AGOQ_COLL_SETTINGS_OK);
+  return s;
+}
+
+static void test_settings_roundtrip(void** state) {
+  (void)state;
+  const agoq_format formats[] = {AGOQ_FORMAT_NONE, AGOQ_FORMAT_INT8, AGOQ_FORMAT_INT4, AGOQ_FORMAT_FP8E4M3,
+                                 AGOQ_FORMAT_FP8E5M2};
+  for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+    for (uint32_t block = AGOQ_CODEC_BLOCK_MIN; block <= AGOQ_CODEC_BLOCK_MAX; block *= 2) {
+      agoq_coll_config c = cfg_of(formats[f], block, 1099511627776ull, 268435456ull);
+      uint8_t b[AGOQ_COLL_SETTINGS_SIZE];
+      agoq_coll_settings_encode(&c, b);
+      agoq_coll_settings s;
+      assert_int_equal(agoq_coll_settings_decode(b, &s), AGOQ_COLL_SETTINGS_OK);
+      assert_int_equal(s.version, AGOQ_COLL_HANDLE_VERSION);
+      assert_int_equal(s.format, formats[f]);
+      assert_int_equal(s.block, block);
+      assert_true(s.min_bytes == 1099511627776ull);
+      assert_true(s.chunk_bytes == 268435456ull);
+      assert_int_equal(agoq_coll_settings_check(b, b), AGOQ_COLL_SETTINGS_OK);
+    }
+  }
+}
+
+/* Each kind of unusable block gets its own status, so the WARN can say what is wrong. */
+static void test_settings_refused_by_kind(void** state) {
+  (void)state;
+  agoq_coll_config c = cfg_of(AGOQ_FORMAT_INT8, 128, 65536, 1 << 20);
+  uint8_t mine[AGOQ_COLL_SETTINGS_SIZE], b[AGOQ_COLL_SETTINGS_SIZE];
+  agoq_coll_settings_encode(&c, mine);
+  agoq_coll_settings s;
+
+  memset(b, 0, sizeof b); /* another plugin's handle: nothing there */
+  assert_int_equal(agoq_coll_settings_decode(b, &s), AGOQ_COLL_SETTINGS_FOREIGN);
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_FOREIGN);
+
+  /* Another layout version: its fields may be elsewhere, only the version is reported. */
+  memcpy(b, mine, sizeof b);
+  b[4] = AGOQ_COLL_HANDLE_VERSION + 1;
+  assert_int_equal(agoq_coll_settings_decode(b, &s), AGOQ_COLL_SETTINGS_VERSION);
+  assert_int_equal(s.version, AGOQ_COLL_HANDLE_VERSION + 1);
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_VERSION);
+  b[4] = 0;
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_VERSION);
+
+  /* Values no listen writes are never printed as if a user had set them. */
+  memcpy(b, mine, sizeof b);
+  b[5] = AGOQ_FORMAT_COUNT;
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
+  const uint16_t bad_blocks[] = {0, 16, 100, 2048, 0xffff};
+  for (size_t i = 0; i < sizeof bad_blocks / sizeof bad_blocks[0]; i++) {
+    memcpy(b, mine, sizeof b);
+    b[6] = (uint8_t)bad_blocks[i];
+    b[7] = (uint8_t)(bad_blocks[i] >> 8);
+    assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
+  }
+  for (int i = 24; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
+    memcpy(b, mine, sizeof b);
+    b[i] = 1;
+    assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
+  }
+
+  /* A well-formed block with another value is a mismatch. */
+  c.chunk_bytes = 2 << 20;
+  agoq_coll_settings_encode(&c, b);
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MISMATCH);
+}
+
+static void test_describe_one_variable(void** state) {
+  (void)state;
+  agoq_coll_settings int8 = settings_of(AGOQ_FORMAT_INT8, 128, 65536, 1 << 20);
+  agoq_coll_settings int4 = settings_of(AGOQ_FORMAT_INT4, 128, 65536, 1 << 20);
+  char msg[512];
+  assert_int_equal(agoq_coll_settings_describe(&int4, 3, &int8, 0, msg, sizeof msg), 1);
+  assert_string_equal(msg, "CollNet group: rank 3 has AGOQ_FORMAT=int4, this rank (0) has AGOQ_FORMAT=int8; "
+                           "every rank must use the same value");
+  /* The other side's WARN: the same variable, the values swapped. */
+  assert_int_equal(agoq_coll_settings_describe(&int8, 0, &int4, 3, msg, sizeof msg), 1);
+  assert_string_equal(msg, "CollNet group: rank 0 has AGOQ_FORMAT=int8, this rank (3) has AGOQ_FORMAT=int4; "
+                           "every rank must use the same value");
+
+  agoq_coll_settings b64 = settings_of(AGOQ_FORMAT_INT8, 64, 65536, 1 << 20);
+  assert_int_equal(agoq_coll_settings_describe(&b64, 1, &int8, 0, msg, sizeof msg), 1);
+  assert_string_equal(msg, "CollNet group: rank 1 has AGOQ_BLOCK=64, this rank (0) has AGOQ_BLOCK=128; "
+                           "every rank must use the same value");
+}
+
+static void test_describe_every_variable(void** state) {
+  (void)state;
+  agoq_coll_settings a = settings_of(AGOQ_FORMAT_FP8E4M3, 32, 0, 4096);
+  agoq_coll_settings b = settings_of(AGOQ_FORMAT_NONE, 1024, 65536, 1 << 20);
+  char msg[512];
+  assert_int_equal(agoq_coll_settings_describe(&a, 7, &b, 2, msg, sizeof msg), 4);
+  assert_string_equal(msg,
+                      "CollNet group: rank 7 has AGOQ_FORMAT=fp8e4m3 and AGOQ_BLOCK=32 and AGOQ_MIN_BYTES=0 and "
+                      "AGOQ_COLLNET_CHUNK=4K (4096 bytes), this rank (2) has AGOQ_FORMAT=none and AGOQ_BLOCK=1024 "
+                      "and AGOQ_MIN_BYTES=64K (65536 bytes) and AGOQ_COLLNET_CHUNK=1M (1048576 bytes); every rank "
+                      "must use the same values");
+  /* Two of four: only those are named, in the parameters' order. */
+  agoq_coll_settings c = settings_of(AGOQ_FORMAT_NONE, 1024, 1000, 3ull << 20);
+  assert_int_equal(agoq_coll_settings_describe(&c, 1, &b, 0, msg, sizeof msg), 2);
+  assert_string_equal(msg, "CollNet group: rank 1 has AGOQ_MIN_BYTES=1000 and AGOQ_COLLNET_CHUNK=3M (3145728 bytes), "
+                           "this rank (0) has AGOQ_MIN_BYTES=64K (65536 bytes) and AGOQ_COLLNET_CHUNK=1M (1048576 "
+                           "bytes); every rank must use the same values");
+}
+
+/* Sizes as AGOQ_* SIZE values are written: the largest 1024-based suffix that divides. */
+static void test_describe_sizes(void** state) {
+  (void)state;
+  static const struct {
+    uint64_t bytes;
+    const char* text;
+  } cases[] = {
+      {1, "1"},
+      {1536, "1536"},
+      {2048, "2K (2048 bytes)"},
+      {1536ull << 10, "1536K (1572864 bytes)"},
+      {1ull << 30, "1G (1073741824 bytes)"},
+      {1ull << 40, "1T (1099511627776 bytes)"},
+      {1ull << 50, "1024T (1125899906842624 bytes)"},
+      {UINT64_MAX, "18446744073709551615"},
+  };
+  agoq_coll_settings zero = settings_of(AGOQ_FORMAT_INT8, 128, 0, 1 << 20);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    agoq_coll_settings s = settings_of(AGOQ_FORMAT_INT8, 128, cases[i].bytes, 1 << 20);
+    char msg[512], want[512];
+    assert_int_equal(agoq_coll_settings_describe(&s, 1, &zero, 0, msg, sizeof msg), 1);
+    snprintf(want, sizeof want,
+             "CollNet group: rank 1 has AGOQ_MIN_BYTES=%s, this rank (0) has AGOQ_MIN_BYTES=0; every rank must use "
+             "the same value",
+             cases[i].text);
+    assert_string_equal(msg, want);
+  }
+}
+
+static void test_describe_same_and_short_buffers(void** state) {
+  (void)state;
+  agoq_coll_settings a = settings_of(AGOQ_FORMAT_INT8, 128, 65536, 1 << 20);
+  agoq_coll_settings b = settings_of(AGOQ_FORMAT_INT4, 64, 0, 4096);
+  char msg[512];
+  memset(msg, 'x', sizeof msg);
+  assert_int_equal(agoq_coll_settings_describe(&a, 1, &a, 0, msg, sizeof msg), 0);
+  assert_string_equal(msg, "");
+  char full[512];
+  assert_int_equal(agoq_coll_settings_describe(&a, 1, &b, 0, full, sizeof full), 4);
+  /* Every length cuts the same text, always terminated, never past the buffer. */
+  for (size_t len = 1; len <= strlen(full) + 1; len++) {
+    memset(msg, 'x', sizeof msg);
+    assert_int_equal(agoq_coll_settings_describe(&a, 1, &b, 0, msg, len), 4);
+    assert_int_equal(strlen(msg), len - 1);
+    assert_memory_equal(msg, full, len - 1);
+    assert_int_equal(msg[len], 'x');
+  }
+  assert_int_equal(agoq_coll_settings_describe(&a, 1, &b, 0, NULL, 0), 4);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_settings_roundtrip),
+      cmocka_unit_test(test_settings_refused_by_kind),
+      cmocka_unit_test(test_describe_one_variable),
+      cmocka_unit_test(test_describe_every_variable),
+      cmocka_unit_test(test_describe_sizes),
+      cmocka_unit_test(test_describe_same_and_short_buffers),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
