@@ -17,7 +17,7 @@
   do {                                                                   \
     ncclResult_t agoq_res_ = (call);                                     \
     if (agoq_res_ != ncclSuccess && agoq_res_ != ncclInProgress) {       \
-      AGOQ_INFO(NCCL_NET, "%s:%d -> %d", __FILE__, __LINE__, agoq_res_); \
+      AGOQ_INFO(NCCL_NET, "%s:%d -> %s", __FILE__, __LINE__, agoq_result_str(agoq_res_)); \
       return agoq_res_;                                                  \
     }                                                                    \
   } while (0)
@@ -26,7 +26,7 @@
   do {                                                              \
     (res) = (call);                                                 \
     if ((res) != ncclSuccess && (res) != ncclInProgress) {          \
-      AGOQ_INFO(NCCL_NET, "%s:%d -> %d", __FILE__, __LINE__, (res)); \
+      AGOQ_INFO(NCCL_NET, "%s:%d -> %s", __FILE__, __LINE__, agoq_result_str(res)); \
       goto label;                                                   \
     }                                                               \
   } while (0)

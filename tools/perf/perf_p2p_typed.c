@@ -12,6 +12,12 @@
 
 void p2p_typed_env(const char* format) {
   if (format != NULL) setenv("AGOQ_P2P_FORMAT", format, 1);
+  /* The tool counts frames from the plugin's statistics, so they must be on; a user who
+   * turned them off is told, never silently overruled. AGOQ_STATS_FILE is left as it is. */
+  const char* user = getenv("AGOQ_STATS");
+  if (user != NULL && user[0] != '\0' && strcmp(user, "1") != 0)
+    fprintf(stderr, "agoq-perf p2p: AGOQ_STATS=%s replaced by 1 for this run: the typed check reads the plugin's "
+            "statistics\n", user);
   setenv("AGOQ_STATS", "1", 1);
 }
 
@@ -114,7 +120,7 @@ int p2p_typed_open(p2p_typed* t, perf_net* n, uint64_t comm_id, size_t max_bytes
     }
   }
   agoq_emul_set_logger(p2p_typed_log); /* the profiler's init installs it as the library's logger */
-  t->emul = agoq_emul_comm_create(table, version, comm_id, 2, 0);
+  t->emul = agoq_emul_comm_create(table, version, comm_id, t->flow == PERF_FLOW_OTHER_PEER ? 3 : 2, 0);
   if (t->emul == NULL || agoq_emul_comm_init_result(t->emul) != ncclSuccess) {
     fprintf(stderr, "agoq-perf: the profiler's init failed\n");
     return -1;
@@ -139,6 +145,22 @@ void* p2p_typed_begin(p2p_typed* t, int slot, size_t size, size_t transfer) {
    * transfer the message is a chunk of: that is what NCCL's P2p event says. */
   agoq_emul_task* task = t->coll ? agoq_emul_coll_start(t->emul, "AllReduce", t->dtype, count, "RING", "SIMPLE")
                                  : agoq_emul_p2p_start(t->emul, true, t->dtype, count, 1, 1);
+  /* --flow: an irecv posted in the same group as the send, from the peer. NCCL starts the
+   * plan's task events in order, so this Recv starts after the Send's task: the profiler
+   * must look for it at the net event, not when the Send's task started. */
+  if (!t->coll && t->flow != PERF_FLOW_ONEWAY) {
+    int rdtype = t->dtype, rpeer = 1;
+    size_t rcount = count;
+    if (t->flow == PERF_FLOW_OTHER_COUNT) rcount = count + 64;
+    if (t->flow == PERF_FLOW_OTHER_PEER) rpeer = 2; /* the emulated comm has 3 ranks then */
+    if (t->flow == PERF_FLOW_OTHER_DTYPE) {
+      /* Another float type of the same byte count: only the datatype tells them apart. */
+      rdtype = t->dtype == ncclBfloat16 ? ncclFloat16 : ncclBfloat16;
+      rcount = transfer / perf_dtype_size((ncclDataType_t)rdtype);
+    }
+    agoq_emul_task* recv = agoq_emul_p2p_start(t->emul, false, rdtype, rcount, rpeer, 1);
+    agoq_emul_task_free(recv); /* stopped with the send's once the plan's ops are posted */
+  }
   agoq_emul_task_stop(task);
   agoq_emul_op* op = agoq_emul_op_start(task, 0, 1, size > INT32_MAX ? INT32_MAX : (int)size);
   t->task[slot] = task;
