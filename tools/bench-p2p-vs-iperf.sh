@@ -60,7 +60,9 @@ nsocks="${AGOQ_SOCKET_NSOCKS:-}"
 source="AGOQ_SOCKET_NSOCKS"
 if [[ -z "$nsocks" || "$nsocks" == "0" ]] && [[ -n "$info" && -x "$info" ]]; then
   # The count the plugin resolves (0 = automatic included), as agoq-info -c reports it.
-  nsocks="$(AGOQ_SOCKET_IFNAME="${AGOQ_SOCKET_IFNAME:-lo}" "$info" -c 2>/dev/null | awk '/^data sockets:/{print $3; exit}')"
+  # awk reads to the end: exiting at the match could kill agoq-info with SIGPIPE, which
+  # pipefail turns into a silent exit of this script.
+  nsocks="$(AGOQ_SOCKET_IFNAME="${AGOQ_SOCKET_IFNAME:-lo}" "$info" -c 2>/dev/null | awk '/^data sockets:/ && !n {print $3; n = 1}')"
   source="agoq-info -c (the plugin's resolved count)"
 fi
 [[ "$nsocks" =~ ^[0-9]+$ && "$nsocks" -ge 1 ]] || die "bad data socket count '$nsocks'"

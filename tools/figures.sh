@@ -339,7 +339,7 @@ EOF
 group_iperf() {
   local r=${rounds:-3} load0 d="$work/iperf"
   mkdir -p "$d"
-  local cmd=(tools/bench-p2p-vs-iperf.sh --perf "$(rel "$perf")" --lib "$(rel "$lib")" --seconds 3 --iters 5 --rounds "$r")
+  local cmd=(tools/bench-p2p-vs-iperf.sh --perf "$(rel "$perf")" --lib "$(rel "$lib")" --info "$(rel "$build/bin/agoq-info")" --seconds 3 --iters 5 --rounds "$r")
   echo "${cmd[*]}" >"$d/cmds"
   load0=$(loadavg)
   (cd "$repo" && run_log "${cmd[@]}") >"$d/out.txt" 2>&1 || { echo "figures: iperf failed; file not written" >&2; tail -n 5 "$d/out.txt" >&2; return 1; }
