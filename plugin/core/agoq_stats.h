@@ -38,6 +38,7 @@ typedef enum {
   AGOQ_EXACT_FORMAT_NONE,  /* AGOQ_FORMAT / AGOQ_P2P_FORMAT is none */
   AGOQ_EXACT_COLLECTIVE,   /* p2p path: a collective's ring/tree transfer, or not a send */
   AGOQ_EXACT_NOGAIN,       /* a frame would not be smaller (escaped blocks), or no staging */
+  AGOQ_EXACT_ONE_WAY,      /* p2p send with no receive of its shape from its peer (AGOQ_P2P_SCOPE=pipeline) */
   AGOQ_EXACT_REASONS
 } agoq_exact_reason;
 

@@ -21,6 +21,8 @@ void agoq_typed_policy_load(void) {
   agoq_typed.block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK);
   agoq_typed.min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
   agoq_typed.stats = agoq_param_int(AGOQ_PARAM_STATS) != 0;
+  /* ENUM index into "pipeline|all". */
+  agoq_typed.pipeline_only = agoq_param_int(AGOQ_PARAM_P2P_SCOPE) == 0;
 }
 
 static uint64_t agoq_now_ns(void) { return (uint64_t)agoq_stats_clock_ns(); }
@@ -136,6 +138,15 @@ bool agoq_typed_plan(agoq_typed_stats* st, ncclProfilerCallback_t prof_fn, void*
     *why = d.kind != AGOQ_XFER_P2P || !d.is_send        ? AGOQ_EXACT_COLLECTIVE
            : d.proto != AGOQ_XFER_PROTO_SIMPLE            ? AGOQ_EXACT_LL
                                                           : AGOQ_EXACT_TYPE;
+    st->not_eligible++;
+    return false;
+  }
+  /* AGOQ_P2P_SCOPE=pipeline: a send is pipeline traffic only when its communicator carried
+   * a receive of the same shape from the same peer (activations one way, gradients the
+   * other). Scatter and gather roots, weights, checkpoints and KV caches go one way and
+   * stay exact. An unsure profiler says not two-way: this rule can only keep bytes exact. */
+  if (agoq_typed.pipeline_only && d.two_way != 1) {
+    *why = AGOQ_EXACT_ONE_WAY;
     st->not_eligible++;
     return false;
   }

@@ -54,12 +54,14 @@ typedef struct {
   uint64_t codec_ns;
 } agoq_typed_stats;
 
-/* Process-wide policy, read from AGOQ_P2P_FORMAT / AGOQ_BLOCK / AGOQ_MIN_BYTES at init. */
+/* Process-wide policy, read from AGOQ_P2P_FORMAT / AGOQ_P2P_SCOPE / AGOQ_BLOCK / AGOQ_MIN_BYTES at
+ * init. */
 typedef struct {
   int format;        /* agoq_format; AGOQ_FORMAT_NONE disables */
   uint32_t block;
   uint64_t min_bytes;
   bool stats;
+  bool pipeline_only; /* AGOQ_P2P_SCOPE=pipeline: only two-way flows are quantized */
 } agoq_typed_policy;
 
 extern agoq_typed_policy agoq_typed;

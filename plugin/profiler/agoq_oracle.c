@@ -13,7 +13,8 @@ bool agoq_oracle_query(ncclProfilerCallback_t prof_fn, void* phandle, agoq_xfer_
                           .proto = AGOQ_XFER_PROTO_UNKNOWN,
                           .is_send = -1,
                           .peer = -1,
-                          .task_bytes = 0};
+                          .task_bytes = 0,
+                          .two_way = 0};
   if (prof_fn == NULL || phandle == NULL) return false;
   /* NCCL's callback starts our NetPlugin event only when a profiler is loaded and the
    * task's mask has the NetPlugin bit; otherwise eH stays NULL and there is nothing to

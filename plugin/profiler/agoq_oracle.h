@@ -20,7 +20,11 @@
 
 #include "abi/agoq_nccl_common.h"
 
-#define AGOQ_XFER_DESC_MAGIC 0x51474158u /* "XAGQ": a descriptor the net side owns */
+/* "XAG2": a descriptor the net side owns. Changed with the descriptor's layout (two_way
+ * added): a profiler of another agoq build that NCCL might load beside this net plugin
+ * never writes past a descriptor of a layout it does not know; it leaves it unfilled,
+ * and the transfer goes exact. */
+#define AGOQ_XFER_DESC_MAGIC 0x32474158u
 
 /* NCCL's profiler callback types (ncclProfilerNetEvent*). */
 #define AGOQ_PROF_NET_EVENT_START 0
@@ -51,6 +55,10 @@ typedef struct {
   int is_send;          /* from the ProxyOp */
   int peer;             /* from the ProxyOp */
   uint64_t task_bytes;  /* count x datatype size of the whole p2p or collective */
+  /* 1: a tracked p2p send whose communicator already carried a receive of the same
+   * datatype and task bytes from the same peer (a two-way flow, as pipeline activations
+   * and their gradients are; AGOQ_P2P_SCOPE=pipeline). 0 otherwise, and whenever unsure. */
+  uint32_t two_way;
 } agoq_xfer_desc;
 
 /* Asks the profiler chain about the transfer whose NCCL profiler handle is `phandle`.

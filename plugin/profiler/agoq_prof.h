@@ -92,11 +92,31 @@ typedef struct {
   _Alignas(64) _Atomic uint32_t cursor; /* next slot in ring order; own cache line */
 } agoq_prof_pool;
 
+/* The receives a communicator has carried, for AGOQ_P2P_SCOPE=pipeline: a send is two-way
+ * (pipeline activations one way, their gradients the other, same shape) when a receive of
+ * the same datatype and task bytes from the same peer was seen. A key packs
+ * (bytes, dtype, peer) exactly, so two different receives never share a key and a lookup
+ * never says "two-way" for a flow that was not seen (rule 1: a wrong yes would make a
+ * one-way send lossy). 64 slots written round-robin: a pipeline stage has a handful of
+ * distinct shapes per peer; when more are live the oldest are forgotten, and their sends
+ * go exact until the next receive records them again. */
+#define AGOQ_PROF_FLOW_SLOTS 64u
+#define AGOQ_PROF_FLOW_PEER_BITS 20
+#define AGOQ_PROF_FLOW_DTYPE_BITS 4
+#define AGOQ_PROF_FLOW_BYTES_BITS 40
+typedef struct {
+  /* 0: empty (no key is 0: bytes > 0). Written by the user thread that starts the Recv P2p
+   * event, read by proxy threads at the net event: atomics, release/acquire. */
+  _Atomic uint64_t keys[AGOQ_PROF_FLOW_SLOTS];
+  _Atomic uint32_t cursor; /* next slot to write, modulo AGOQ_PROF_FLOW_SLOTS */
+} agoq_prof_flows;
+
 typedef struct {
   uint32_t magic; /* AGOQ_PROF_CTX_MAGIC while alive */
   uint64_t comm_id;
   int rank, nranks, nnodes;
   agoq_prof_pool pools[AGOQ_PROF_OBJ_KINDS];
+  agoq_prof_flows flows;
 } agoq_prof_ctx;
 
 #define AGOQ_PROF_CTX_MAGIC 0x43505141u /* "AQPC" */
@@ -128,6 +148,18 @@ void agoq_prof_obj_release(agoq_prof_obj* o);
 /* True when `ptr` looks like any pool object (by its magic): only for handles NCCL got
  * from us, which stopEvent receives. */
 bool agoq_prof_obj_is_ours(const void* ptr);
+
+/* ---- two-way flows (agoq_prof_flow.c) ---- */
+/* The key of a p2p task of `bytes` bytes of ncclDataType_t `dtype` with `peer`: bytes in
+ * the top 40 bits, dtype in the next 4, peer in the low 20. False (no key) when a field
+ * does not fit or bytes is 0: such a task is simply not recorded, and a send that has no
+ * key is never two-way. */
+bool agoq_prof_flow_key(int peer, int dtype, uint64_t bytes, uint64_t* key);
+/* Records a receive's key (once: a key already present is not written again, so a
+ * pipeline's repeated receives do not push other flows out). */
+void agoq_prof_flow_record(agoq_prof_flows* f, uint64_t key);
+/* True when `key` was recorded and not yet overwritten. */
+bool agoq_prof_flow_seen(const agoq_prof_flows* f, uint64_t key);
 
 /* ---- parsing NCCL's strings (agoq_prof_parse.c) ---- */
 /* "ncclFloat32" -> ncclFloat32, ...; -1 for anything else (2.28 prints "Unknown" for

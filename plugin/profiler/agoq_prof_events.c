@@ -108,12 +108,21 @@ void* agoq_prof_start_p2p(void* ctx, const char* func, const char* datatype, siz
     bytes = UINT64_MAX;
   info.task_bytes = bytes;
   info.proto = bytes <= agoq_prof_ll_limit() ? AGOQ_XFER_PROTO_LL : AGOQ_XFER_PROTO_SIMPLE;
+  const bool quantizable_type =
+      info.dtype == ncclFloat32 || info.dtype == ncclBfloat16 || info.dtype == ncclFloat16;
+  /* AGOQ_P2P_SCOPE=pipeline: a receive that a quantizable send of the same shape could pair
+   * with is remembered (agoq_prof_flows). Only those: other receives could never make a
+   * send two-way, and would only push live flows out of the table. The receive of a group
+   * may start after its send's task, but before that send's net event asks. */
+  if (info.is_send == 0 && info.proto == AGOQ_XFER_PROTO_SIMPLE && quantizable_type) {
+    uint64_t key;
+    if (agoq_prof_flow_key(peer, info.dtype, bytes, &key)) agoq_prof_flow_record(&c->flows, key);
+  }
   /* Only what the net side could quantize gets an object: a SIMPLE send of fp32, bf16 or
    * fp16. Everything else is exact whatever happens, so it gets a static tag instead: no
    * quarantined pool slot (agoq_prof.h) is spent on it, and its class still reaches the
    * net side as the reason it went exact. */
-  if (info.is_send != 1 || info.proto != AGOQ_XFER_PROTO_SIMPLE ||
-      (info.dtype != ncclFloat32 && info.dtype != ncclBfloat16 && info.dtype != ncclFloat16))
+  if (info.is_send != 1 || info.proto != AGOQ_XFER_PROTO_SIMPLE || !quantizable_type)
     return agoq_prof_p2p_tag(&info);
   agoq_prof_obj* o = agoq_prof_pool_alloc(&c->pools[AGOQ_PROF_OBJ_P2P]);
   if (o == NULL) return NULL;
@@ -168,14 +177,23 @@ void* agoq_prof_start_net(void* ctx, const void* parent, int64_t plugin_id, void
   if (d->magic != AGOQ_XFER_DESC_MAGIC) return NULL;
   if (parent != NULL) {
     agoq_prof_info info;
+    bool two_way = false;
     bool known = agoq_prof_p2p_tag_decode(parent, &info); /* address arithmetic: try it first */
     if (!known) {
       agoq_prof_ctx* c = agoq_prof_ctx_get(ctx);
       const agoq_prof_obj* p =
           c != NULL ? agoq_prof_pool_find(&c->pools[AGOQ_PROF_OBJ_STEP], parent) : NULL;
       known = p != NULL && agoq_prof_obj_read(p, &info);
+      /* Asked now, at the send's net event, not when its task started: the receive of the
+       * same group may have been started after the send's task. Only a tracked p2p send
+       * (a step object of this context) can be two-way; a tag never is. */
+      uint64_t key;
+      if (known && info.kind == AGOQ_XFER_P2P && info.is_send == 1 &&
+          agoq_prof_flow_key(info.peer, info.dtype, info.task_bytes, &key))
+        two_way = agoq_prof_flow_seen(&c->flows, key);
     }
     if (known) {
+      d->two_way = two_way ? 1u : 0u;
       d->kind = info.kind;
       d->dtype = info.dtype;
       d->proto = info.proto;

@@ -67,6 +67,7 @@ static ncclResult_t bf_prof(void** eHandle, int type, void* pHandle, int64_t plu
     d->is_send = 1;
     d->peer = 1;
     d->task_bytes = 1u << 30;
+    d->two_way = 1; /* a pipeline flow: quantized under the default AGOQ_P2P_SCOPE */
     d->magic = AGOQ_XFER_DESC_MAGIC;
     d->filled = 1;
     *eHandle = &marker;

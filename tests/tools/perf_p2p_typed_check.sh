@@ -16,14 +16,15 @@ fail() { echo "FAIL: $*"; cat "$out" "$err"; exit 1; }
 grep -q '"exact":false' "$out" && fail "int32: a size reported lossy"
 
 # 2. Negative control: quantized bf16 can never meet --max-rel-l2 0: must exit 1, saying why.
-"$perf" p2p --lib "$lib" -d bf16 --format int8 --chunk 128K -b 4M -e 4M -n 2 -w 1 -c 1 \
+#    (--flow twoway: AGOQ_P2P_SCOPE=pipeline, the default, quantizes two-way flows only.)
+"$perf" p2p --lib "$lib" -d bf16 --format int8 --flow twoway --chunk 128K -b 4M -e 4M -n 2 -w 1 -c 1 \
   --max-rel-l2 0 --json >"$out" 2>"$err"
 rc=$?
 [ $rc = 1 ] || fail "bf16 --max-rel-l2 0 exited $rc, expected 1"
 grep -q "exceeds --max-rel-l2" "$err" || fail "bf16 --max-rel-l2 0: no reason given"
 
 # 3. The same run within a bound int8 meets (rel. L2 ~7e-3): exit 0.
-"$perf" p2p --lib "$lib" -d bf16 --format int8 --chunk 128K -b 4M -e 4M -n 2 -w 1 -c 1 \
+"$perf" p2p --lib "$lib" -d bf16 --format int8 --flow twoway --chunk 128K -b 4M -e 4M -n 2 -w 1 -c 1 \
   --max-rel-l2 0.05 --json >"$out" 2>"$err" || fail "bf16 --max-rel-l2 0.05 exited $?"
 grep -q '"exact":false' "$out" || fail "bf16 int8: expected a quantized (inexact) result"
 echo "PASS"

@@ -13,7 +13,12 @@ asserts what must hold:
   - a collective's ring traffic stays exact;
   - with no profiler loaded everything is exact (and counted as of unknown type);
   - AGOQ_P2P_FORMAT=none sends everything exactly, and so does a run with AGOQ_P2P_FORMAT
-    unset: p2p compression is opt-in (every other case asks for int8 with --format).
+    unset: p2p compression is opt-in (every other case asks for int8 with --format);
+  - AGOQ_P2P_SCOPE=pipeline (the default) quantizes only two-way flows: the quantized cases
+    run with --flow twoway (the sender's profiler also sees a Recv task of the same dtype and
+    count from the peer, as an irecv in the same group); a one-way send goes exact, counted
+    as exact_one_way in the statistics, and so does a flow whose receive differs in count,
+    dtype or peer; with AGOQ_P2P_SCOPE=all the one-way send is quantized.
 The oracle's cost per isend (the plugin's own measurement) is printed, not asserted.
 
 With --device (or AGOQ_TYPED_DEVICE=1) every run is `agoq-perf p2p --device`: NCCL's buffers,
@@ -46,15 +51,31 @@ def device_calls(stderr):
     return out
 
 
-def run(perf, lib, args, default_format=False):
+def exact_reasons(stderr):
+    """The sender's exact_* counts summed over its agoq-stats lines (kind=p2p_send path=exact)."""
+    out = {}
+    for line in stderr.splitlines():
+        if not line.startswith("agoq-stats ") or " kind=p2p_send path=exact " not in line:
+            continue
+        for m in re.finditer(r" (exact_\w+)=(\d+)", line):
+            out[m.group(1)] = out.get(m.group(1), 0) + int(m.group(2))
+    return out
+
+
+def run(perf, lib, args, default_format=False, scope=None, stderr_out=None):
     """default_format: leave AGOQ_P2P_FORMAT unset (from the environment too), else the case
-    asks for int8 unless it names a --format itself."""
+    asks for int8 unless it names a --format itself. scope: AGOQ_P2P_SCOPE for the run (else
+    unset: the default). stderr_out: a list the run's stderr is appended to."""
     if not default_format and "--format" not in args:
         args = ["--format", "int8"] + args
     cmd = [perf, "p2p", "--json", "-n", "3", "-w", "2"] + (["--device"] if DEVICE else []) + \
         (["--lib", lib] if lib else []) + args
     env = dict(os.environ, AGOQ_SOCKET_IFNAME="lo")
     env.pop("AGOQ_P2P_FORMAT", None)
+    env.pop("AGOQ_P2P_SCOPE", None)
+    env.pop("AGOQ_STATS_FILE", None)  # the statistics lines are read from stderr
+    if scope is not None:
+        env["AGOQ_P2P_SCOPE"] = scope
     if DEVICE:
         env.setdefault("AGOQ_GPU_STAGING", "16M")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
@@ -77,6 +98,8 @@ def run(perf, lib, args, default_format=False):
                                                                                       c[1], c[0]))
         global DEVICE_RUNS
         DEVICE_RUNS += 1
+    if stderr_out is not None:
+        stderr_out.append(p.stderr)
     return sizes, wire[0]
 
 
@@ -100,7 +123,8 @@ def main():
 
     quantized = [("bf16", 1.90, 1.95), ("fp16", 1.90, 1.95), ("fp32", 3.70, 3.90)]
     for dtype, lo, hi in quantized:
-        sizes, w = run(perf, lib, ["-d", dtype, "--chunk", "128K", "-b", "3M", "-e", "12M", "-f", "4"])
+        sizes, w = run(perf, lib, ["-d", dtype, "--flow", "twoway", "--chunk", "128K", "-b", "3M", "-e", "12M",
+                                   "-f", "4"])
         worst = max(d["rel_l2"] for d in sizes)
         check("%s p2p is quantized within the bound" % dtype,
               all(not d["exact"] for d in sizes) and worst <= BOUND,
@@ -110,19 +134,19 @@ def main():
         if dtype == "bf16":
             oracle_ns = w["oracle_ns"]
     exact_cases = [
-        ("int32 p2p is bit-exact", ["-d", "int32", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
-        ("int64 p2p is bit-exact", ["-d", "int64", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
-        ("fp64 p2p is bit-exact", ["-d", "fp64", "-b", "4M", "-e", "4M"]),
-        ("bf16 p2p NCCL may send as LL (<= 1 MiB) is exact", ["-d", "bf16", "-b", "256K", "-e", "1M", "-f", "4"]),
+        ("int32 p2p is bit-exact", ["-d", "int32", "--flow", "twoway", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
+        ("int64 p2p is bit-exact", ["-d", "int64", "--flow", "twoway", "--chunk", "128K", "-b", "4M", "-e", "4M"]),
+        ("fp64 p2p is bit-exact", ["-d", "fp64", "--flow", "twoway", "-b", "4M", "-e", "4M"]),
+        ("bf16 p2p NCCL may send as LL (<= 1 MiB) is exact", ["-d", "bf16", "--flow", "twoway", "-b", "256K", "-e", "1M", "-f", "4"]),
         ("bf16 collective ring traffic is exact", ["-d", "bf16", "--traffic", "coll", "--chunk", "128K", "-b", "4M",
                                                    "-e", "4M"]),
-        ("bf16 with no profiler loaded is exact", ["-d", "bf16", "--oracle", "none", "--chunk", "128K", "-b", "4M",
+        ("bf16 with no profiler loaded is exact", ["-d", "bf16", "--flow", "twoway", "--oracle", "none", "--chunk", "128K", "-b", "4M",
                                                    "-e", "4M"]),
-        ("bf16 with AGOQ_P2P_FORMAT=none is exact", ["-d", "bf16", "--format", "none", "--chunk", "128K", "-b", "4M",
+        ("bf16 with AGOQ_P2P_FORMAT=none is exact", ["-d", "bf16", "--flow", "twoway", "--format", "none", "--chunk", "128K", "-b", "4M",
                                                      "-e", "4M"]),
     ]
     exact_cases.append(("bf16 with no AGOQ_P2P_FORMAT set is exact (opt-in)",
-                        ["-d", "bf16", "--chunk", "128K", "-b", "4M", "-e", "4M"]))
+                        ["-d", "bf16", "--flow", "twoway", "--chunk", "128K", "-b", "4M", "-e", "4M"]))
     known_reasons = 0
     for name, args in exact_cases:
         sizes, w = run(perf, lib, args, default_format="opt-in" in name)
@@ -137,12 +161,42 @@ def main():
             # statistics must give that reason, not "unknown type".
             check("  ... with its reason known (not unknown type)", w["unknown"] == 0, "%d unknown" % w["unknown"])
             known_reasons += 1
+    # AGOQ_P2P_SCOPE: the default quantizes two-way flows only (the quantized cases above
+    # are two-way); a one-way send, or a flow whose receive has another shape or peer, stays
+    # exact for that reason, and AGOQ_P2P_SCOPE=all quantizes the one-way send.
+    scope_args = ["-d", "bf16", "--chunk", "128K", "-b", "4M", "-e", "4M"]
+    scope_cases = [
+        ("bf16 one-way p2p is exact (default AGOQ_P2P_SCOPE=pipeline)", ["--flow", "oneway"], None),
+        ("bf16 one-way p2p is exact (AGOQ_P2P_SCOPE=pipeline)", [], "pipeline"),
+        ("bf16 two-way flow, receive of another count, is exact", ["--flow", "other-count"], None),
+        ("bf16 two-way flow, receive of another dtype, is exact", ["--flow", "other-dtype"], None),
+        ("bf16 two-way flow, receive from another peer, is exact", ["--flow", "other-peer"], None),
+    ]
+    for name, extra, scope in scope_cases:
+        err = []
+        sizes, w = run(perf, lib, scope_args + extra, scope=scope, stderr_out=err)
+        r = exact_reasons(err[0])
+        others = sum(v for k, v in r.items() if k != "exact_one_way")
+        check(name, all(d["exact"] for d in sizes) and w["frames"] == 0,
+              "%d sizes exact, %d frames" % (sum(d["exact"] for d in sizes), w["frames"]))
+        check("  ... counted as exact_one_way", r.get("exact_one_way", 0) > 0 and others == 0,
+              "exact_one_way %d, other reasons %d" % (r.get("exact_one_way", 0), others))
+    for name, extra, scope in [("bf16 one-way p2p is quantized with AGOQ_P2P_SCOPE=all", [], "all"),
+                               ("bf16 two-way flow is quantized with AGOQ_P2P_SCOPE=pipeline", ["--flow", "twoway"],
+                                "pipeline")]:
+        err = []
+        sizes, w = run(perf, lib, scope_args + extra, scope=scope, stderr_out=err)
+        worst = max(d["rel_l2"] for d in sizes)
+        r = exact_reasons(err[0])
+        check(name, all(not d["exact"] for d in sizes) and worst <= BOUND and w["frames"] > 0 and
+              r.get("exact_one_way", 0) == 0,
+              "%d frames, rel_l2 max %.3e, exact_one_way %d" % (w["frames"], worst, r.get("exact_one_way", 0)))
     print("oracle cost inside isend (plugin statistics, bf16 runs): %.0f ns per query (target < 1000 ns)" % oracle_ns)
     if failures:
         raise SystemExit("FAILED: " + "; ".join(failures))
     if DEVICE:
         print("device buffers in every isend and irecv of all %d runs (plugin statistics)" % DEVICE_RUNS)
-    print("PASSED: %d checks" % (2 * len(quantized) + len(exact_cases) + known_reasons))
+    print("PASSED: %d checks" % (2 * len(quantized) + len(exact_cases) + known_reasons + 2 * len(scope_cases) + 2))
 
 
 if __name__ == "__main__":

@@ -78,8 +78,9 @@ static inline ncclResult_t fake_prof(void** eHandle, int type, void* pHandle, in
 
 static inline fake_step step_of(agoq_xfer_kind kind, int dtype, agoq_xfer_proto proto, int is_send) {
   return (fake_step){.answer = true,
+                     /* two_way: the fake chain answers as for a pipeline flow (AGOQ_P2P_SCOPE). */
                      .desc = {.kind = kind, .dtype = dtype, .proto = proto, .is_send = is_send, .peer = 1,
-                              .task_bytes = 1u << 30}};
+                              .task_bytes = 1u << 30, .two_way = 1}};
 }
 
 /* The environment of the typed p2p tests: loopback, int8 p2p frames from 64 KiB, stats on. */

@@ -237,6 +237,43 @@ static void test_format_none(void** state) {
   agoq_typed_policy_load();
 }
 
+/* AGOQ_P2P_SCOPE: with the default (pipeline) a float p2p send the profiler did not find a
+ * matching receive for (two_way 0) goes exact as one-way; a two-way one is quantized; with
+ * all both are. The decision is the sender's plan, so no message needs to travel. */
+static void test_scope_pipeline(void** state) {
+  (void)state;
+  unsetenv("AGOQ_P2P_SCOPE");
+  agoq_params_reset();
+  assert_int_equal(agoq_params_load(), ncclSuccess);
+  agoq_typed_policy_load();
+  agoq_typed_stats st = {0};
+  agoq_codec_params cp;
+  size_t n = 0, cap = 0;
+  agoq_exact_reason why;
+  fake_step one = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
+  one.desc.two_way = 0;
+  fake_step two = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_SIMPLE, 1);
+  assert_false(agoq_typed_plan(&st, fake_prof, &one, 1u << 20, &cp, &n, &cap, &why));
+  assert_int_equal(why, AGOQ_EXACT_ONE_WAY);
+  assert_int_equal(st.not_eligible, 1);
+  assert_true(agoq_typed_plan(&st, fake_prof, &two, 1u << 20, &cp, &n, &cap, &why));
+  assert_int_equal(n, (1u << 20) / 2);
+  /* Rules before it still say why first: an LL-sized or integer send is not "one-way". */
+  fake_step ll = step_of(AGOQ_XFER_P2P, 9, AGOQ_XFER_PROTO_LL, 1);
+  ll.desc.two_way = 0;
+  assert_false(agoq_typed_plan(&st, fake_prof, &ll, 1u << 20, &cp, &n, &cap, &why));
+  assert_int_equal(why, AGOQ_EXACT_LL);
+  setenv("AGOQ_P2P_SCOPE", "all", 1);
+  agoq_params_reset();
+  assert_int_equal(agoq_params_load(), ncclSuccess);
+  agoq_typed_policy_load();
+  assert_true(agoq_typed_plan(&st, fake_prof, &one, 1u << 20, &cp, &n, &cap, &why));
+  unsetenv("AGOQ_P2P_SCOPE");
+  agoq_params_reset();
+  assert_int_equal(agoq_params_load(), ncclSuccess);
+  agoq_typed_policy_load();
+}
+
 /* A frame that decodes to more than the receive posted is an error, not an overflow. */
 static void test_frame_larger_than_posted(void** state) {
   (void)state;
@@ -373,6 +410,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bf16_p2p_is_quantized),  cmocka_unit_test(test_fp32_fp16_p2p),
       cmocka_unit_test(test_exact_cases),            cmocka_unit_test(test_format_none),
+      cmocka_unit_test(test_scope_pipeline),
       cmocka_unit_test(test_frame_larger_than_posted), cmocka_unit_test(test_corrupt_frame_rejected),
       cmocka_unit_test(test_grouped_mixed),          cmocka_unit_test(test_huge_lengths_rejected_before_allocation),
   };

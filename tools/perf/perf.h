@@ -41,7 +41,20 @@ typedef struct {
   size_t chunk;                /* --chunk: each transfer goes as isends of this size (0: one) */
   bool pingpong;               /* --pingpong: rank 1 echoes each message; half a round trip */
   bool device;                 /* --device: NCCL's buffers in (emulated) device memory */
+  int flow;                    /* --flow: perf_p2p_flow, what receives the sender's profiler saw */
 } perf_opts;
+
+/* --flow: before each send, the sender's emulated NCCL also starts a Recv P2p task (as an
+ * irecv in the same group would), for AGOQ_P2P_SCOPE=pipeline: of the same datatype and
+ * count from the same peer (twoway), or one that differs in one of them. */
+typedef enum {
+  PERF_FLOW_ONEWAY = 0,
+  PERF_FLOW_TWOWAY,
+  PERF_FLOW_OTHER_COUNT,
+  PERF_FLOW_OTHER_DTYPE,
+  PERF_FLOW_OTHER_PEER,
+  PERF_FLOW_COUNT
+} perf_p2p_flow;
 
 /* Parses argv[1..] (argv[0] is the subcommand). 0 ok, 1 help printed, -1 error printed. */
 int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o);

@@ -125,6 +125,11 @@ static void perf_usage(FILE* f, const char* cmd) {
           "      --traffic p2p|coll  the transfers are a p2p (default) or a collective's ring\n"
           "      --chunk SIZE        send each transfer as isends of SIZE bytes, as NCCL cuts a\n"
           "                          p2p into steps (NCCL_P2P_NET_CHUNKSIZE; default: one isend)\n"
+          "      --flow oneway|twoway|other-count|other-dtype|other-peer\n"
+          "                          receives the sender's profiler also sees, one per send as an\n"
+          "                          irecv in the same group (AGOQ_P2P_SCOPE=pipeline quantizes\n"
+          "                          two-way flows only): none (oneway, default), of the same\n"
+          "                          dtype, count and peer (twoway), or differing in one of them\n"
           "Without --rank a receiver is forked on this host and, unless AGOQ_SOCKET_IFNAME or\n"
           "NCCL_SOCKET_IFNAME says otherwise, traffic goes over loopback.\n"
           "In two-host mode rank 0's size and iteration options apply to both ranks.\n"
@@ -332,6 +337,18 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
     } else if (strcmp(a, "--chunk") == 0) {
       bad = perf_parse_size(v, &o->chunk);
       if (!bad && o->chunk != 0 && (o->chunk < 64 || o->chunk % 64 != 0)) bad = -1;
+    } else if (strcmp(a, "--flow") == 0) {
+      static const char* const flows[PERF_FLOW_COUNT] = {
+          [PERF_FLOW_ONEWAY] = "oneway",           [PERF_FLOW_TWOWAY] = "twoway",
+          [PERF_FLOW_OTHER_COUNT] = "other-count", [PERF_FLOW_OTHER_DTYPE] = "other-dtype",
+          [PERF_FLOW_OTHER_PEER] = "other-peer"};
+      int k = 0;
+      while (k < PERF_FLOW_COUNT && strcmp(v, flows[k]) != 0) k++;
+      if (k == PERF_FLOW_COUNT) {
+        perf_not_one_of(cmd, a, v, flows, PERF_FLOW_COUNT);
+        return -1;
+      }
+      o->flow = k;
     } else if (strcmp(a, "--traffic") == 0) {
       static const char* const traffic[] = {"p2p", "coll"};
       if (strcmp(v, traffic[0]) != 0 && strcmp(v, traffic[1]) != 0) {
@@ -358,6 +375,11 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
                        o->max_rel_l2 >= 0)) {
     fprintf(stderr, "agoq-perf %s: --format, --oracle, --traffic, --chunk and --max-rel-l2 need "
             "-d/--dtype\n", cmd);
+    return -1;
+  }
+  /* The receives a flow adds are p2p tasks of the sender's datatype. */
+  if (o->flow != PERF_FLOW_ONEWAY && (o->dtype < 0 || o->coll_traffic)) {
+    fprintf(stderr, "agoq-perf %s: --flow needs -d/--dtype and p2p traffic\n", cmd);
     return -1;
   }
   if (o->pingpong && (o->dtype >= 0 || inflight_set)) {

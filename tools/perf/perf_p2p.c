@@ -361,6 +361,7 @@ int perf_p2p_main(int argc, char** argv) {
   typed.dtype = o.dtype;
   typed.oracle = !o.no_oracle;
   typed.coll = o.coll_traffic;
+  typed.flow = o.flow; /* rank 0's own: only the sender drives the emulated profiler */
   rc = 1;
   if (o.dtype >= 0) {
     if (o.warmup < 1) {

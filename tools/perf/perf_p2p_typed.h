@@ -27,6 +27,7 @@ typedef struct {
   int dtype;  /* ncclDataType_t, -1: untyped bytes */
   bool oracle; /* agoq's profiler through the emulated chain (else: no profiler) */
   bool coll;   /* the transfers are a collective's ring traffic */
+  int flow;    /* perf_p2p_flow (--flow): the Recv task started with each send */
   agoq_emul_comm* emul;
   agoq_emul_task* task[P2P_TYPED_MAX_SLOTS];
   agoq_emul_op* op[P2P_TYPED_MAX_SLOTS];
