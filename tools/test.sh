@@ -2,6 +2,10 @@
 # The whole check, exactly as CI runs it (.ci/run calls this script):
 #   1. install the build dependencies (tools/install-deps.sh; a no-op when present)
 #   2. build-ci:   RelWithDebInfo, -Werror, CUDA kernels when nvcc is found; run every test
+#      test-polluted: a subset of build-ci's tests (unit, typed, tools, docs, topo, which
+#      holds the ib.golden tests, and a few ABI and CollNet runs) again with every AGOQ_*
+#      parameter and NCCL variable agoq reads set to a valid non-default value
+#      (tools/polluted-env.sh): no test may depend on the caller's environment
 #   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the whole suite (fault tests included)
 #   4. build-tsan: ThreadSanitizer; run the unit, ABI conformance, CollNet and verbs (label ib,
 #      over the soft-RC emulator) tests (progress threads, the CollNet engine, the verbs
@@ -17,6 +21,7 @@
 #   AGOQ_CTEST_JOBS     tests run in parallel (default 1: several tests bind ports and
 #                       spawn processes, and CI machines have 2 cores)
 #   AGOQ_SKIP_DEPS=1    skip step 1 (e.g. no root, packages known to be present)
+#   AGOQ_SKIP_POLLUTED=1 skip test-polluted in step 2
 #   AGOQ_SKIP_ASAN=1    skip step 3
 #   AGOQ_SKIP_TSAN=1    skip step 4
 #   AGOQ_SKIP_VALGRIND=1 skip step 5
@@ -88,6 +93,17 @@ run_asan_tests() {
     run_ctest build-asan
 }
 
+# The caller's AGOQ_* and NCCL_* variables must not reach a test (ctest clears them:
+# tests/agoq_test_env.cmake): a representative subset under a polluted environment, in which
+# tools/polluted-env.sh first checks that agoq-info -c accepts every value.
+run_polluted_tests() (
+  local exports
+  exports=$(tools/polluted-env.sh --build build-ci) || return 1
+  eval "$exports"
+  run_ctest build-ci -L '^(unit|typed|tools|docs|topo)$' -LE '^cuda$' || return 1
+  run_ctest build-ci -R '^(abi\.(sizes|close_inflight)(\.ib)?|collnet\.(exact\.3|quant\.4)(\.ib)?)$'
+)
+
 # memcheck follows the harness's fork+exec'd workers (--trace-children); a worker with a
 # valgrind error exits 1 and fails its scenario. No suppressions are needed today.
 # Twice: with the default (payloads up to AGOQ_SOCKET_INLINE on the control socket) and with
@@ -116,6 +132,9 @@ phase configure-ci cmake -S . -B build-ci \
   "-DCMAKE_CUDA_ARCHITECTURES=80;90"
 phase build-ci cmake --build build-ci -j "$jobs"
 phase test-ci run_ctest build-ci
+if [[ "${AGOQ_SKIP_POLLUTED:-0}" != 1 ]]; then
+  phase test-polluted run_polluted_tests
+fi
 
 # -- Sanitizers ---------------------------------------------------------------------------
 if [[ "${AGOQ_SKIP_ASAN:-0}" != 1 ]]; then
