@@ -13,9 +13,9 @@
 # --build DIR: the build whose bin/agoq-info checks the set and whose soft-RC emulator
 # (lib/libagoq-ibv-emu.so) AGOQ_IB_LIBRARY names (default: build-ci).
 # Fails (exit 1), before running anything, when a variable of the tables has no polluted
-# value here (add one when a parameter is added), when a value here names a variable the
-# tables do not list, or when `agoq-info -c` does not accept the set (an invalid value, an
-# unknown AGOQ_* name).
+# value here (add one when a parameter is added) or when `agoq-info -c` does not accept the
+# set (an invalid value, an unknown AGOQ_* name). A value here for a variable the tables no
+# longer list is left out, with a note on stderr.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -131,13 +131,15 @@ for n in "${names[@]}"; do
     bad=1
   fi
 done
+((bad == 0)) || exit 1
+# A value for a name the tables no longer list (a parameter removed or renamed, or one
+# added here before the table has it) is not set: agoq-info -c would call it unknown.
 for n in "${!val[@]}"; do
   if [[ -z ${listed[$n]+x} ]]; then
-    echo "polluted-env: $n has a polluted value but is in neither table (renamed or removed?)" >&2
-    bad=1
+    echo "polluted-env: $n is in neither table (removed or renamed?): not set" >&2
+    unset "val[$n]"
   fi
 done
-((bad == 0)) || exit 1
 
 for n in "${!val[@]}"; do
   export "$n=${val[$n]}"
