@@ -989,6 +989,7 @@ config_env() {
       echo "NCCL_COLLNET_ENABLE=1"
       echo "AGOQ_FORMAT=int8"
       echo "AGOQ_P2P_FORMAT=int8"
+      echo "AGOQ_P2P_SCOPE=all" # sendrecv_perf's ring is one-way per peer; measure the typed path
       echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING"
       ;;
     socket)

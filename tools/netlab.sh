@@ -648,7 +648,9 @@ if [[ "$op" == p2p ]] && ((dtype_given)); then
   tags=("$format")
   [[ "$format" != none ]] && tags+=(none)
   for t in "${tags[@]}"; do
-    if run_p2p "p2p.$t" --dtype "$dtype" --format "$t"; then
+    # --flow twoway: the sender's profiler also sees a receive of the same shape from its
+    # peer, as a pipeline stage does, so the default AGOQ_P2P_SCOPE=pipeline quantizes it.
+    if run_p2p "p2p.$t" --dtype "$dtype" --format "$t" --flow twoway; then
       files+=("$logdir/p2p.$t.r0.out")
     else
       status=1

@@ -87,7 +87,7 @@ while (($(date +%s) < t_end)); do
   log=$work/round$rounds.log
   if [[ $op == p2p ]]; then
     # Typed p2p (the profiler-oracle path, quantized with $fmt) with NCCL's 128 KiB chunks.
-    args=(p2p -d "$dt" --format "$fmt" --chunk 128K -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
+    args=(p2p -d "$dt" --format "$fmt" --flow twoway --chunk 128K -b "$b" -e "$e" -f 4 --iters "$iters" -w 2)
     desc="p2p $dt $fmt $b..$e iters=$iters path=$path"
     nops=$(( (nsteps) * (iters + 2) ))
   else

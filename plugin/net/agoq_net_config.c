@@ -86,12 +86,21 @@ static void agoq_effect_p2p(agoq_effect* e) {
              agoq_effect_source(AGOQ_PARAM_P2P_FORMAT));
     return;
   }
-  snprintf(e->p2p, sizeof e->p2p,
-           "p2p sends: %s (block %s; AGOQ_P2P_FORMAT, %s) for fp32/bf16/fp16 sends of at least %s per transfer whose "
-           "type agoq's profiler knows: every float torch.distributed send, recv, isend, irecv, batch_isend_irecv, "
-           "scatter, gather and all_to_all(_single) between nodes (docs/typed-p2p.md)",
-           agoq_format_name((agoq_format)agoq_typed.format), agoq_param_str(AGOQ_PARAM_BLOCK),
-           agoq_effect_source(AGOQ_PARAM_P2P_FORMAT), agoq_param_str(AGOQ_PARAM_MIN_BYTES));
+  if (agoq_typed.pipeline_only)
+    snprintf(e->p2p, sizeof e->p2p,
+             "p2p sends: %s (block %s; AGOQ_P2P_FORMAT, %s) for fp32/bf16/fp16 sends of at least %s per transfer "
+             "in two-way flows (AGOQ_P2P_SCOPE=pipeline: the communicator already carried a receive of the same type "
+             "and size from that peer, as pipeline stages do; equal-split all_to_all too); one-way sends exact "
+             "(docs/usage.md)",
+             agoq_format_name((agoq_format)agoq_typed.format), agoq_param_str(AGOQ_PARAM_BLOCK),
+             agoq_effect_source(AGOQ_PARAM_P2P_FORMAT), agoq_param_str(AGOQ_PARAM_MIN_BYTES));
+  else
+    snprintf(e->p2p, sizeof e->p2p,
+             "p2p sends: %s (block %s; AGOQ_P2P_FORMAT, %s) for every fp32/bf16/fp16 send of at least %s per "
+             "transfer whose type agoq's profiler knows (AGOQ_P2P_SCOPE=all): torch.distributed send, recv, isend, "
+             "irecv, batch_isend_irecv, scatter, gather and all_to_all(_single) between nodes (docs/usage.md)",
+             agoq_format_name((agoq_format)agoq_typed.format), agoq_param_str(AGOQ_PARAM_BLOCK),
+             agoq_effect_source(AGOQ_PARAM_P2P_FORMAT), agoq_param_str(AGOQ_PARAM_MIN_BYTES));
 }
 
 void agoq_net_effect_describe(agoq_effect* e) {

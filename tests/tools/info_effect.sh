@@ -62,7 +62,9 @@ hasnt "$err" "WARN"
 
 # p2p compression takes one variable, and the summary says what it then covers.
 run 0 AGOQ_P2P_FORMAT=int8 -- -c
-has "$out" "^  p2p sends: int8 .*AGOQ_P2P_FORMAT, set.*scatter, gather and all_to_all"
+has "$out" "^  p2p sends: int8 .*AGOQ_P2P_FORMAT, set.*two-way flows \(AGOQ_P2P_SCOPE=pipeline.*one-way sends exact"
+run 0 AGOQ_P2P_FORMAT=int8 AGOQ_P2P_SCOPE=all -- -c
+has "$out" "^  p2p sends: int8 .*every fp32/bf16/fp16 send.*AGOQ_P2P_SCOPE=all.*scatter, gather and all_to_all"
 
 # A misspelt name: a WARN with the closest name at init, and -c fails.
 run 1 AGOQ_FOMRAT=int4 -- -c

@@ -11,8 +11,9 @@ same seed on the same synthetic data and compares the per-iteration losses:
   agoq-exact            agoq's CollNet with AGOQ_FORMAT=none AGOQ_P2P_FORMAT=none and
                         NCCL_ALGO=allreduce:CollNetChain (the tuner steers nothing when the
                         format is none)
-  agoq-int8             agoq with AGOQ_FORMAT=int8, the p2p format left at the plugin's
-                        default (int8), and NCCL_ALGO=allreduce:CollNetChain: every
+  agoq-int8             agoq with AGOQ_FORMAT=int8, AGOQ_P2P_FORMAT=int8 (opt-in; the
+                        default AGOQ_P2P_SCOPE=pipeline keeps it to the pipeline's two-way
+                        flows), and NCCL_ALGO=allreduce:CollNetChain: every
                         AllReduce goes through the compressed CollNet, as it would where the
                         network is the bottleneck. On this one-GPU loopback layout agoq's
                         tuner would rightly keep most of them on NCCL's ring (loopback is
@@ -131,7 +132,7 @@ def budget_allows(remaining_s, estimate_s):
 
 def config_env(name, plugin, log_dir, run, cpu):
     """(variables to set, variables to remove) for one configuration."""
-    drop = ["NCCL_ALGO", "NCCL_COLLNET_ENABLE", "AGOQ_FORMAT", "AGOQ_P2P_FORMAT", "AGOQ_STATS",
+    drop = ["NCCL_ALGO", "NCCL_COLLNET_ENABLE", "AGOQ_FORMAT", "AGOQ_P2P_FORMAT", "AGOQ_P2P_SCOPE", "AGOQ_STATS",
             "AGOQ_STATS_FILE", "NCCL_NET", "NCCL_NET_PLUGIN"]
     kind = config_kind(name)
     if cpu or kind is None:
@@ -145,7 +146,7 @@ def config_env(name, plugin, log_dir, run, cpu):
         env.update({"AGOQ_FORMAT": "none", "AGOQ_P2P_FORMAT": "none",
                     "NCCL_ALGO": "allreduce:CollNetChain"})
     else:
-        env.update({"AGOQ_FORMAT": "int8", "NCCL_ALGO": "allreduce:CollNetChain"})
+        env.update({"AGOQ_FORMAT": "int8", "AGOQ_P2P_FORMAT": "int8", "NCCL_ALGO": "allreduce:CollNetChain"})
     return env, [k for k in drop if k not in env]
 
 

@@ -22,7 +22,7 @@ BASE = [6.970888137817383, 6.25628137588501, 5.80191707611084]
 STATS = """\
 agoq-stats pid=4079 host=vm event=interval id=3 comm=0x55da7cd77ea0 kind=collnet rank=0 nranks=2 path=quantized calls=1 bytes_in=200000 wire_raw=200000 wire_bytes=103336 ratio=0.517 codec_ms=1.0 crc_ms=0.0 wire_ms=1.0 device_calls=0 pcie_d2h=0 pcie_h2d=0 gpu_ms=0.000 format=int8 block=128 min_bytes=65536 chunk=1048576
 agoq-stats pid=4079 host=vm event=exit id=3 comm=0x55da7cd77ea0 kind=collnet rank=0 nranks=2 path=quantized calls=3 bytes_in=600000 wire_raw=600000 wire_bytes=310008 ratio=0.517 codec_ms=4.664 crc_ms=0.098 wire_ms=5.070 device_calls=0 pcie_d2h=0 pcie_h2d=0 gpu_ms=0.000 format=int8 block=128 min_bytes=65536 chunk=1048576
-agoq-stats pid=4079 host=vm event=exit id=3 comm=0x55da7cd77ea0 kind=collnet rank=0 nranks=2 path=exact calls=4 bytes_in=469534 wire_raw=469534 wire_bytes=469534 ratio=1.000 codec_ms=0.492 crc_ms=0.000 wire_ms=0.212 device_calls=0 pcie_d2h=0 pcie_h2d=0 gpu_ms=0.000 format=int8 block=128 min_bytes=65536 chunk=1048576 exact_type=1 exact_op=1 exact_small=2 exact_ll=0 exact_unknown=0 exact_format_none=0 exact_collective=0 exact_nogain=0
+agoq-stats pid=4079 host=vm event=exit id=3 comm=0x55da7cd77ea0 kind=collnet rank=0 nranks=2 path=exact calls=4 bytes_in=469534 wire_raw=469534 wire_bytes=469534 ratio=1.000 codec_ms=0.492 crc_ms=0.000 wire_ms=0.212 device_calls=0 pcie_d2h=0 pcie_h2d=0 gpu_ms=0.000 format=int8 block=128 min_bytes=65536 chunk=1048576 exact_type=1 exact_op=1 exact_small=2 exact_ll=0 exact_unknown=0 exact_format_none=0 exact_collective=0 exact_nogain=0 exact_one_way=0
 agoq-stats pid=4105 host=vm event=exit id=1 comm=0x5623270792e0 kind=p2p_send path=quantized calls=2 bytes_in=4194304 wire_raw=4194304 wire_bytes=2164736 ratio=0.516 codec_ms=1.0 crc_ms=0.1 wire_ms=2.0 device_calls=2 pcie_d2h=0 pcie_h2d=0 gpu_ms=0.5 format=int8 block=128 min_bytes=1048576
 unrelated line
 """
@@ -167,7 +167,9 @@ class Planning(unittest.TestCase):
         self.assertEqual((s["AGOQ_FORMAT"], s["NCCL_NET_PLUGIN"], s["NCCL_COLLNET_ENABLE"]), ("int8", "/p.so", "1"))
         self.assertEqual(s["NCCL_ALGO"], "allreduce:CollNetChain")
         self.assertNotIn("NCCL_ALGO", drop)
-        self.assertIn("AGOQ_P2P_FORMAT", drop)
+        self.assertEqual(s["AGOQ_P2P_FORMAT"], "int8")  # opt-in: the plugin's default is none
+        self.assertNotIn("AGOQ_P2P_FORMAT", drop)
+        self.assertIn("AGOQ_P2P_SCOPE", drop)  # the plugin's default, pipeline
         self.assertEqual(mc.config_env("agoq-int8", "/p.so", "/l", "r", True)[0], {})
 
     def test_args(self):

@@ -139,6 +139,9 @@ def rank_env(args, rank, plugin, port, log_dir):
     env.pop("NCCL_PROFILER_PLUGIN", None)  # NCCL then finds agoq's profiler in the net library
     if args.format:
         env["AGOQ_P2P_FORMAT"] = args.format
+        # The ring sends to r+1 and receives from r-1: one-way flows, which the default
+        # AGOQ_P2P_SCOPE=pipeline keeps exact. This checks the typed path itself.
+        env["AGOQ_P2P_SCOPE"] = "all"
     return env
 
 

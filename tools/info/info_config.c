@@ -262,12 +262,12 @@ int agoq_info_config_text(FILE* out) {
     return 1;
   }
   /* Valid values can still select nothing: resolve the interfaces and ports as init does
-   * (after a failed init that would only repeat its WARNs, and blame the wrong thing). */
+   * (the interfaces not after a failed init: that would only repeat its TCP WARNs, and
+   * blame the interface list for a refused congestion control). */
   int rc = 0;
-  if (!init_fails) {
-    rc = agoq_info_config_interfaces(out);
-    if (agoq_info_config_ports(out) != 0) rc = 1;
-  }
+  if (!init_fails) rc = agoq_info_config_interfaces(out);
+  /* The verbs ports explain a failed init too (a bad AGOQ_IB_HCA, no RDMA device). */
+  if (agoq_info_config_ports(out) != 0) rc = 1;
   if (summary != 0) {
     fprintf(stderr, "agoq-info: the configuration is not what was asked for (see the summary at the top)\n");
     rc = 1;
