@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,16 +36,24 @@ static ncclDebugLogLevel agoq_log_stderr_level(void) {
   return NCCL_LOG_WARN;
 }
 
+static _Atomic(agoq_log_tap_fn) agoq_log_tap;
+
+void agoq_log_stderr_set_tap(agoq_log_tap_fn tap) { atomic_store(&agoq_log_tap, tap); }
+
 void agoq_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                      const char* fmt, ...) {
   (void)flags;
   ncclDebugLogLevel max = agoq_log_stderr_level();
-  if (level == NCCL_LOG_NONE || (level > max && level != NCCL_LOG_ABORT)) return;
+  bool shown = level != NCCL_LOG_NONE && (level <= max || level == NCCL_LOG_ABORT);
+  agoq_log_tap_fn tap = atomic_load(&agoq_log_tap);
+  if (!shown && tap == NULL) return;
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (tap != NULL) tap(level, msg); /* every line, whatever the level shows */
+  if (!shown) return;
   /* A tool's stdout into a file is fully buffered while stderr is not: without this its
    * pending bytes would go out after our line and a buffer written out mid-line would
    * have this line spliced into it (`agoq-info -c >f 2>&1`). A line-buffered stdout has

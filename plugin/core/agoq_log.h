@@ -18,6 +18,12 @@ void agoq_log_set_logger(ncclDebugLogger_t logger);
 void agoq_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                      const char* fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* For tools that read the plugin's own lines (agoq-info's summary of what is in effect,
+ * agoq-perf's statistics): the stderr logger hands tap every line, formatted, at any level
+ * and before its level filter, then prints as usual. One tap per process; NULL removes it. */
+typedef void (*agoq_log_tap_fn)(ncclDebugLogLevel level, const char* msg);
+void agoq_log_stderr_set_tap(agoq_log_tap_fn tap);
+
 /* An NCCL result as people read it, for every message that reports one: the enum's name,
  * its number and a short meaning, "ncclRemoteError, 6: a peer failed or a connection
  * broke", so "failed (%s)" reads "failed (ncclRemoteError, 6: ...)". A value outside the

@@ -2,7 +2,6 @@
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,20 +52,11 @@ static struct {
   int n;
 } agoq_info_effect;
 
-static void agoq_info_capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...) __attribute__((format(printf, 5, 6)));
-static void agoq_info_capture_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+static void agoq_info_capture_effect(ncclDebugLogLevel level, const char* msg) {
   const char* tag = strstr(msg, AGOQ_EFFECT_TAG);
   if (tag != NULL && agoq_info_effect.n < AGOQ_INFO_EFFECT_MAX)
     snprintf(agoq_info_effect.lines[agoq_info_effect.n++], sizeof agoq_info_effect.lines[0], "%s%s",
              level == NCCL_LOG_WARN ? "WARN: " : "", tag + strlen(AGOQ_EFFECT_TAG));
-  agoq_log_stderr(level, flags, file, line, "%s", msg);
 }
 
 /* The profiler and tuner tables NCCL also looks for in the net library (2.28.3+), newest
@@ -97,7 +87,7 @@ static void agoq_info_collect_net(agoq_netlib* lib, agoq_info_report* rep) {
     return;
   }
   void* ctx = NULL;
-  ncclResult_t r = agoq_view_init(&rep->net, &ctx, 0, agoq_info_capture_log);
+  ncclResult_t r = agoq_view_init(&rep->net, &ctx, 0, agoq_log_stderr);
   if (r != ncclSuccess) {
     agoq_info_call_failed(rep->net_error, sizeof rep->net_error, rep->net.version, "init", r);
     goto finalize; /* NCCL finalizes even after a failed init */
@@ -137,7 +127,7 @@ static void agoq_info_collect_collnet(agoq_netlib* lib, agoq_info_report* rep) {
   if (agoq_netlib_collnet_view(lib, rep->collnet_versions[0], &rep->collnet) != 0) return;
   rep->has_collnet = true;
   void* ctx = NULL;
-  ncclResult_t r = agoq_collnet_view_init(&rep->collnet, &ctx, 0, agoq_info_capture_log);
+  ncclResult_t r = agoq_collnet_view_init(&rep->collnet, &ctx, 0, agoq_log_stderr);
   if (r != ncclSuccess) {
     agoq_info_call_failed(rep->collnet_error, sizeof rep->collnet_error, rep->collnet.version,
                           "init", r);
@@ -364,6 +354,7 @@ int agoq_info_devices(FILE* out, const char* lib_path, bool json) {
 
   /* Show the file actually loaded, not "bin/../lib/..." or a symlink. */
   if (realpath(rep.path, rep.resolved) != NULL) rep.path = rep.resolved;
+  agoq_log_stderr_set_tap(agoq_info_capture_effect); /* the plugin logs through ours */
 
   agoq_netlib* lib = NULL;
   if (agoq_netlib_open(rep.path, &lib, rep.open_error, sizeof rep.open_error) != 0) {

@@ -2,7 +2,6 @@
  * (perf_p2p_typed.h). */
 #include "perf_p2p_typed.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,15 +29,10 @@ static unsigned typed_nsocks; /* from the plugin's init line; 0 until it said */
  * sockets only bootstrap it. */
 static char typed_verbs[160];
 
-static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                          const char* fmt, ...) __attribute__((format(printf, 5, 6)));
-static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                          const char* fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+/* Every line the plugin logs passes here first (the stderr logger's tap), whatever the
+ * level shows. */
+static void p2p_typed_tap(ncclDebugLogLevel level, const char* msg) {
+  (void)level;
   /* "p2p stats to PEER: F frames, X MiB in Y MiB on the wire (...); ...; type unknown U" */
   const char* s = strstr(msg, "p2p stats to ");
   if (s != NULL) {
@@ -76,13 +70,15 @@ static void p2p_typed_log(ncclDebugLogLevel level, unsigned long flags, const ch
     unsigned v = 0;
     if (p < ds && sscanf(p, "%u", &v) == 1) typed_nsocks = v;
   }
-  agoq_log_stderr(level, flags, file, line, "%s", msg);
 }
 
 unsigned p2p_typed_nsocks(void) { return typed_nsocks; }
 const char* p2p_typed_verbs(void) { return typed_verbs[0] ? typed_verbs : NULL; }
 
-ncclDebugLogger_t p2p_typed_logger(void) { return p2p_typed_log; }
+ncclDebugLogger_t p2p_typed_logger(void) {
+  agoq_log_stderr_set_tap(p2p_typed_tap);
+  return agoq_log_stderr;
+}
 ncclProfilerCallback_t p2p_typed_callback(void) { return agoq_emul_callback(); }
 
 void p2p_typed_oracle(uint64_t* queries, double* ns_each) {
@@ -119,7 +115,7 @@ int p2p_typed_open(p2p_typed* t, perf_net* n, uint64_t comm_id, size_t max_bytes
       return -1;
     }
   }
-  agoq_emul_set_logger(p2p_typed_log); /* the profiler's init installs it as the library's logger */
+  agoq_emul_set_logger(p2p_typed_logger()); /* the profiler's init installs it as the library's logger */
   t->emul = agoq_emul_comm_create(table, version, comm_id, t->flow == PERF_FLOW_OTHER_PEER ? 3 : 2, 0);
   if (t->emul == NULL || agoq_emul_comm_init_result(t->emul) != ncclSuccess) {
     fprintf(stderr, "agoq-perf: the profiler's init failed\n");
