@@ -38,9 +38,6 @@ static pthread_mutex_t agoq_params_mutex = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool agoq_params_loaded = false;
 static ncclResult_t agoq_params_result = ncclSuccess;
 static agoq_param_value agoq_param_values[AGOQ_PARAM_COUNT];
-/* AGOQ_* variables of the environment that are neither parameters nor other names agoq
- * reads, counted by the last load. */
-static int agoq_params_unknown_n;
 /* Bumped by every reset, so that what was derived from the values knows to derive again. */
 static atomic_uint agoq_params_gen;
 
@@ -382,34 +379,33 @@ bool agoq_param_name_known(const char* name, size_t len) {
   return false;
 }
 
-/* One WARN per AGOQ_* variable nobody reads: a misspelt setting would otherwise leave its
- * default in effect without a word. Returns how many. */
-static int agoq_params_warn_unknown(void) {
+int agoq_params_unknown_each(void (*fn)(void* arg, const char* name, size_t len, const char* closest), void* arg) {
   int n = 0;
   for (char** e = environ; e != NULL && *e != NULL; e++) {
     const char* eq = strchr(*e, '=');
     size_t len = eq != NULL ? (size_t)(eq - *e) : strlen(*e);
     if (len <= 5 || strncmp(*e, "AGOQ_", 5) != 0 || agoq_param_name_known(*e, len)) continue;
-    char quoted[AGOQ_PARAM_QUOTE_MAX + 4];
-    char name[AGOQ_PARAM_QUOTE_MAX + 1];
-    size_t nl = len < AGOQ_PARAM_QUOTE_MAX ? len : AGOQ_PARAM_QUOTE_MAX;
-    memcpy(name, *e, nl);
-    name[nl] = '\0';
-    agoq_param_quote(name, quoted, sizeof quoted);
-    const char* closest = agoq_param_closest(*e, len);
-    if (closest != NULL)
-      AGOQ_WARN("%s is not an agoq setting and is ignored; did you mean %s? (agoq-info -c lists them all)", quoted,
-                closest);
-    else
-      AGOQ_WARN("%s is not an agoq setting and is ignored (agoq-info -c lists them all)", quoted);
+    fn(arg, *e, len, agoq_param_closest(*e, len));
     n++;
   }
   return n;
 }
 
-int agoq_params_unknown_count(void) {
-  (void)agoq_params_load();
-  return agoq_params_unknown_n;
+/* One WARN per AGOQ_* variable nobody reads: a misspelt setting would otherwise leave its
+ * default in effect without a word. */
+static void agoq_params_warn_unknown(void* arg, const char* name, size_t len, const char* closest) {
+  (void)arg;
+  char quoted[AGOQ_PARAM_QUOTE_MAX + 4];
+  char copy[AGOQ_PARAM_QUOTE_MAX + 1];
+  size_t nl = len < AGOQ_PARAM_QUOTE_MAX ? len : AGOQ_PARAM_QUOTE_MAX;
+  memcpy(copy, name, nl);
+  copy[nl] = '\0';
+  agoq_param_quote(copy, quoted, sizeof quoted);
+  if (closest != NULL)
+    AGOQ_WARN("%s is not an agoq setting and is ignored; did you mean %s? (agoq-info -c lists them all)", quoted,
+              closest);
+  else
+    AGOQ_WARN("%s is not an agoq setting and is ignored (agoq-info -c lists them all)", quoted);
 }
 
 ncclResult_t agoq_params_load(void) {
@@ -424,7 +420,7 @@ ncclResult_t agoq_params_load(void) {
     }
     /* Not an error for the plugin (a job's environment may carry names meant for a newer
      * agoq); agoq-info -c, the pre-launch check, fails on them. */
-    agoq_params_unknown_n = agoq_params_warn_unknown();
+    (void)agoq_params_unknown_each(agoq_params_warn_unknown, NULL);
     agoq_params_result = result;
     atomic_store_explicit(&agoq_params_loaded, true, memory_order_release);
   }
@@ -436,7 +432,6 @@ void agoq_params_reset(void) {
   pthread_mutex_lock(&agoq_params_mutex);
   atomic_store_explicit(&agoq_params_loaded, false, memory_order_relaxed);
   agoq_params_result = ncclSuccess;
-  agoq_params_unknown_n = 0;
   atomic_fetch_add(&agoq_params_gen, 1);
   memset(agoq_param_values, 0, sizeof agoq_param_values);
   pthread_mutex_unlock(&agoq_params_mutex);

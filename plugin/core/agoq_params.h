@@ -54,9 +54,10 @@ ncclResult_t agoq_param_parse(const agoq_param_desc* desc, const char* text, int
  * is a WARN naming the variable and the allowed values, and ncclInvalidUsage. */
 ncclResult_t agoq_params_load(void);
 
-/* How many AGOQ_* variables of the environment the last load found that no part of agoq
- * reads (each was a WARN naming the closest parameter). Loads first if needed. */
-int agoq_params_unknown_count(void);
+/* Calls fn for every AGOQ_* variable of the environment that no part of agoq reads, with
+ * its name (len bytes, not NUL-terminated there) and the closest parameter or NULL; returns
+ * how many. The load WARNs for each through it; agoq-info -c lists them through it. */
+int agoq_params_unknown_each(void (*fn)(void* arg, const char* name, size_t len, const char* closest), void* arg);
 
 /* True when the first len bytes of name are a parameter, or a name agoq's tools and tests
  * read (agoq_env_other.def). */

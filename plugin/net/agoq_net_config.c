@@ -159,10 +159,3 @@ bool agoq_net_configured(void) {
   pthread_mutex_unlock(&agoq_net_config.mu);
   return ok;
 }
-
-void agoq_net_config_reset(void) {
-  pthread_mutex_lock(&agoq_net_config.mu);
-  agoq_net_config.done = false;
-  agoq_net_config.res = ncclSuccess;
-  pthread_mutex_unlock(&agoq_net_config.mu);
-}

@@ -36,7 +36,4 @@ bool agoq_net_configured(void);
 /* The summary of what a successful load put in effect (after a failed one, what is known). */
 void agoq_net_effect_describe(agoq_effect* e);
 
-/* Forgets the outcome (tests that reload the parameters). */
-void agoq_net_config_reset(void);
-
 #endif

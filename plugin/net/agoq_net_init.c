@@ -17,7 +17,6 @@ const agoq_transport* agoq_net_tp;
 
 static struct {
   pthread_mutex_t mu;
-  bool configured;      /* the transport is initialized */
   int live_ctx;         /* contexts handed out and not finalized */
   agoq_ctx* legacy_ctx; /* the one context of v6..v10 */
 } agoq_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -47,11 +46,7 @@ out:
 
 static ncclResult_t agoq_init_common_locked(ncclDebugLogger_t log_fn) {
   if (log_fn != NULL) agoq_log_set_logger(log_fn);
-  if (!agoq_state.configured) {
-    AGOQ_CHECK(agoq_net_config_load()); /* once per process: each WARN once */
-    agoq_state.configured = true;
-  }
-  return ncclSuccess;
+  return agoq_net_config_load(); /* once per process: each WARN once */
 }
 
 ncclResult_t agoq_net_init(void** ctx, uint64_t comm_id, int traffic_class, ncclDebugLogger_t log_fn,
@@ -117,16 +112,9 @@ void* agoq_net_legacy_ctx(void) {
   return c;
 }
 
-static bool agoq_configured(void) {
-  pthread_mutex_lock(&agoq_state.mu);
-  bool ok = agoq_state.configured;
-  pthread_mutex_unlock(&agoq_state.mu);
-  return ok;
-}
-
 ncclResult_t agoq_net_devices(int* ndev) {
   if (ndev == NULL) return ncclInternalError;
-  if (!agoq_configured()) {
+  if (!agoq_net_configured()) {
     AGOQ_WARN("devices called before a successful init");
     return ncclInternalError;
   }
@@ -135,7 +123,7 @@ ncclResult_t agoq_net_devices(int* ndev) {
 }
 
 ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
-  if (!agoq_configured()) {
+  if (!agoq_net_configured()) {
     AGOQ_WARN("getProperties: called before a successful init (device %d)", dev);
     return ncclInternalError;
   }
@@ -156,10 +144,10 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
   return ncclSuccess;
 }
 
-int agoq_net_helper_threads(void) { return agoq_configured() ? agoq_net_tp->helper_threads() : 0; }
+int agoq_net_helper_threads(void) { return agoq_net_configured() ? agoq_net_tp->helper_threads() : 0; }
 
 bool agoq_net_placement_cpus(int dev, cpu_set_t* out) {
-  if (!agoq_configured()) {
+  if (!agoq_net_configured()) {
     CPU_ZERO(out);
     return false;
   }

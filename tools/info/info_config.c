@@ -155,21 +155,12 @@ static void agoq_info_env_other_text(FILE* out) {
 /* One line each, never wrapped: the summary is five lines to read (or grep) at a glance. */
 static void agoq_info_summary_line(FILE* out, const char* text) { fprintf(out, "  %s\n", text); }
 
-/* AGOQ_* names of the environment nobody reads (the plugin's init WARNed for each). */
-static int agoq_info_unknown_names(FILE* out) {
-  int n = 0;
-  for (char** e = environ; e != NULL && *e != NULL; e++) {
-    const char* eq = strchr(*e, '=');
-    size_t len = eq != NULL ? (size_t)(eq - *e) : strlen(*e);
-    if (len <= 5 || strncmp(*e, "AGOQ_", 5) != 0 || agoq_param_name_known(*e, len)) continue;
-    const char* closest = agoq_param_closest(*e, len);
-    char line[256];
-    snprintf(line, sizeof line, "UNKNOWN: %.*s is not an agoq setting and is ignored%s%s%s", (int)(len < 96 ? len : 96),
-             *e, closest != NULL ? "; did you mean " : "", closest != NULL ? closest : "", closest != NULL ? "?" : "");
-    agoq_info_summary_line(out, line);
-    n++;
-  }
-  return n;
+/* An AGOQ_* name of the environment nobody reads (the plugin's init WARNed for it too). */
+static void agoq_info_unknown_name(void* arg, const char* name, size_t len, const char* closest) {
+  char line[256];
+  snprintf(line, sizeof line, "UNKNOWN: %.*s is not an agoq setting and is ignored%s%s%s", (int)(len < 96 ? len : 96),
+           name, closest != NULL ? "; did you mean " : "", closest != NULL ? closest : "", closest != NULL ? "?" : "");
+  agoq_info_summary_line(arg, line);
 }
 
 /* What the plugin's init would put in effect, from the plugin's own configuration code
@@ -195,7 +186,7 @@ static int agoq_info_config_summary(FILE* out, bool* init_fails) {
     agoq_info_summary_line(out, e.p2p);
     agoq_info_summary_line(out, e.hardware);
   }
-  if (agoq_info_unknown_names(out) > 0) bad = 1;
+  if (agoq_params_unknown_each(agoq_info_unknown_name, out) > 0) bad = 1;
   return bad;
 }
 
