@@ -7,12 +7,13 @@
 #      parameter and NCCL variable agoq reads set to a valid non-default value
 #      (tools/polluted-env.sh): no test may depend on the caller's environment
 #   3. build-asan: ASan + UBSan, no CUDA, -Werror; run the whole suite (fault tests included)
+#      but the long variants build-ci runs once ($asan_once below)
 #   4. build-tsan: ThreadSanitizer; run the unit, ABI conformance, CollNet and verbs (label ib,
 #      over the soft-RC emulator) tests (progress threads, the CollNet engine, the verbs
 #      progress helper, close-in-flight), not the 256 MiB perf run nor the 8-rank ib runs
 #   5. valgrind:   the ABI conformance harness of build-ci under memcheck (every scenario,
 #      every exported version; leak check full; any error or definite leak fails)
-#   6. build-fuzz: clang + libFuzzer; run each fuzz target 60 s over its seed corpus
+#   6. build-fuzz: clang + libFuzzer; run each fuzz target 30 s over its seed corpus
 # Each phase prints its wall time; a summary table closes the run.
 #
 # Environment knobs (all optional):
@@ -83,6 +84,13 @@ run_ctest() {
         --timeout "$ctest_timeout" -j "$ctest_jobs" "$@"
 }
 
+# The long variants run once, in build-ci: under ASan they would repeat code paths the ASan
+# run covers with shorter cases (the CUDA codec's emulation: the unit codec tests; the
+# device CollNet runs: collnet.quant.4.device, fault.bitflip_coll.device and the device unit
+# tests; typed.p2p.device: net_device; 8 verbs ranks: the 4-rank ones), and perf_256M is a
+# performance run.
+asan_once='^(codec_cuda_emulated|collnet\.perf_256M|typed\.p2p\.device|collnet\.(quant\.3|exact\.8|overflow\.3|kill\.4)\.device|collnet\.quant\.8\.ib)$'
+
 run_asan_tests() {
   # detect_leaks: the plugin must not leak across init/finalize cycles.
   # HWLOC_COMPONENTS=-pci: hwloc's libpciaccess plugin leaks ~1 KiB per live topology
@@ -90,7 +98,7 @@ run_asan_tests() {
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
   HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci} \
-    run_ctest build-asan
+    run_ctest build-asan -E "$asan_once"
 }
 
 # The caller's AGOQ_* and NCCL_* variables must not reach a test (ctest clears them:
@@ -149,12 +157,14 @@ if [[ "${AGOQ_SKIP_TSAN:-0}" != 1 ]]; then
   # progress helper race by design: TSan checks the unit, conformance, CollNet and verbs
   # tests for data races. Left out for time: the 8-rank and 4-queue-pair verbs runs and
   # the verbs runs of device buffers (the release and ASan builds run them; their threads
-  # are those of the TCP device runs and the verbs runs TSan does see).
+  # are those of the TCP device runs and the verbs runs TSan does see), the pieces and
+  # 2-queue-pair variants of abi.sizes and collnet.quant.4 (the same threads as the other
+  # pieces and verbs runs), and the single-threaded codec tests test_codec_simd/roundtrip.
   phase configure-tsan cmake -S . -B build-tsan \
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_TSAN=ON -DAGOQ_CUDA=OFF
   phase build-tsan cmake --build build-tsan -j "$jobs"
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-    phase test-tsan run_ctest build-tsan -L '^(unit|abi|collnet|ib)$' -E '^(collnet\.(perf_256M|(exact|quant)\.8\.ib)|abi\.sizes\.ib\.qps4|abi\..*\.device\.ib)$'
+    phase test-tsan run_ctest build-tsan -L '^(unit|abi|collnet|ib)$' -E '^(collnet\.(perf_256M|(exact|quant)\.8\.ib|quant\.4\.(pieces|ib\.qps2))|abi\.sizes\.(ib\.qps4|pieces)|abi\..*\.device\.ib|test_codec_(simd|roundtrip))$'
 fi
 
 if [[ "${AGOQ_SKIP_VALGRIND:-0}" != 1 ]]; then
@@ -164,7 +174,7 @@ fi
 if [[ "${AGOQ_SKIP_FUZZ:-0}" != 1 ]]; then
   # libFuzzer needs clang; each target runs briefly over its seed corpus (tests/fuzz).
   CC=clang phase configure-fuzz cmake -S . -B build-fuzz \
-    -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_FUZZ=ON -DAGOQ_CUDA=OFF
+    -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_FUZZ=ON -DAGOQ_CUDA=OFF -DAGOQ_FUZZ_SECONDS=30
   phase build-fuzz cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_params fuzz_frame fuzz_collnet_msg fuzz_topo_xml fuzz_ib_hca fuzz_ib_wire
   phase test-fuzz run_ctest build-fuzz -L '^fuzz$'
 fi
