@@ -590,6 +590,11 @@ write_summary() {
       echo "busbw size by size, compression on (tuner deciding) over agoq's exact net:"
       printf '%s\n' "${perf_lines[@]}"
     fi
+    if [[ -f "$logs/hazards.out" ]]; then
+      echo
+      echo "facts and hazards (tools/gpu/gpu_hazards; BLOCKED: that case would hang a real job):"
+      grep -e '^fact:' -e '^hazard:' "$logs/hazards.out" | cut -c1-300 | sed 's/^/  /'
+    fi
     if [[ -f "$logs/codec.rc" ]]; then
       echo
       codec_summary
@@ -605,6 +610,28 @@ write_summary() {
       torch_summary torch-p2p torch-p2p-check "torch send/recv through the typed net path" \
         "bf16 quantized within the bound, int64 exact, all_reduce identical"
     fi
+    local gname
+    for gname in torch-gdr torch-p2p-gdr; do
+      [[ -f "$logs/$gname.rc" ]] || continue
+      echo
+      if [[ $gname == torch-gdr ]]; then
+        torch_summary "$gname" torch-check "torch all_reduce through CollNet, device buffers (NCCL_NET_GDR_LEVEL=SYS)" \
+          "identical on all ranks, within the error bound"
+      else
+        torch_summary "$gname" torch-p2p-check "torch send/recv, device buffers (NCCL_NET_GDR_LEVEL=SYS)" \
+          "bf16 quantized within the bound, int64 exact, all_reduce identical"
+      fi
+      # The variant exists to run the device path: NCCL must have chosen GDRDMA and the
+      # plugin must have made device calls, else it proved nothing.
+      local ngdr ndev
+      ngdr=$(cat "$logs/$gname"/*.log 2>/dev/null | grep -c GDRDMA)
+      ndev=$(cat "$logs/$gname"/* "$logs/$gname.out" 2>/dev/null | grep -c 'device_calls=[1-9]')
+      echo "  device path: $ngdr NCCL lines naming GDRDMA, $ndev stats lines with device calls"
+      if ((ngdr == 0 || ndev == 0)); then
+        echo "  FAILED: the device path was not exercised"
+        torch_failed=1
+      fi
+    done
     if [[ -f "$logs/mcore.rc" ]]; then
       echo
       mcore_summary
@@ -698,6 +725,59 @@ fi
 if [[ -x "$build/bin/agoq-info" ]]; then
   AGOQ_SOCKET_IFNAME=lo "$build/bin/agoq-info" >"$logs/agoq-info.txt" 2>&1
 fi
+
+# -- Facts and the hazard phase, before anything else uses the GPU --
+# tools/gpu/gpu_hazards settles the two driver behaviours that decide whether agoq's device
+# path can hang inside NCCL: a copy queued behind NCCL's next kernel in a shared hardware
+# queue (CUDA_DEVICE_MAX_CONNECTIONS 1, 8 (the default) and 32; link streams at the
+# plugin's greatest priority and at the default), and another thread's first-time work
+# (a lazy kernel load, a cudaFree) blocking the plugin's copy while NCCL's kernel waits
+# (CUDA_MODULE_LOADING LAZY and EAGER). Each test bounds its own wait and runs under a
+# timeout; a timeout is reported as a hang. logs/hazards.out, quoted in the summary.
+hazards_phase() {
+  local bin=$work/gpu_hazards t0
+  t0=$(elapsed)
+  if [[ "${AGOQ_GPU_CHECK_HAZARDS:-1}" == 0 ]]; then
+    echo "hazard: skipped (AGOQ_GPU_CHECK_HAZARDS=0)"
+    return
+  fi
+  if ! "$cuda_home/bin/nvcc" -O2 -arch=sm_90 -o "$bin" "$repo/tools/gpu/gpu_hazards.cu" -lpthread \
+         >"$logs/build-hazards.log" 2>&1; then
+    echo "hazard: error: tools/gpu/gpu_hazards.cu did not build ($(tail -n 1 "$logs/build-hazards.log"))"
+    return
+  fi
+  one() { # LIMIT ENV... -- ARGS...: one test in its own process
+    local limit=$1 envs=()
+    shift
+    while [[ "$1" != -- ]]; do envs+=("$1"); shift; done
+    shift
+    timeout --kill-after=5 "$limit" env "${envs[@]}" "$bin" "$@" ||
+      echo "hazard: $* ${envs[*]}: exit $? (a timeout, 124 or 137, means the process hung)"
+  }
+  one 30 -- facts
+  local py=${AGOQ_GPU_CHECK_PYTHON:-python3}
+  if command -v "$py" >/dev/null 2>&1; then
+    timeout 60 "$py" -c 'import os, torch; torch.cuda.init(); print("fact: torch %s: after torch.cuda.init(), CUDA_MODULE_LOADING=%s CUDA_DEVICE_MAX_CONNECTIONS=%s" % (torch.__version__, os.environ.get("CUDA_MODULE_LOADING", "(unset)"), os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "(unset)")))' 2>&1 | grep '^fact:'
+  fi
+  if [[ -x "$build/bin/agoq-info" ]]; then
+    AGOQ_SOCKET_IFNAME=lo "$build/bin/agoq-info" -c 2>&1 | grep -i -m 6 -e 'gpu' -e 'device path' |
+      cut -c1-220 | sed 's/^/fact: agoq-info -c: /'
+  fi
+  one 60 CUDA_DEVICE_MAX_CONNECTIONS=1 -- hwq --streams 4
+  one 60 -- hwq --streams 18
+  one 60 -- hwq --streams 18 --priority default
+  one 60 CUDA_DEVICE_MAX_CONNECTIONS=32 -- hwq --streams 34
+  local mode action
+  for mode in LAZY EAGER; do
+    for action in lazy free none; do
+      one 30 CUDA_MODULE_LOADING=$mode -- ctx --action "$action"
+    done
+  done
+  echo "hazard: phase took $(($(elapsed) - t0)) s"
+}
+log "facts and hazard phase ($(elapsed) s)"
+hazards_phase >"$logs/hazards.out" 2>&1
+cat "$logs/hazards.out"
 
 # -- The CUDA codec against the CPU codec, while the GPU has nothing else to do --
 codec_check=${AGOQ_GPU_CHECK_CODEC_BIN:-$build/bin/codec_gpu_check}
@@ -1186,8 +1266,14 @@ for test in $all_tests; do
   [[ "$test" == all_reduce ]] && run_torch torch torch_allreduce_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
     ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
   # shellcheck disable=SC2086
+  [[ "$test" == all_reduce ]] && NCCL_NET_GDR_LEVEL=SYS run_torch torch-gdr torch_allreduce_check.py \
+    AGOQ_GPU_CHECK_TORCH "$torch_timeout" ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
+  # shellcheck disable=SC2086
   [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
     ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
+  # shellcheck disable=SC2086
+  [[ "$test" == sendrecv ]] && NCCL_NET_GDR_LEVEL=SYS run_torch torch-p2p-gdr torch_p2p_check.py \
+    AGOQ_GPU_CHECK_TORCH "$torch_timeout" ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
 done
 run_mcore
 
