@@ -622,7 +622,8 @@ write_summary() {
           "bf16 quantized within the bound, int64 exact, all_reduce identical"
       fi
       # The variant exists to run the device path: NCCL must have chosen GDRDMA and the
-      # plugin must have made device calls, else it proved nothing.
+      # plugin must have made device calls, else it proved nothing (when it ran and passed).
+      [[ "$(cat "$logs/$gname.rc")" == 0 ]] || continue
       local ngdr ndev
       ngdr=$(cat "$logs/$gname"/*.log 2>/dev/null | grep -c GDRDMA)
       ndev=$(cat "$logs/$gname"/* "$logs/$gname.out" 2>/dev/null | grep -c 'device_calls=[1-9]')
