@@ -13,7 +13,7 @@
 #
 # Every agoq configuration runs twice: host-staged (NCCL_NET_GDR_LEVEL=LOC: NCCL copies
 # between the GPU and host buffers) and, as "<config>-gdr", with device buffers
-# (NCCL_NET_GDR_LEVEL=SYS: GPUDirect, the plugin gets CUDA pointers). A -gdr run must show
+# (NCCL_NET_GDR_LEVEL=SYS and AGOQ_GPU=on: GPUDirect, the plugin gets CUDA pointers). A -gdr run must show
 # NCCL's "via NET/AGOQ/.../GDRDMA" (or "COLLNET/AGOQ/.../GDRDMA") lines, a host-staged run
 # must not. agoq runs write AGOQ_STATS=1 lines to logs/<run>.stats.<pid>. Per run the summary
 # gives busbw, the host CPU seconds of the whole run (user+sys of the launcher and its
@@ -1106,6 +1106,9 @@ config_env() {
     # (per run) is added by run_one.
     if is_gdr_config "$1"; then
       echo "NCCL_NET_GDR_LEVEL=SYS"
+      # The GPU data path is on only when asked for (AGOQ_GPU=auto keeps it off for its
+      # hang hazards, docs/design-gpu.md): these runs are what checks it.
+      echo "AGOQ_GPU=on"
     else
       echo "NCCL_NET_GDR_LEVEL=LOC"
     fi
@@ -1267,13 +1270,13 @@ for test in $all_tests; do
   [[ "$test" == all_reduce ]] && run_torch torch torch_allreduce_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
     ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
   # shellcheck disable=SC2086
-  [[ "$test" == all_reduce ]] && NCCL_NET_GDR_LEVEL=SYS run_torch torch-gdr torch_allreduce_check.py \
+  [[ "$test" == all_reduce ]] && AGOQ_GPU=on NCCL_NET_GDR_LEVEL=SYS run_torch torch-gdr torch_allreduce_check.py \
     AGOQ_GPU_CHECK_TORCH "$torch_timeout" ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
   # shellcheck disable=SC2086
   [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
     ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
   # shellcheck disable=SC2086
-  [[ "$test" == sendrecv ]] && NCCL_NET_GDR_LEVEL=SYS run_torch torch-p2p-gdr torch_p2p_check.py \
+  [[ "$test" == sendrecv ]] && AGOQ_GPU=on NCCL_NET_GDR_LEVEL=SYS run_torch torch-p2p-gdr torch_p2p_check.py \
     AGOQ_GPU_CHECK_TORCH "$torch_timeout" ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
 done
 run_mcore

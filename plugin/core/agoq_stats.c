@@ -111,7 +111,7 @@ static const char* const agoq_exact_names[AGOQ_EXACT_REASONS] = {
     [AGOQ_EXACT_SMALL] = "exact_small",         [AGOQ_EXACT_LL] = "exact_ll",
     [AGOQ_EXACT_UNKNOWN] = "exact_unknown",     [AGOQ_EXACT_FORMAT_NONE] = "exact_format_none",
     [AGOQ_EXACT_COLLECTIVE] = "exact_collective", [AGOQ_EXACT_NOGAIN] = "exact_nogain",
-    [AGOQ_EXACT_ONE_WAY] = "exact_one_way"};
+    [AGOQ_EXACT_ONE_WAY] = "exact_one_way",     [AGOQ_EXACT_UNALIGNED] = "exact_unaligned"};
 
 size_t agoq_stats_format(const agoq_stats_entry* e, int path, const char* event, const char* host, int pid,
                          char* out, size_t outlen) {

@@ -39,6 +39,7 @@ typedef enum {
   AGOQ_EXACT_COLLECTIVE,   /* p2p path: a collective's ring/tree transfer, or not a send */
   AGOQ_EXACT_NOGAIN,       /* a frame would not be smaller (escaped blocks), or no staging */
   AGOQ_EXACT_ONE_WAY,      /* p2p send with no receive of its shape from its peer (AGOQ_P2P_SCOPE=pipeline) */
+  AGOQ_EXACT_UNALIGNED,    /* p2p send from device memory not aligned to its element size (the CUDA codec reads whole elements) */
   AGOQ_EXACT_REASONS
 } agoq_exact_reason;
 

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/agoq_check.h"
@@ -21,7 +22,7 @@ static struct {
   bool done;
   ncclResult_t res;
   bool active;
-  char describe[192];
+  char describe[320];
   agoq_cu_mem_range_fn mem_range; /* NULL: only both ends of a range can be checked */
 } agoq_gpu_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -65,6 +66,37 @@ void agoq_gpu_start_failure(int cuda_error, const char* runtime_text, const char
   dlclose(h);
 }
 
+/* cuModuleGetLoadingMode (CUmoduleLoadingMode: 1 eager, 2 lazy), reached through the runtime. */
+typedef int (*agoq_cu_loading_mode_fn)(int* mode);
+
+/* What makes the plugin's own CUDA calls hang a job, as far as this process shows it. The data
+ * path's copies, launches and event queries run on NCCL's proxy thread while NCCL's kernel
+ * waits for their result; measured on an H200 (docs/gpu-h200.md, 2026-12-04,
+ * tools/gpu/gpu_hazards): another thread's cudaFree holds the runtime until every running
+ * kernel is done, so the plugin's next call blocks and NCCL's kernel never finishes (under lazy
+ * and eager loading alike: no setting rules it out, hence auto keeps the path off); under lazy
+ * loading a first load of any kernel, by any thread, holds back the plugin's copy until NCCL's
+ * kernel ends (the CollNet GPU reduction hung so in nccl-tests); with one hardware queue
+ * (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets) the copy waits behind NCCL's next
+ * kernel. */
+static void agoq_gpu_hang_hazards(char* out, size_t len) {
+  int mode = 0;
+  void* fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess && fn != NULL) {
+    if (((agoq_cu_loading_mode_fn)fn)(&mode) != 0) mode = 0;
+  } else {
+    (void)cudaGetLastError();
+  }
+  /* Read as the driver reads it: a decimal count, 8 when unset. */
+  const char* conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  bool one_queue = conn != NULL && atoi(conn) == 1;
+  snprintf(out, len, "another thread's cudaFree blocks its CUDA calls while NCCL's kernel waits for them%s%s",
+           mode == 2 ? "; lazy module loading (the driver's mode)" : mode == 0 ? "; module loading mode unknown" : "",
+           one_queue ? "; CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)" : "");
+}
+
 static ncclResult_t agoq_gpu_probe_locked(void) {
   int64_t mode = agoq_param_int(AGOQ_PARAM_GPU);
   if (mode == AGOQ_GPU_MODE_OFF) {
@@ -105,9 +137,20 @@ static ncclResult_t agoq_gpu_probe_locked(void) {
     AGOQ_INFO(NCCL_INIT, "GPU: the driver's cuMemGetAddressRange is not available: device ranges are checked at "
               "both ends only");
   }
+  char hazards[200];
+  agoq_gpu_hang_hazards(hazards, sizeof hazards);
+  if (mode != AGOQ_GPU_MODE_ON) {
+    snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe,
+             "off (AGOQ_GPU=auto): the plugin's CUDA calls on NCCL's proxy thread can hang the job (%.*s); "
+             "AGOQ_GPU=on turns it on",
+             (int)(sizeof agoq_gpu_state.describe - 120), hazards);
+    return ncclSuccess;
+  }
+  AGOQ_WARN("AGOQ_GPU=on: the GPU data path is on although its CUDA calls on NCCL's proxy thread can hang the job: "
+            "%s (docs/design-gpu.md)", hazards);
   agoq_gpu_state.active = true;
-  snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "on: %d device%s (%.100s), backend %s", count,
-           count == 1 ? "" : "s", prop.name, AGOQ_GPU_BACKEND);
+  snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe, "on (AGOQ_GPU=on): %d device%s (%.100s), backend %s",
+           count, count == 1 ? "" : "s", prop.name, AGOQ_GPU_BACKEND);
   return ncclSuccess;
 }
 

@@ -20,9 +20,11 @@ static struct {
 } agoq_net_config = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* What each transport and memory path has been run on. The TCP transport with host memory
- * has run inside NCCL on a GPU host (tools/gpu-check.sh, 2026-11-30: nccl-tests, PyTorch
- * CollNet and typed p2p); the verbs transport only over the soft-RC emulator; the GPU data
- * path only over the CUDA emulation. Update when a run on hardware says otherwise. */
+ * has run inside NCCL on a GPU host (tools/gpu-check.sh, 2026-11-30 and 2026-12-04: nccl-tests,
+ * PyTorch CollNet and typed p2p, Megatron-Core); the verbs transport only over the soft-RC
+ * emulator; the GPU data path ran once, on an H200 (2026-12-04, docs/gpu-h200.md), and hung
+ * there in known ways, which is why only AGOQ_GPU=on turns it on. Update when a run on
+ * hardware says otherwise. */
 static void agoq_effect_hardware(agoq_effect* e, bool verbs, bool gpu) {
   e->unvalidated = verbs || gpu;
   if (!e->unvalidated) {
@@ -30,11 +32,13 @@ static void agoq_effect_hardware(agoq_effect* e, bool verbs, bool gpu) {
              "hardware: every path in use (TCP, host memory) has run inside NCCL on a GPU host");
     return;
   }
-  snprintf(e->hardware, sizeof e->hardware,
-           "not yet run on hardware: %s%s%s (tested over agoq's emulators only%s)",
-           verbs ? "the verbs transport (no real HCA)" : "", verbs && gpu ? " and " : "",
-           gpu ? "the GPU data path (no real GPU)" : "",
-           gpu ? "; AGOQ_GPU=off keeps NCCL's buffers in host memory" : "");
+  snprintf(e->hardware, sizeof e->hardware, "%s%s%s",
+           verbs ? "not yet run on hardware: the verbs transport (no real HCA; tested over agoq's emulator only)" : "",
+           verbs && gpu ? "; " : "",
+           gpu ? "known to hang on hardware: the GPU data path (one H200, 2026-12-04: the CollNet GPU reduction hung "
+                 "under lazy module loading, and another thread's cudaFree blocks its copies; docs/gpu-h200.md); "
+                 "AGOQ_GPU=auto or off keeps NCCL's buffers in host memory"
+               : "");
 }
 
 static void agoq_effect_transport(agoq_effect* e) {

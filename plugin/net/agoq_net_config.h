@@ -17,10 +17,10 @@
 
 typedef struct {
   char transport[384];  /* "transport: tcp on lo (verbs off: ...)" */
-  char gpu[320];        /* "GPU data path: off: no CUDA driver (...)" */
+  char gpu[448];        /* "GPU data path: off: no CUDA driver (...)" */
   char collnet[384];    /* "CollNet reductions: ..." */
   char p2p[512];        /* "p2p sends: exact (...)" */
-  char hardware[320];   /* "not yet run on hardware: ..." or "every path in use has run ..." */
+  char hardware[448];   /* "not yet run on hardware: ...", "known to hang on hardware: ..." or "every path in use has run ..." */
   bool unvalidated;     /* hardware names a path in use that has never run on real hardware */
 } agoq_effect;
 

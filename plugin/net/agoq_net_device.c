@@ -166,6 +166,13 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     req->dev_frame = false;
     why = AGOQ_EXACT_NOGAIN;
   }
+  if (req->dev_frame && ((uintptr_t)data & (agoq_dtype_size(p.dtype) - 1)) != 0) {
+    /* A registered user buffer can start anywhere: the CUDA codec reads whole elements and
+     * would refuse it, failing the isend. The bytes go exact instead. */
+    comm->typed_stats.not_eligible++;
+    req->dev_frame = false;
+    why = AGOQ_EXACT_UNALIGNED;
+  }
   if (!req->dev_frame && agoq_dev_direct(mhandle)) {
     /* GPUDirect RDMA: the NIC reads NCCL's buffer; the staging taken above goes back. */
     agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), id);

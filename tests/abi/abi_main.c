@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
 #ifdef ABI_HAVE_DEVICE
       /* The workers inherit it (abi_device.c). */
       setenv("AGOQ_ABI_DEVICE", "1", 1);
+      /* Device buffers need the GPU data path, which a user turns on (auto keeps it off). */
+      setenv("AGOQ_GPU", "on", 0);
 #else
       fprintf(stderr, "agoq-abi-harness: --device needs the CUDA emulation, which this build lacks\n");
       return 2;

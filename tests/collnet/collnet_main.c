@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       setenv("AGOQ_COLLNET_DEVICE", "1", 1); /* the workers inherit it (collnet_device.c) */
+      setenv("AGOQ_GPU", "on", 0);           /* device buffers need the path a user turns on */
       continue;
     }
     if (strcmp(o, "--list") == 0) {

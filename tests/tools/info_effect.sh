@@ -2,7 +2,7 @@
 # What agoq-info says is in effect, and what its pre-launch check refuses (issue 26):
 #   info_effect.sh AGOQ_INFO PLUGIN IBV_EMU
 # Each case runs with a cleared AGOQ_* environment plus its own settings.
-info=$1 plugin=$2 emu=$3
+info=$1 plugin=$2 emu=$3 gpu_plugin=${4:-}
 fail=0
 out=$(mktemp) err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
@@ -106,6 +106,19 @@ if [ -n "$emu" ] && [ -e "$emu" ]; then
   once "$err" "WARN .*not yet run on hardware: the verbs transport"
   hasnt "$out" "\?"
   hasnt "$out" "data sockets|progress threads|address  "
+fi
+
+# A host where a device is found (the plugin over the CUDA emulation): auto keeps the GPU
+# data path off and says why and what turns it on; on turns it on with the hazards at WARN,
+# and the summary says the path is known to hang on hardware.
+if [ -n "$gpu_plugin" ] && [ -e "$gpu_plugin" ]; then
+  run 0 -- --lib "$gpu_plugin"
+  has "$out" "^  GPU data path: off \(AGOQ_GPU=auto\): .*cudaFree.*AGOQ_GPU=on turns it on"
+  hasnt "$err" "AGOQ_GPU=on: the GPU data path is on"
+  run 0 AGOQ_GPU=on -- --lib "$gpu_plugin"
+  has "$out" "^  GPU data path: on \(AGOQ_GPU=on\)"
+  has "$out" "^  WARN: known to hang on hardware: the GPU data path"
+  once "$err" "AGOQ_GPU=on: the GPU data path is on although .*cudaFree"
 fi
 
 [ "$fail" = 0 ] && echo "info_effect: all cases passed"

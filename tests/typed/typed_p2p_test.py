@@ -78,6 +78,7 @@ def run(perf, lib, args, default_format=False, scope=None, stderr_out=None):
         env["AGOQ_P2P_SCOPE"] = scope
     if DEVICE:
         env.setdefault("AGOQ_GPU_STAGING", "16M")
+        env.setdefault("AGOQ_GPU", "on")  # agoq-perf --device asks for it too; said here for the reader
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
     if p.returncode != 0:
         sys.stderr.write(p.stderr[-3000:])

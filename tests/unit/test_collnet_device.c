@@ -12,9 +12,9 @@
  * (agoq_coll_gpu.c; each case says which calls must be): they must move only frames across
  * PCIe.
  *
- * Run three times by CTest: as is (AGOQ_GPU=auto finds the emulated device), with
- * AGOQ_COLLNET_GPU=0 (every device call staged and reduced on the CPU), and with
- * AGOQ_GPU=off, where device memory must be refused. */
+ * Run four times by CTest: with AGOQ_GPU=on (the emulated device found), with that and
+ * AGOQ_COLLNET_GPU=0 (every device call staged and reduced on the CPU), and with AGOQ_GPU=off
+ * or unset (auto keeps the path off), where device memory must be refused. */
 #include <setjmp.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -739,7 +739,8 @@ static void test_off_refuses_device_memory(void** state) {
   assert_int_equal(agoq_coll_reg_mr(g.comm[0], d, 4096, NCCL_PTR_CUDA, &mh), ncclInvalidUsage);
   agoq_log_set_logger(NULL);
   assert_null(mh);
-  assert_non_null(strstr(log_buf, "AGOQ_GPU=off"));
+  const char* mode = getenv("AGOQ_GPU");
+  assert_non_null(strstr(log_buf, mode == NULL ? "off (AGOQ_GPU=auto)" : "AGOQ_GPU=off"));
   cudaFree(d);
   ccase c = {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 1001, .nparts = 1};
   call k;
@@ -771,9 +772,9 @@ int main(void) {
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
   setenv("AGOQ_COLLNET_TIMEOUT_S", "20", 1);
   unsetenv("NCCL_COLLNET_ENABLE");
-  /* CTest's second run (collnet_device.gpu_off) asks for the host path only. */
+  /* CTest runs it with AGOQ_GPU=off (collnet_device.gpu_off) and unset (auto, .gpu_auto): the host path only. */
   const char* gpu = getenv("AGOQ_GPU");
-  if (gpu != NULL && strcmp(gpu, "off") == 0) return cmocka_run_group_tests(tests_gpu_off, NULL, NULL);
+  if (gpu == NULL || strcmp(gpu, "off") == 0) return cmocka_run_group_tests(tests_gpu_off, NULL, NULL);
   const char* filter = getenv("CMOCKA_TEST_FILTER"); /* e.g. test_allgather */
   if (filter != NULL && filter[0] != '\0') cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests_gpu, NULL, NULL);

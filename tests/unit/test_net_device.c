@@ -5,8 +5,9 @@
  * receive done before the copy into NCCL's buffer completed, waits for the device on the
  * data path or allocates there fails here.
  *
- * Run twice by CTest: as is (AGOQ_GPU=auto finds the emulated device), and with
- * AGOQ_GPU=off, where device memory must be refused with the reason. */
+ * Run three times by CTest: with AGOQ_GPU=on (the emulated device found), and with
+ * AGOQ_GPU=off or unset (auto keeps the path off for its hang hazards), where device memory
+ * must be refused with the reason. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -434,6 +435,46 @@ static void test_typed_tiny_goes_exact(void** state) {
   pair_close(&p);
 }
 
+/* A float send from device memory at an address that is not a multiple of the element size
+ * (a registered user buffer can start anywhere): exact, counted as exact_unaligned, the bytes
+ * arrive unchanged; it must not fail the isend (the CUDA codec refuses unaligned elements). */
+static void test_typed_misaligned_goes_exact(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 8, fake_prof);
+  uint64_t min0 = agoq_typed.min_bytes;
+  agoq_typed.min_bytes = 0;
+  enum { N = 4096 };
+  static float src[N];
+  static float got[N];
+  for (int i = 0; i < N; i++) src[i] = (float)i * 0.37f - 100.0f;
+  fake_step step = step_of(AGOQ_XFER_P2P, ncclFloat32, AGOQ_XFER_PROTO_SIMPLE, 1);
+  /* The send starts 2 bytes into its allocation: aligned for bf16, not for fp32. */
+  uint8_t* base = NULL;
+  assert_int_equal(cudaMalloc((void**)&base, sizeof src + 2), cudaSuccess);
+  assert_int_equal(cudaMemcpy(base + 2, src, sizeof src, cudaMemcpyHostToDevice), cudaSuccess);
+  endpoint ds = {.buf = base + 2, .size = sizeof src, .device = true};
+  endpoint dr = {.size = sizeof got, .device = true};
+  assert_int_equal(cudaMalloc(&dr.buf, sizeof got), cudaSuccess);
+  ep_reg(p.send, &ds);
+  ep_reg(p.recv, &dr);
+  agoq_comm* sc = (agoq_comm*)p.send;
+  assert_non_null(sc->st); /* AGOQ_STATS=1 (main) */
+  uint64_t frames0 = sc->typed_stats.frames;
+  uint64_t unaligned0 = agoq_stats_get(&sc->st->exact[AGOQ_EXACT_UNALIGNED]);
+  assert_int_equal(transfer(&p, &ds, &dr, sizeof src, &step), (int)sizeof src);
+  assert_int_equal(sc->typed_stats.frames, frames0);
+  assert_int_equal(agoq_stats_get(&sc->st->exact[AGOQ_EXACT_UNALIGNED]), unaligned0 + 1);
+  dev_to(got, dr.buf, sizeof got);
+  assert_memory_equal(got, src, sizeof src);
+  agoq_typed.min_bytes = min0;
+  agoq_net_dereg_mr(p.send, ds.mh);
+  agoq_net_dereg_mr(p.recv, dr.mh);
+  cudaFree(base);
+  cudaFree(dr.buf);
+  pair_close(&p);
+}
+
 /* regMr refuses what is not device memory, and ranges running past an allocation; the data
  * path refuses a buffer outside its registration and a message larger than the staging. */
 static void test_bad_device_buffers(void** state) {
@@ -482,17 +523,31 @@ static void test_backend_is_the_emulation(void** state) {
   pair_open_ex(&p, COMM_ID + 4, NULL);
   assert_true(agoq_gpu_active());
   assert_string_equal(agoq_gpu_backend(), "emulation");
-  assert_non_null(strstr(agoq_gpu_describe(), "on: 1 device"));
+  assert_non_null(strstr(agoq_gpu_describe(), "on (AGOQ_GPU=on): 1 device"));
   pair_close(&p);
 }
 
-/* AGOQ_GPU=off: the host path only; device memory is refused, naming the setting. */
+/* The setting that keeps the path off in this run: AGOQ_GPU=off, or unset (auto). */
+static bool gpu_mode_is_auto(void) {
+  const char* mode = getenv("AGOQ_GPU");
+  return mode == NULL || strcmp(mode, "auto") == 0;
+}
+
+/* AGOQ_GPU=off, and auto even where a device is found (the emulated one is): the host path
+ * only; device memory is refused, naming the setting, and auto says which hang hazards keep
+ * it off. */
 static void test_off_refuses_device_memory(void** state) {
   (void)state;
   pair p;
   pair_open_ex(&p, COMM_ID + 5, NULL);
   assert_false(agoq_gpu_active());
-  assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=off"));
+  if (gpu_mode_is_auto()) {
+    assert_non_null(strstr(agoq_gpu_describe(), "off (AGOQ_GPU=auto)"));
+    assert_non_null(strstr(agoq_gpu_describe(), "cudaFree"));
+    assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=on turns it on"));
+  } else {
+    assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=off"));
+  }
   void* d = NULL;
   void* mh = NULL;
   assert_int_equal(cudaMalloc(&d, 4096), cudaSuccess);
@@ -525,7 +580,7 @@ int main(void) {
   setenv("AGOQ_STATS", "1", 1);
   setenv("AGOQ_STATS_FILE", "/dev/null", 1);
   const char* mode = getenv("AGOQ_GPU");
-  if (mode != NULL && strcmp(mode, "off") == 0) {
+  if (mode == NULL || strcmp(mode, "off") == 0 || strcmp(mode, "auto") == 0) {
     const struct CMUnitTest off[] = {cmocka_unit_test(test_off_refuses_device_memory)};
     return cmocka_run_group_tests(off, NULL, NULL);
   }
@@ -538,6 +593,7 @@ int main(void) {
       cmocka_unit_test(test_typed_bits_equal_host_path),
       cmocka_unit_test(test_typed_matrix_equals_host_path),
       cmocka_unit_test(test_typed_tiny_goes_exact),
+      cmocka_unit_test(test_typed_misaligned_goes_exact),
       cmocka_unit_test(test_bad_device_buffers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

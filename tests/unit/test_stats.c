@@ -107,7 +107,7 @@ static void test_line_format(void** state) {
   assert_true(n > 0);
   assert_non_null(strstr(line, " path=exact calls=2 bytes_in=30 wire_raw=0 wire_bytes=0 ratio=1.000 "));
   assert_non_null(strstr(line, " exact_type=0 exact_op=1 exact_small=1 exact_ll=0 exact_unknown=0 "
-                               "exact_format_none=0 exact_collective=0 exact_nogain=0 exact_one_way=0\n"));
+                               "exact_format_none=0 exact_collective=0 exact_nogain=0 exact_one_way=0 exact_unaligned=0\n"));
   /* p2p lines carry no rank; a buffer too small gives nothing rather than half a line. */
   e.kind = AGOQ_STATS_P2P_SEND;
   n = agoq_stats_format(&e, AGOQ_STATS_EXACT, "close", "h1", 99, line, sizeof line);

@@ -252,6 +252,9 @@ int perf_opts_parse(int argc, char** argv, const char* cmd, perf_opts* o) {
     if (strcmp(a, "--device") == 0 && p.inline_val == NULL) {
 #ifdef AGOQ_PERF_DEVICE /* agoq-perf links the CUDA emulation (perf_device.c) */
       o->device = true;
+      /* Device buffers reach the plugin only with its GPU data path on, which AGOQ_GPU=auto
+       * keeps off (docs/design-gpu.md): --device asks for it unless the caller set AGOQ_GPU. */
+      setenv("AGOQ_GPU", "on", 0);
       continue;
 #else
       fprintf(stderr, "agoq-perf %s: --device needs the CUDA emulation (device buffers through the "
