@@ -75,6 +75,11 @@
 #                            Socket with 2 threads x 2 sockets)
 #   AGOQ_GPU_CHECK_COLLNET   CollNet configurations, AllReduce only (default "collnet
 #                            collnet-gdr collnet-exact collnet-exact-gdr"; "" for none)
+#   AGOQ_GPU_CHECK_EXTRA     the GPU path's variants, AllReduce and SendRecv, after the main
+#                            runs (default "agoq-exact-ll128-gdr agoq-exact-flush-gdr
+#                            agoq-exact-reg-gdr": NCCL_PROTO=LL128, NCCL_NET_FORCE_FLUSH=1,
+#                            nccl-tests -R 1; "" for none)
+#   AGOQ_GPU_CHECK_HAZARDS=0 skip the facts and hazard phase (tools/gpu/gpu_hazards)
 #   AGOQ_GPU_CHECK_TORCH=0   skip the PyTorch check
 #   AGOQ_GPU_CHECK_TORCH_ARGS    more arguments for torch_allreduce_check.py (e.g. "--sizes 1M,32M")
 #   AGOQ_GPU_CHECK_TORCH_P2P_ARGS  more arguments for torch_p2p_check.py
@@ -160,6 +165,7 @@ for t in $all_tests; do
 done
 mcore_timeout=${AGOQ_GPU_CHECK_MCORE_TIMEOUT:-300}
 collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-gdr collnet-exact collnet-exact-gdr}
+extra_configs=${AGOQ_GPU_CHECK_EXTRA-agoq-exact-ll128-gdr agoq-exact-flush-gdr agoq-exact-reg-gdr}
 torch_timeout=${AGOQ_GPU_CHECK_TORCH_TIMEOUT:-240}
 codec_timeout=${AGOQ_GPU_CHECK_CODEC_TIMEOUT:-300}
 run_timeout=${AGOQ_GPU_CHECK_RUN_TIMEOUT:-150}
@@ -180,7 +186,9 @@ work=$build/gpu-check
 # Configuration names: agoq-exact, agoq-int8, collnet and collnet-exact, each also as
 # <name>-gdr (device buffers); socket and socket-tuned.
 is_agoq_config() {
-  case "${1%-gdr}" in agoq-exact | agoq-int8 | collnet | collnet-exact) return 0 ;; esac
+  case "${1%-gdr}" in
+    agoq-exact | agoq-int8 | collnet | collnet-exact | agoq-exact-ll128 | agoq-exact-flush | agoq-exact-reg) return 0 ;;
+  esac
   return 1
 }
 # Compression on: nccl-tests' exact check counts the quantization error, which is expected.
@@ -433,7 +441,7 @@ write_summary() {
     echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
     [[ -f "$logs/env.txt" ]] && sed 's/^/  /' "$logs/env.txt"
     echo
-    printf '%-28s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+    printf '%-34s %-5s %-16s %6s %10s %10s %6s  %s\n' \
       run rc network wrong "avg busbw" "busbw@max" sizes verdict
     while read -r run config test; do
       [[ -n "$run" ]] || continue
@@ -508,11 +516,11 @@ write_summary() {
       fi
       # Runs that never started have no costs.
       [[ "$status" == UNRUN* || "$status" == SKIPPED* ]] ||
-      cost_rows+=("$(printf '%-28s %8s %10s %12s %19s %6s  %s' "$run" "$cpu" "$gb" "$cpu_gb" \
+      cost_rows+=("$(printf '%-34s %8s %10s %12s %19s %6s  %s' "$run" "$cpu" "$gb" "$cpu_gb" \
                      "$pcie_b" "$( ((gdr > 0)) && echo yes || echo no)" \
                      "$(is_agoq_config "$config" && echo "device_calls=$devcalls stats_entries=$entries")")")
       cpugb_of[$config.$test]=$cpu_gb
-      printf '%-28s %-5s %-16s %6s %10s %10s %6s  %s\n' \
+      printf '%-34s %-5s %-16s %6s %10s %10s %6s  %s\n' \
         "$run" "$rc" "$net" "$wrong" "$avg" "$last" "$rows" "$status"
       avg_of[$config.$test]=$avg
       last_of[$config.$test]=$last
@@ -523,7 +531,7 @@ write_summary() {
     echo "GB = payload the plugin was given (stats bytes_in, collnet + p2p_send); PCIe B/B ="
     echo "the plugin's pcie_d2h+pcie_h2d per byte NCCL's buffers gave it or took from it (p2p both ends,"
     echo "collnet input and result; 1.0 when every byte is copied; device runs; host-staged: NCCL copies)."
-    printf '%-28s %8s %10s %12s %19s %6s  %s\n' run "CPU s" "GB" "CPU s/GB" "PCIe B/B" GDRDMA ""
+    printf '%-34s %8s %10s %12s %19s %6s  %s\n' run "CPU s" "GB" "CPU s/GB" "PCIe B/B" GDRDMA ""
     printf '%s\n' "${cost_rows[@]}"
     # NCCL's own words about plugin loading and failures, for the runs that went wrong.
     local lines
@@ -615,10 +623,10 @@ write_summary() {
       [[ -f "$logs/$gname.rc" ]] || continue
       echo
       if [[ $gname == torch-gdr ]]; then
-        torch_summary "$gname" torch-check "torch all_reduce through CollNet, device buffers (NCCL_NET_GDR_LEVEL=SYS)" \
+        torch_summary "$gname" torch-check "torch all_reduce through CollNet, device buffers (AGOQ_GPU=on, NCCL_NET_GDR_LEVEL=SYS), a NaN planted" \
           "identical on all ranks, within the error bound"
       else
-        torch_summary "$gname" torch-p2p-check "torch send/recv, device buffers (NCCL_NET_GDR_LEVEL=SYS)" \
+        torch_summary "$gname" torch-p2p-check "torch send/recv, device buffers (AGOQ_GPU=on, NCCL_NET_GDR_LEVEL=SYS)" \
           "bf16 quantized within the bound, int64 exact, all_reduce identical"
       fi
       # The variant exists to run the device path: NCCL must have chosen GDRDMA and the
@@ -1053,13 +1061,20 @@ config_env() {
   echo "NCCL_TESTS_DEVICE=0"
   echo "LD_LIBRARY_PATH=$nccl_home/lib:$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   case "$base" in
-    agoq-exact)
+    agoq-exact | agoq-exact-ll128 | agoq-exact-flush | agoq-exact-reg)
       # agoq's exact net: NCCL's own algorithms over agoq's transport, nothing quantized.
       echo "NCCL_NET_PLUGIN=$plugin"
       echo "NCCL_NET=AGOQ"
       echo "AGOQ_SOCKET_IFNAME=lo"
       echo "AGOQ_FORMAT=none"
       echo "AGOQ_P2P_FORMAT=none"
+      # The variants the GPU path must survive (issue 27): LL128 receives polled in device
+      # memory while the plugin's copy lands, NCCL's iflush on every receive, and registered
+      # user buffers (nccl-tests -R 1, added by run_one), whose messages reach NCCL_MAX_NET_SIZE.
+      case "$base" in
+        agoq-exact-ll128) echo "NCCL_PROTO=LL128" ;;
+        agoq-exact-flush) echo "NCCL_NET_FORCE_FLUSH=1" ;;
+      esac
       ;;
     agoq-int8)
       # Compression on as a user turns it on: CollNet offered, int8 for CollNet and typed
@@ -1154,6 +1169,12 @@ run_one() {
   ((limit < 20)) && limit=20
 
   # The driver has AllReduce and SendRecv only; the other collectives need nccl-tests.
+  if [[ "$launcher" == driver && "${config%-gdr}" == agoq-exact-reg ]]; then
+    echo "unrun: registered buffers (nccl-tests -R) need nccl-tests under MPI (AGOQ_GPU_CHECK_MPI)" >"$logs/$run.rc"
+    : >"$logs/$run.out"
+    log "$run: $(cat "$logs/$run.rc")"
+    return
+  fi
   if [[ "$launcher" == driver && "$test" != all_reduce && "$test" != sendrecv ]]; then
     echo "unrun: the driver runs all_reduce and sendrecv only; $test needs nccl-tests under MPI (AGOQ_GPU_CHECK_MPI)" >"$logs/$run.rc"
     : >"$logs/$run.out"
@@ -1171,6 +1192,7 @@ run_one() {
   if [[ "$launcher" == mpi ]]; then
     set_mpirun_args "$envfile"
     cmd=("${mpirun_args[@]}" "$tests_bin/${test}_perf" "${sizes[@]}" -g 1 -c 1)
+    [[ "${config%-gdr}" == agoq-exact-reg ]] && cmd+=(-R 1)
   else
     cmd=("$driver" -t "$test" -N "$nranks" "${sizes[@]}" -T $((limit - 15))
          --nccl "$nccl_lib" --cudart "$cudart" --hostid-prefix agoq-node- --log-dir "$logs")
@@ -1254,9 +1276,9 @@ run_mcore() {
   run_torch mcore megatron_check.py AGOQ_GPU_CHECK_MCORE "$limit" "${args[@]}"
 }
 
-for config in $configs $collnet_configs; do
+for config in $configs $collnet_configs $extra_configs; do
   config_env "$config" >/dev/null ||
-    die "unknown configuration '$config' in AGOQ_GPU_CHECK_CONFIGS or AGOQ_GPU_CHECK_COLLNET"
+    die "unknown configuration '$config' in AGOQ_GPU_CHECK_CONFIGS, AGOQ_GPU_CHECK_COLLNET or AGOQ_GPU_CHECK_EXTRA"
 done
 # Interleaved so that a run cut by the budget still leaves one comparable pair. CollNet runs
 # AllReduce only, right after the plain AllReduce runs; the PyTorch check follows them.
@@ -1270,14 +1292,24 @@ for test in $all_tests; do
   [[ "$test" == all_reduce ]] && run_torch torch torch_allreduce_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
     ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
   # shellcheck disable=SC2086
+  # With a NaN planted in rank 0's input: its block travels raw, so the GPU's raw decode
+  # kernel runs inside NCCL (the kernel a launch-based warm-up never loaded).
   [[ "$test" == all_reduce ]] && AGOQ_GPU=on NCCL_NET_GDR_LEVEL=SYS run_torch torch-gdr torch_allreduce_check.py \
-    AGOQ_GPU_CHECK_TORCH "$torch_timeout" ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
+    AGOQ_GPU_CHECK_TORCH "$torch_timeout" --nan-at 7 ${AGOQ_GPU_CHECK_TORCH_ARGS:-}
   # shellcheck disable=SC2086
   [[ "$test" == sendrecv ]] && run_torch torch-p2p torch_p2p_check.py AGOQ_GPU_CHECK_TORCH "$torch_timeout" \
     ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
   # shellcheck disable=SC2086
   [[ "$test" == sendrecv ]] && AGOQ_GPU=on NCCL_NET_GDR_LEVEL=SYS run_torch torch-p2p-gdr torch_p2p_check.py \
     AGOQ_GPU_CHECK_TORCH "$torch_timeout" ${AGOQ_GPU_CHECK_TORCH_P2P_ARGS:-}
+done
+# The GPU path's variants (LL128, forced flush, registered buffers), after the main runs so
+# that a budget cut loses these first; AllReduce and SendRecv, the tests they change most.
+for test in all_reduce sendrecv; do
+  [[ " $all_tests " == *" $test "* ]] || continue
+  for config in $extra_configs; do
+    run_one "$config" "$test"
+  done
 done
 run_mcore
 

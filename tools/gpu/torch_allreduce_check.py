@@ -17,7 +17,7 @@ the fp64 reference itself; nothing but the AllReduce goes through NCCL.
 usage: torch_allreduce_check.py [--plugin PATH] [--nranks N] [--sizes LIST] [--dtype T]
                                 [--bound X] [--algo A] [--format F] [--iters N]
                                 [--log-dir DIR] [--timeout S] [--device N]
-                                [--no-require-collnet]
+                                [--no-require-collnet] [--nan-at I]
 Exit status: 0 all checks passed; 1 a check failed (different bits, error above the bound,
 non-finite values, not through CollNet, a rank failed or timed out); 2 usage or setup error
 (no plugin); 77 skipped: torch, torch.distributed with NCCL, or a CUDA device is absent.
@@ -75,6 +75,11 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=5,
                    help="timed all_reduces per size of 1M elements or more (default 5; 0: none)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--nan-at", type=int, default=-1,
+                   help="rank 0 puts a NaN at this element of every size's input (sizes that have it): "
+                        "the result must be NaN there on every rank, bit-identical, and the other "
+                        "elements within the bound (quantized blocks holding a NaN travel raw: the "
+                        "codec's escape path, on the GPU its raw decode kernel); default -1: none")
     p.add_argument("--log-dir", help="keep per-rank and NCCL logs here (default: a temporary "
                    "directory, removed when the check passes)")
     p.add_argument("--timeout", type=int, default=300, help="seconds for the whole run")
@@ -143,6 +148,8 @@ def worker_main(cfg):
             g = torch.Generator(device=dev)
             g.manual_seed(cfg["seed"] * 1000003 + i * 1009 + q)
             x = torch.randn(n, generator=g, device=dev, dtype=torch.float32).to(dtype)
+            if q == 0 and 0 <= cfg.get("nan_at", -1) < n:
+                x[cfg["nan_at"]] = float("nan")
             ref += x.double()
             if q == rank:
                 mine = x
@@ -150,13 +157,17 @@ def worker_main(cfg):
         y = mine.clone()
         dist.all_reduce(y)
         torch.cuda.synchronize()
-        diff = y.double() - ref
-        rel = (diff.norm() / ref.norm()).item()
+        # The planted NaN (--nan-at) must come out as NaN; the error is over the other elements.
+        planted = 0 <= cfg.get("nan_at", -1) < n
+        keep = torch.isfinite(ref)
+        diff = (y.double() - ref)[keep]
+        rel = (diff.norm() / ref[keep].norm()).item()
         maxabs = diff.abs().max().item()
-        nonfinite = int(torch.isfinite(y).logical_not().sum().item())
-        del diff, ref
+        nonfinite = int(torch.isfinite(y[keep]).logical_not().sum().item())
+        del diff, ref, keep
         entry = {"elements": n, "bytes": n * y.element_size(), "rel_l2": rel, "max_abs": maxabs,
-                 "nonfinite": nonfinite, "digest": digest(torch, y)}
+                 "nonfinite": nonfinite, "digest": digest(torch, y),
+                 "nan_lost": planted and not bool(torch.isnan(y[cfg["nan_at"]]).item())}
         if cfg["iters"] > 0 and n >= (1 << 20):
             total_ms = 0.0
             z = mine.clone()
@@ -277,7 +288,7 @@ def run_ranks(args, plugin, log_dir, script=None, cfg_base=None, env_fn=None):
     env_fn = env_fn or rank_env
     if cfg_base is None:
         cfg_base = {"nranks": args.nranks, "device": args.device, "sizes": args.size_list,
-                    "dtype": args.dtype, "seed": args.seed, "iters": args.iters,
+                    "dtype": args.dtype, "seed": args.seed, "iters": args.iters, "nan_at": args.nan_at,
                     "timeout": args.timeout}
     procs, outs = [], []
     try:
@@ -398,6 +409,9 @@ def parent_main(args):
             bad.append("ERROR %.4g > %.4g" % (rel, args.bound))
         if nonfinite:
             bad.append("%d NON-FINITE" % nonfinite)
+        lost = sum(1 for e in per_rank if e.get("nan_lost"))
+        if lost:
+            bad.append("the planted NaN did not arrive on %d rank(s)" % lost)
         failures += ["%d elements: %s" % (n, b) for b in bad]
         print("%12d %12d %10.3e %10.3e %9s %9s %11s  %s" % (
             n, per_rank[0]["bytes"], rel, maxabs, "yes" if len(digests) == 1 else "NO",

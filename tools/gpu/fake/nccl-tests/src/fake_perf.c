@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
 
   size_t min_bytes = 32 << 20, max_bytes = 32 << 20, factor = 2;
   int iters = 20, warmup = 1, check = 1;
-  for (int opt; (opt = getopt(argc, argv, "b:e:f:n:w:g:c:d:")) != -1;) {
+  for (int opt; (opt = getopt(argc, argv, "b:e:f:n:w:g:c:d:R:")) != -1;) {
     switch (opt) {
       case 'b': min_bytes = parse_size(optarg); break;
       case 'e': max_bytes = parse_size(optarg); break;
@@ -201,6 +201,9 @@ int main(int argc, char** argv) {
       case 'g': if (atoi(optarg) != 1) fail(EXIT_USAGE, "-g must be 1"); break;
       case 'c': check = atoi(optarg); break;
       case 'd': if (strcmp(optarg, "float") != 0) fail(EXIT_USAGE, "only -d float"); break;
+      /* Registered buffers: the stand-in's buffers are not NCCL's to register; only the
+       * values nccl-tests accepts (0 none, 1 local, 2 symmetric) are. */
+      case 'R': if (atoi(optarg) < 0 || atoi(optarg) > 2) fail(EXIT_USAGE, "-R must be 0, 1 or 2"); break;
       default: fail(EXIT_USAGE, "usage");
     }
   }
