@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
+
 #include "agoq_codec_cuda_math.cuh"
 
 namespace agoq_cuda {
@@ -887,13 +889,68 @@ inline void agoq_emu_rebase(DecodeArgs& a, bool& ok) {
 }
 #endif
 
-/* kernel<<<grid, block, 0, st>>>(args), or its emulation. */
+/* ---- the kernels, as the launch code and the loader see them -------------------------------- */
+
+/* A kernel's address and, for messages, its name with its template arguments. Every launch
+ * below takes one of these, made by kern<>() at the launch site or by a selector
+ * (quantize_kernel_for, decode_kernel_for, ...), the same selectors agoq_cuda_codec_load_all
+ * walks: the emulation refuses a launch of a kernel the loader did not load, so a kernel
+ * added to the launch code but not reachable by the loader fails the emulated tests. */
+template <typename F>
+struct Kernel {
+  F fn;
+  const char* name;
+};
+
+struct KernelName {
+  char s[192];
+};
+
+/* "... K = agoq_cuda::{anonymous}::decode_kernel<1, 3>]" (gcc; clang: "K = &...") -> "decode_kernel<1, 3>". */
+KernelName kernel_name_from(const char* pretty) {
+  KernelName n;
+  memset(&n, 0, sizeof n);
+  const char* p = strstr(pretty, "K = ");
+  p = p != nullptr ? p + 4 : pretty;
+  if (*p == '&') p++;
+  static const char* const prefixes[] = {"agoq_cuda::", "{anonymous}::", "(anonymous namespace)::"};
+  size_t o = 0;
+  while (*p != '\0' && o + 1 < sizeof n.s) {
+    bool skipped = false;
+    for (const char* pre : prefixes) {
+      const size_t len = strlen(pre);
+      if (strncmp(p, pre, len) == 0) {
+        p += len;
+        skipped = true;
+      }
+    }
+    if (skipped) continue;
+    n.s[o++] = *p++;
+  }
+  /* The closing bracket of "[with ...]" (and what follows it). */
+  char* end = strrchr(n.s, ']');
+  if (end != nullptr) *end = '\0';
+  return n;
+}
+
+template <auto K>
+const char* kernel_name() {
+  static const KernelName n = kernel_name_from(__PRETTY_FUNCTION__);
+  return n.s;
+}
+
+template <auto K>
+Kernel<decltype(K)> kern() {
+  return {K, kernel_name<K>()};
+}
+
+/* k<<<grid, block, 0, st>>>(args), or its emulation. */
 template <typename... P, typename... A>
-void launch(void (*kernel)(P...), unsigned grid, unsigned block, cudaStream_t st, A... args) {
+void launch(Kernel<void (*)(P...)> k, unsigned grid, unsigned block, cudaStream_t st, A... args) {
 #if defined(AGOQ_CUDA_EMULATION)
-  agoq_emu::launch(st, kernel, grid, block, static_cast<P>(args)...);
+  agoq_emu::launch(st, k.fn, k.name, grid, block, static_cast<P>(args)...);
 #else
-  kernel<<<grid, block, 0, st>>>(static_cast<P>(args)...);
+  k.fn<<<grid, block, 0, st>>>(static_cast<P>(args)...);
 #endif
 }
 
@@ -945,87 +1002,174 @@ bool layout_init(Layout* L, const agoq_codec_params* p, size_t n, const void* bo
   return true;
 }
 
+/* ---- selectors: which kernel a call launches (launch code and loader alike) ---------------- */
+
+using QuantFn = void (*)(QuantArgs);
+using DecodeFn = void (*)(DecodeArgs);
+using RawDecodeFn = void (*)(Layout, const Workspace*, void*);
+using NoneDecodeFn = void (*)(const uint8_t*, uint64_t, uint32_t, void*);
+using NarrowFn = void (*)(const float*, uint64_t, void*);
+
+struct QuantKernel {
+  Kernel<QuantFn> k;
+  uint32_t blocks_per_cta; /* codec blocks one CTA quantizes */
+};
+
 template <int FMT, int DT, int G, int C, bool STOCH>
-void launch_quantize_geom(const QuantArgs& a, cudaStream_t st) {
+QuantKernel quantize_geom() {
   constexpr int kChunksPerLane = DT == kFp32 ? 2 : 4;
   constexpr int U = kChunksPerLane / C > 0 ? kChunksPerLane / C : 1;
   constexpr int kBlocksPerCta = (kThreads / 32) * (32 / G) * U;
-  uint64_t grid = (a.L.nb + kBlocksPerCta - 1) / kBlocksPerCta;
-  launch(quantize_kernel<FMT, DT, G, C, U, STOCH>, (unsigned)grid, kThreads, st, a);
+  return {kern<quantize_kernel<FMT, DT, G, C, U, STOCH>>(), (uint32_t)kBlocksPerCta};
 }
 
 template <int FMT, int DT, bool STOCH>
-void launch_quantize_block(const QuantArgs& a, cudaStream_t st) {
-  switch (a.L.block) {
-    case 32: launch_quantize_geom<FMT, DT, 4, 1, STOCH>(a, st); break;
-    case 64: launch_quantize_geom<FMT, DT, 8, 1, STOCH>(a, st); break;
-    case 128: launch_quantize_geom<FMT, DT, 16, 1, STOCH>(a, st); break;
-    case 256: launch_quantize_geom<FMT, DT, 32, 1, STOCH>(a, st); break;
-    case 512: launch_quantize_geom<FMT, DT, 32, 2, STOCH>(a, st); break;
-    default: launch_quantize_geom<FMT, DT, 32, 4, STOCH>(a, st); break;
+QuantKernel quantize_block(uint32_t block) {
+  switch (block) {
+    case 32: return quantize_geom<FMT, DT, 4, 1, STOCH>();
+    case 64: return quantize_geom<FMT, DT, 8, 1, STOCH>();
+    case 128: return quantize_geom<FMT, DT, 16, 1, STOCH>();
+    case 256: return quantize_geom<FMT, DT, 32, 1, STOCH>();
+    case 512: return quantize_geom<FMT, DT, 32, 2, STOCH>();
+    default: return quantize_geom<FMT, DT, 32, 4, STOCH>();
   }
 }
 
 template <int FMT, int DT>
-void launch_quantize_dt(const QuantArgs& a, bool stochastic, cudaStream_t st) {
+QuantKernel quantize_dt(uint32_t block, bool stochastic) {
   if constexpr (FMT == kInt8 || FMT == kInt4) {
-    if (stochastic) {
-      launch_quantize_block<FMT, DT, true>(a, st);
-      return;
-    }
+    if (stochastic) return quantize_block<FMT, DT, true>(block);
   }
-  launch_quantize_block<FMT, DT, false>(a, st);
+  return quantize_block<FMT, DT, false>(block);
 }
 
 template <int FMT>
-void launch_quantize_fmt(const QuantArgs& a, agoq_dtype dt, bool stochastic, cudaStream_t st) {
+QuantKernel quantize_fmt(agoq_dtype dt, uint32_t block, bool stochastic) {
   switch (dt) {
-    case AGOQ_DTYPE_FP32: launch_quantize_dt<FMT, kFp32>(a, stochastic, st); break;
-    case AGOQ_DTYPE_BF16: launch_quantize_dt<FMT, kBf16>(a, stochastic, st); break;
-    default: launch_quantize_dt<FMT, kFp16>(a, stochastic, st); break;
+    case AGOQ_DTYPE_FP32: return quantize_dt<FMT, kFp32>(block, stochastic);
+    case AGOQ_DTYPE_BF16: return quantize_dt<FMT, kBf16>(block, stochastic);
+    default: return quantize_dt<FMT, kFp16>(block, stochastic);
   }
 }
+
+/* The quantize kernel of valid, non-NONE parameters. */
+QuantKernel quantize_kernel_for(const agoq_codec_params* p) {
+  switch (p->format) {
+    case AGOQ_FORMAT_INT8: return quantize_fmt<kInt8>(p->dtype, p->block, p->stochastic);
+    case AGOQ_FORMAT_INT4: return quantize_fmt<kInt4>(p->dtype, p->block, p->stochastic);
+    case AGOQ_FORMAT_FP8E4M3: return quantize_fmt<kE4M3>(p->dtype, p->block, false);
+    default: return quantize_fmt<kE5M2>(p->dtype, p->block, false);
+  }
+}
+
+template <int FMT>
+Kernel<DecodeFn> decode_fmt(int out) {
+  switch (out) {
+    case kOutFp32: return kern<decode_kernel<FMT, kOutFp32>>();
+    case kOutBf16: return kern<decode_kernel<FMT, kOutBf16>>();
+    case kOutFp16: return kern<decode_kernel<FMT, kOutFp16>>();
+    default: return kern<decode_kernel<FMT, kOutAcc>>();
+  }
+}
+
+/* The coded blocks' decode of a non-NONE format into out (a dtype or kOutAcc). */
+Kernel<DecodeFn> decode_kernel_for(agoq_format format, int out) {
+  switch (format) {
+    case AGOQ_FORMAT_INT8: return decode_fmt<kInt8>(out);
+    case AGOQ_FORMAT_INT4: return decode_fmt<kInt4>(out);
+    case AGOQ_FORMAT_FP8E4M3: return decode_fmt<kE4M3>(out);
+    default: return decode_fmt<kE5M2>(out);
+  }
+}
+
+/* The escaped (raw) blocks' decode: only for a body with escaped blocks (NaN or Inf). */
+Kernel<RawDecodeFn> raw_decode_kernel_for(int out) {
+  switch (out) {
+    case kOutFp32: return kern<raw_decode_kernel<kOutFp32>>();
+    case kOutBf16: return kern<raw_decode_kernel<kOutBf16>>();
+    case kOutFp16: return kern<raw_decode_kernel<kOutFp16>>();
+    default: return kern<raw_decode_kernel<kOutAcc>>();
+  }
+}
+
+/* Format NONE into another type than its own, or accumulated. */
+Kernel<NoneDecodeFn> none_decode_kernel_for(int out) {
+  switch (out) {
+    case kOutFp32: return kern<none_decode_kernel<kOutFp32>>();
+    case kOutBf16: return kern<none_decode_kernel<kOutBf16>>();
+    case kOutFp16: return kern<none_decode_kernel<kOutFp16>>();
+    default: return kern<none_decode_kernel<kOutAcc>>();
+  }
+}
+
+Kernel<NarrowFn> narrow_kernel_for(agoq_dtype out) {
+  switch (out) {
+    case AGOQ_DTYPE_FP32: return kern<narrow_kernel<kOutFp32>>();
+    case AGOQ_DTYPE_BF16: return kern<narrow_kernel<kOutBf16>>();
+    default: return kern<narrow_kernel<kOutFp16>>();
+  }
+}
+
+/* Calls f(Kernel<...>) for every kernel a call of this file can launch, over every parameter
+ * the codec accepts (agoq_codec_params_check), through the selectors above; a kernel may come
+ * more than once. What agoq_cuda_codec_load_all loads. */
+template <typename Fn>
+void for_each_kernel(Fn&& f) {
+  for (int fmt = 0; fmt < AGOQ_FORMAT_COUNT; fmt++) {
+    if (fmt == AGOQ_FORMAT_NONE) continue; /* no quantize kernel: a copy, or the kernels below */
+    bool any = false;
+    for (int dt = 0; dt < AGOQ_DTYPE_COUNT; dt++)
+      for (uint32_t block = 1; block <= AGOQ_CODEC_BLOCK_MAX; block++)
+        for (int stoch = 0; stoch < 2; stoch++) {
+          agoq_codec_params p;
+          memset(&p, 0, sizeof p);
+          p.format = (agoq_format)fmt;
+          p.dtype = (agoq_dtype)dt;
+          p.block = block;
+          p.stochastic = stoch != 0;
+          if (agoq_codec_params_check(&p) != AGOQ_CODEC_OK) continue;
+          f(quantize_kernel_for(&p).k);
+          any = true;
+        }
+    if (any)
+      for (int out = kOutFp32; out <= kOutAcc; out++) f(decode_kernel_for((agoq_format)fmt, out));
+  }
+  for (int out = kOutFp32; out <= kOutAcc; out++) {
+    f(raw_decode_kernel_for(out));
+    f(none_decode_kernel_for(out));
+  }
+  for (int dt = 0; dt < AGOQ_DTYPE_COUNT; dt++) f(narrow_kernel_for((agoq_dtype)dt));
+  /* The kernels every parameter shares (launched below with kern<>()). */
+  f(kern<count_kernel>());
+  f(kern<scan_kernel>());
+  f(kern<raw_copy_kernel>());
+  f(kern<write_result_kernel>());
+  f(kern<write_header_kernel>());
+  f(kern<overflow_inf_kernel>());
+}
+
+/* ---- launches -------------------------------------------------------------------------------- */
 
 void launch_quantize(const QuantArgs& a, const agoq_codec_params* p, cudaStream_t st) {
-  switch (p->format) {
-    case AGOQ_FORMAT_INT8: launch_quantize_fmt<kInt8>(a, p->dtype, p->stochastic, st); break;
-    case AGOQ_FORMAT_INT4: launch_quantize_fmt<kInt4>(a, p->dtype, p->stochastic, st); break;
-    case AGOQ_FORMAT_FP8E4M3: launch_quantize_fmt<kE4M3>(a, p->dtype, false, st); break;
-    default: launch_quantize_fmt<kE5M2>(a, p->dtype, false, st); break;
-  }
+  const QuantKernel q = quantize_kernel_for(p);
+  const uint64_t grid = (a.L.nb + q.blocks_per_cta - 1) / q.blocks_per_cta;
+  launch(q.k, (unsigned)grid, kThreads, st, a);
 }
 
-template <int FMT>
-void launch_decode_fmt(const DecodeArgs& a, int out, cudaStream_t st) {
+void launch_decode(const DecodeArgs& a, agoq_format format, int out, cudaStream_t st) {
   const uint64_t per_cta = (uint64_t)kThreads * kDecodeChunks * 8;
   const unsigned grid = (unsigned)((a.L.n + per_cta - 1) / per_cta);
-  switch (out) {
-    case kOutFp32: launch(decode_kernel<FMT, kOutFp32>, grid, kThreads, st, a); break;
-    case kOutBf16: launch(decode_kernel<FMT, kOutBf16>, grid, kThreads, st, a); break;
-    case kOutFp16: launch(decode_kernel<FMT, kOutFp16>, grid, kThreads, st, a); break;
-    default: launch(decode_kernel<FMT, kOutAcc>, grid, kThreads, st, a); break;
-  }
+  launch(decode_kernel_for(format, out), grid, kThreads, st, a);
 }
 
 void launch_raw_decode(const Layout& L, Workspace* ws, void* dst, int out, cudaStream_t st) {
-  switch (out) {
-    case kOutFp32: launch(raw_decode_kernel<kOutFp32>, L.ranges, kThreads, st, L, ws, dst); break;
-    case kOutBf16: launch(raw_decode_kernel<kOutBf16>, L.ranges, kThreads, st, L, ws, dst); break;
-    case kOutFp16: launch(raw_decode_kernel<kOutFp16>, L.ranges, kThreads, st, L, ws, dst); break;
-    default: launch(raw_decode_kernel<kOutAcc>, L.ranges, kThreads, st, L, ws, dst); break;
-  }
+  launch(raw_decode_kernel_for(out), L.ranges, kThreads, st, L, ws, dst);
 }
 
 void launch_none_decode(const void* body, size_t n, agoq_dtype in, void* dst, int out, cudaStream_t st) {
   const uint64_t blocks = (n + kThreads - 1) / kThreads;
   const unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
-  const uint8_t* b = static_cast<const uint8_t*>(body);
-  switch (out) {
-    case kOutFp32: launch(none_decode_kernel<kOutFp32>, grid, kThreads, st, b, n, in, dst); break;
-    case kOutBf16: launch(none_decode_kernel<kOutBf16>, grid, kThreads, st, b, n, in, dst); break;
-    case kOutFp16: launch(none_decode_kernel<kOutFp16>, grid, kThreads, st, b, n, in, dst); break;
-    default: launch(none_decode_kernel<kOutAcc>, grid, kThreads, st, b, n, in, dst); break;
-  }
+  launch(none_decode_kernel_for(out), grid, kThreads, st, static_cast<const uint8_t*>(body), n, in, dst);
 }
 
 bool params_ok(const agoq_codec_params* p) {
@@ -1047,8 +1191,8 @@ int quantize_impl(const agoq_codec_params* p, const void* src, size_t n, void* b
       cudaError_t e = cudaMemcpyAsync(body, src, bytes, cudaMemcpyDeviceToDevice, st);
       if (e != cudaSuccess) return cuda_failed(e);
     }
-    if (header != nullptr) launch(write_header_kernel, 1, 1, st, header, (uint8_t)p->dtype, n, bytes);
-    launch(write_result_kernel, 1, 1, st, result, bytes, 0, AGOQ_CODEC_OK);
+    if (header != nullptr) launch(kern<write_header_kernel>(), 1, 1, st, header, (uint8_t)p->dtype, n, bytes);
+    launch(kern<write_result_kernel>(), 1, 1, st, result, bytes, 0, AGOQ_CODEC_OK);
     return launched();
   }
   QuantArgs a;
@@ -1074,10 +1218,10 @@ int quantize_impl(const agoq_codec_params* p, const void* src, size_t n, void* b
       sa.result = result;
       sa.mode = kModeQuantize;
       sa.cap = cap;
-      launch(scan_kernel, 1, kScanThreads, st, sa);
+      launch(kern<scan_kernel>(), 1, kScanThreads, st, sa);
       return launched();
     }
-    launch(write_result_kernel, 1, 1, st, result, 0, 0, AGOQ_CODEC_OK);
+    launch(kern<write_result_kernel>(), 1, 1, st, result, 0, 0, AGOQ_CODEC_OK);
     return launched();
   }
   Workspace* ws = static_cast<Workspace*>(workspace);
@@ -1087,14 +1231,14 @@ int quantize_impl(const agoq_codec_params* p, const void* src, size_t n, void* b
   a.src_vec = aligned(src, 16);
   a.codes8 = aligned(a.L.body + a.L.codes_off, 8);
   launch_quantize(a, p, st);
-  launch(count_kernel, a.L.ranges, kThreads, st, a.L, ws, 0);
+  launch(kern<count_kernel>(), a.L.ranges, kThreads, st, a.L, ws, 0);
   sa.L = a.L;
   sa.ws = ws;
   sa.result = result;
   sa.mode = kModeQuantize;
   sa.cap = cap;
-  launch(scan_kernel, 1, kScanThreads, st, sa);
-  launch(raw_copy_kernel, a.L.ranges, kThreads, st, a.L, ws, a.src);
+  launch(kern<scan_kernel>(), 1, kScanThreads, st, sa);
+  launch(kern<raw_copy_kernel>(), a.L.ranges, kThreads, st, a.L, ws, a.src);
   return launched();
 }
 
@@ -1119,7 +1263,7 @@ int decode_impl(const agoq_codec_params* p, const void* body, size_t body_len, s
         launch_none_decode(body, n, p->dtype, dst, out, st);
       }
     }
-    if (result != nullptr) launch(write_result_kernel, 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
+    if (result != nullptr) launch(kern<write_result_kernel>(), 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
     return launched();
   }
   Layout L;
@@ -1131,11 +1275,11 @@ int decode_impl(const agoq_codec_params* p, const void* body, size_t body_len, s
     return AGOQ_CODEC_ECORRUPT;
   const uint64_t expected = (body_len - L.head) / L.raw_block;
   if (n == 0) {
-    if (result != nullptr) launch(write_result_kernel, 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
+    if (result != nullptr) launch(kern<write_result_kernel>(), 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
     return launched();
   }
   Workspace* ws = static_cast<Workspace*>(workspace);
-  launch(count_kernel, L.ranges, kThreads, st, L, ws, check_scales ? 1 : 0);
+  launch(kern<count_kernel>(), L.ranges, kThreads, st, L, ws, check_scales ? 1 : 0);
   ScanArgs sa;
   memset(&sa, 0, sizeof sa);
   sa.L = L;
@@ -1143,19 +1287,14 @@ int decode_impl(const agoq_codec_params* p, const void* body, size_t body_len, s
   sa.result = result;
   sa.mode = kModeDecode;
   sa.expected = expected;
-  launch(scan_kernel, 1, kScanThreads, st, sa);
+  launch(kern<scan_kernel>(), 1, kScanThreads, st, sa);
   DecodeArgs da;
   da.L = L;
   da.ws = ws;
   da.dst = dst;
   da.codes8 = aligned(L.body + L.codes_off, 8);
   da.dst_vec = aligned(dst, 16);
-  switch (p->format) {
-    case AGOQ_FORMAT_INT8: launch_decode_fmt<kInt8>(da, out, st); break;
-    case AGOQ_FORMAT_INT4: launch_decode_fmt<kInt4>(da, out, st); break;
-    case AGOQ_FORMAT_FP8E4M3: launch_decode_fmt<kE4M3>(da, out, st); break;
-    default: launch_decode_fmt<kE5M2>(da, out, st); break;
-  }
+  launch_decode(da, p->format, out, st);
   if (expected != 0) launch_raw_decode(L, ws, dst, out, st);
   return launched();
 }
@@ -1284,7 +1423,7 @@ extern "C" int agoq_cuda_overflow_to_inf(agoq_dtype out, float* acc, size_t n, v
     return AGOQ_CODEC_EARG;
   if (out == AGOQ_DTYPE_FP32 || n == 0) return AGOQ_CODEC_OK; /* fp32 overflows by itself */
   const uint32_t from = out == AGOQ_DTYPE_BF16 ? kBf16InfFromBits : kFp16InfFromBits;
-  launch(overflow_inf_kernel, elementwise_grid(n), kThreads, static_cast<cudaStream_t>(stream), acc, n, from);
+  launch(kern<overflow_inf_kernel>(), elementwise_grid(n), kThreads, static_cast<cudaStream_t>(stream), acc, n, from);
   return launched();
 }
 
@@ -1295,11 +1434,7 @@ extern "C" int agoq_cuda_narrow_fp32(agoq_dtype out, const float* acc, size_t n,
   if (n == 0) return AGOQ_CODEC_OK;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const unsigned grid = elementwise_grid(n);
-  switch (out) {
-    case AGOQ_DTYPE_FP32: launch(narrow_kernel<kOutFp32>, grid, kThreads, st, acc, n, dst); break;
-    case AGOQ_DTYPE_BF16: launch(narrow_kernel<kOutBf16>, grid, kThreads, st, acc, n, dst); break;
-    default: launch(narrow_kernel<kOutFp16>, grid, kThreads, st, acc, n, dst); break;
-  }
+  launch(narrow_kernel_for(out), grid, kThreads, st, acc, n, dst);
   return launched();
 }
 
@@ -1307,4 +1442,32 @@ extern "C" int agoq_cuda_codec_last_error(void) { return g_last_error; }
 
 extern "C" const char* agoq_cuda_codec_last_error_string(void) {
   return cudaGetErrorName(static_cast<cudaError_t>(g_last_error));
+}
+
+/* Lazy loading (the CUDA Programming Guide, "Lazy Loading": the default since CUDA 12.2 on
+ * Linux) loads a kernel at its first launch, and that load may need the context to
+ * synchronise: launched from NCCL's proxy thread while NCCL's kernel waits for this codec's
+ * output, it waits for that kernel, which waits for it (the guide's "Potential Hazards",
+ * concurrent execution; seen on an H200 with nccl-tests through CollNet). The guide's remedy
+ * is to load every kernel that may run concurrently beforehand; cudaFuncGetAttributes forces
+ * the load of the kernel it names on the current device, launching nothing (NCCL loads its
+ * own kernels the same way, ncclInitKernelsForDevice in enqueue.cc). */
+extern "C" int agoq_cuda_codec_load_all(size_t* loaded, const char** failed) {
+  /* Each kernel once (a selector returns one kernel for several parameters); were there more
+   * than this, the extra ones would only be asked for again. */
+  const void* done[512];
+  size_t ndone = 0;
+  const char* bad = nullptr;
+  cudaError_t err = cudaSuccess;
+  for_each_kernel([&](auto k) {
+    const void* fn = reinterpret_cast<const void*>(k.fn);
+    if (err != cudaSuccess || std::find(done, done + ndone, fn) != done + ndone) return;
+    cudaFuncAttributes attr;
+    err = cudaFuncGetAttributes(&attr, fn);
+    if (err != cudaSuccess) bad = k.name;
+    else if (ndone < sizeof done / sizeof done[0]) done[ndone++] = fn;
+  });
+  if (loaded != nullptr) *loaded = ndone;
+  if (failed != nullptr) *failed = bad;
+  return err == cudaSuccess ? AGOQ_CODEC_OK : cuda_failed(err);
 }

@@ -90,6 +90,17 @@ int agoq_cuda_frame_decode_accumulate(const void* header, const void* frame, siz
 int agoq_cuda_overflow_to_inf(agoq_dtype out, float* acc, size_t n, void* stream);
 int agoq_cuda_narrow_fp32(agoq_dtype out, const float* acc, size_t n, void* dst, void* stream);
 
+/* Makes the driver load, on the calling thread's current device, every kernel the calls above
+ * can ever launch (every format, type, output, block size and rounding, the escaped-block and
+ * NONE decodes included), launching none of them: with CUDA's lazy module loading a kernel's
+ * first launch loads it, and that load can wait for the kernels running on the device, NCCL's
+ * among them, which may be waiting for this codec (a deadlock). Call it at setup, once per
+ * device and process, before any call above can run while NCCL's kernels do. Returns
+ * AGOQ_CODEC_OK, or AGOQ_CUDA_CODEC_ECUDA with *failed naming the kernel that could not be
+ * loaded (e.g. no image for this GPU). *loaded: how many distinct kernels were loaded. Both
+ * may be NULL. */
+int agoq_cuda_codec_load_all(size_t* loaded, const char** failed);
+
 /* The cudaError_t of the last AGOQ_CUDA_CODEC_ECUDA in this thread and its name. */
 int agoq_cuda_codec_last_error(void);
 const char* agoq_cuda_codec_last_error_string(void);

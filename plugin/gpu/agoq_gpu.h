@@ -126,11 +126,14 @@ uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l);
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len);
 /* Counts a frame the GPU wrote into pinned memory (its length is known only afterwards). */
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes);
-/* Setup only: runs every codec kernel of p's format and block (encode, decode to each type,
- * decode-accumulate, overflow to Inf, narrowing) for each float type once and waits for
- * them, so that no codec kernel is first loaded (CUDA's lazy module loading) while NCCL's
- * kernels run: first-launch loading from a proxy thread has hung jobs elsewhere. */
-ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p);
+/* Setup only: makes the driver load every kernel of the CUDA codec on `device`
+ * (agoq_cuda_codec_load_all), launching none, once per device and process; the calling
+ * thread's current device is as it was afterwards. Under CUDA's lazy module loading (the
+ * driver's default) a kernel's first launch loads it, and that load can wait for the kernel
+ * NCCL runs meanwhile, which waits for this codec's work: a deadlock, seen on an H200. So
+ * every link's creation (agoq_gpu_link_create) calls it, and CollNet's GPU path before it
+ * sets up its slots. */
+ncclResult_t agoq_gpu_codec_load(int device);
 
 /* Why cudaGetDeviceCount failed, in words that are right: the runtime reports a missing
  * driver as "CUDA driver version is insufficient for CUDA runtime version"

@@ -60,6 +60,8 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
   uint32_t slots = cfg->slots;
   size_t staging = cfg->staging;
   *out = NULL;
+  /* Before anything of this link can launch a kernel, with the caller's device restored. */
+  AGOQ_CHECK(agoq_gpu_codec_load(device));
   AGOQ_CALLOC_GOTO(l, 1, res, fail);
   l->device = device;
   l->parts = cfg->parts > 0 ? cfg->parts : 1;
@@ -429,65 +431,49 @@ void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint
 
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { l->stats.encoded_bytes += frame_bytes; }
 
-/* Lazy loading is per process: each (format, block) is warmed once, by the first link that
- * needs it, not again by every connection NCCL opens. */
-static pthread_mutex_t agoq_gpu_warm_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool agoq_gpu_warmed[AGOQ_FORMAT_COUNT][AGOQ_CODEC_BLOCK_MAX / AGOQ_CODEC_BLOCK_MIN + 1];
+/* Lazy loading is per device: a kernel loaded on one GPU is not loaded on another. Each
+ * (process, device) loads the codec once, whichever link or group gets there first; the
+ * devices past the bitmap load every time (correct, only slower). This replaces a warm-up
+ * that launched some kernels on zeros: it never launched the escaped-block decode (a block
+ * with NaN or Inf) nor the NONE decode, warmed only the formats and block sizes of the links
+ * made so far, and only once per process, whatever the device. */
+enum { AGOQ_GPU_LOAD_DEVICES = 256 };
+static pthread_mutex_t agoq_gpu_load_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t agoq_gpu_loaded[AGOQ_GPU_LOAD_DEVICES / 64];
 
-static ncclResult_t agoq_gpu_codec_warm_locked(agoq_gpu_link* l, const agoq_codec_params* p);
-
-ncclResult_t agoq_gpu_codec_warm(agoq_gpu_link* l, const agoq_codec_params* p) {
-  if ((unsigned)p->format >= AGOQ_FORMAT_COUNT || p->block < AGOQ_CODEC_BLOCK_MIN || p->block > AGOQ_CODEC_BLOCK_MAX)
-    return agoq_gpu_codec_warm_locked(l, p); /* the codec refuses it, with the reason */
-  bool* done = &agoq_gpu_warmed[p->format][p->block / AGOQ_CODEC_BLOCK_MIN];
-  pthread_mutex_lock(&agoq_gpu_warm_mu);
-  ncclResult_t res = *done ? ncclSuccess : agoq_gpu_codec_warm_locked(l, p);
-  if (res == ncclSuccess) *done = true;
-  pthread_mutex_unlock(&agoq_gpu_warm_mu);
+static ncclResult_t agoq_gpu_codec_load_locked(int device) {
+  ncclResult_t res = ncclSuccess;
+  int cur = -1;
+  AGOQ_CUDA_CHECK_GOTO(cudaGetDevice(&cur), res, out);
+  if (cur != device) AGOQ_CUDA_CHECK_GOTO(cudaSetDevice(device), res, out);
+  size_t loaded = 0;
+  const char* failed = NULL;
+  if (agoq_cuda_codec_load_all(&loaded, &failed) != AGOQ_CODEC_OK) {
+    AGOQ_WARN("GPU %d: loading the CUDA codec's kernel %s failed: %s (%d); no codec kernel may be left to load "
+              "at its first launch (CUDA's lazy loading could then wait for NCCL's kernel)",
+              device, failed != NULL ? failed : "?", agoq_cuda_codec_last_error_string(),
+              agoq_cuda_codec_last_error());
+    (void)cudaGetLastError();
+    res = ncclUnhandledCudaError;
+  } else {
+    AGOQ_INFO(NCCL_INIT, "GPU %d: the CUDA codec's %zu kernels loaded (cudaFuncGetAttributes), none launched",
+              device, loaded);
+  }
+  /* The caller's current device again (NCCL's proxy thread has its rank's). */
+  if (cur != device) {
+    ncclResult_t r2 = agoq_gpu_cuda_error(cudaSetDevice(cur), "cudaSetDevice (restoring the caller's device)");
+    if (res == ncclSuccess) res = r2;
+  }
+out:
   return res;
 }
 
-static ncclResult_t agoq_gpu_codec_warm_locked(agoq_gpu_link* l, const agoq_codec_params* p) {
-  static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
-  /* In the staging (the kernels reach pinned memory), which nothing uses yet: no allocation,
-   * and so no cudaFree, which would wait for every kernel on the device. A block of fp32
-   * zeros, its frame, and an output of a block of fp32 (every decode's destination fits). */
-  size_t n = p->block;
-  uint8_t* src = l->staging;
-  uint8_t* dst = src + n * 4;
-  uint8_t* frame = dst + n * 4;
-  memset(src, 0, n * 4);
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-    agoq_codec_params q = *p;
-    q.dtype = types[i];
-    size_t cap = agoq_frame_size_max(&q, n);
-    if (2 * n * 4 + cap > l->ring.size) return ncclSuccess; /* cannot happen: AGOQ_GPU_STAGING >= 64K */
-    AGOQ_CHECK(agoq_gpu_codec_check(
-        agoq_cuda_frame_encode(&q, src, n, frame, cap, l->workspace, &l->results[0], l->stream),
-        "GPU codec warm-up (encode)"));
-    /* A block of zeros has no escaped block: the body has its nominal length. */
-    const uint8_t* body = frame + AGOQ_FRAME_HEADER_SIZE;
-    size_t body_len = agoq_codec_body_size(&q, n, 0);
-    for (size_t o = 0; o < sizeof types / sizeof types[0]; o++)
-      AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize(&q, body, body_len, n, types[o], dst, l->workspace,
-                                                           &l->results[0], l->stream),
-                                      "GPU codec warm-up (decode)"));
-    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_dequantize_accumulate(&q, body, body_len, n, (float*)dst, l->workspace,
-                                                                    &l->results[0], l->stream),
-                                    "GPU codec warm-up (decode-accumulate)"));
-    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_overflow_to_inf(q.dtype, (float*)dst, n, l->stream),
-                                    "GPU codec warm-up (overflow to Inf)"));
-    AGOQ_CHECK(agoq_gpu_codec_check(agoq_cuda_narrow_fp32(q.dtype, (const float*)dst, n, src, l->stream),
-                                    "GPU codec warm-up (narrowing)"));
-  }
-  ncclResult_t res = ncclSuccess;
-  AGOQ_CUDA_CHECK_GOTO(cudaStreamSynchronize(l->stream), res, out);
-  if (l->results[0].status != AGOQ_CODEC_OK) {
-    AGOQ_WARN("GPU codec warm-up: the device reported %s",
-              agoq_codec_status_str((agoq_codec_status)l->results[0].status));
-    res = ncclInternalError;
-  }
-out:
+ncclResult_t agoq_gpu_codec_load(int device) {
+  if (device < 0 || device >= AGOQ_GPU_LOAD_DEVICES) return agoq_gpu_codec_load_locked(device);
+  const uint64_t bit = 1ull << (device % 64);
+  pthread_mutex_lock(&agoq_gpu_load_mu);
+  ncclResult_t res = (agoq_gpu_loaded[device / 64] & bit) ? ncclSuccess : agoq_gpu_codec_load_locked(device);
+  if (res == ncclSuccess) agoq_gpu_loaded[device / 64] |= bit;
+  pthread_mutex_unlock(&agoq_gpu_load_mu);
   return res;
 }

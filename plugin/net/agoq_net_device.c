@@ -26,19 +26,6 @@
 #include "core/agoq_params.h"
 #include "net/agoq_net_comm.h"
 
-/* The codec kernels this connection may run, loaded now (agoq_gpu_codec_warm): a sender's
- * of its p2p format, a receiver's of every format (the sender's choice) at this process's
- * block size. */
-static ncclResult_t agoq_dev_warm(agoq_comm* comm) {
-  static const agoq_format formats[] = {AGOQ_FORMAT_INT8, AGOQ_FORMAT_INT4, AGOQ_FORMAT_FP8E4M3, AGOQ_FORMAT_FP8E5M2};
-  for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-    if (comm->is_send && (int)formats[i] != agoq_typed.format) continue;
-    agoq_codec_params p = {.format = formats[i], .dtype = AGOQ_DTYPE_FP32, .block = agoq_typed.block};
-    AGOQ_CHECK(agoq_gpu_codec_warm(comm->gpu, &p));
-  }
-  return ncclSuccess;
-}
-
 ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr) {
   char why[224];
   int device = -1;
@@ -51,8 +38,9 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
     /* A request's codec calls: one encode, or a decode per buffer of a grouped receive. */
     agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_REQUESTS_PER_COMM, .parts = AGOQ_GPU_PARTS_PER_SLOT,
                                .timed = AGOQ_REQUESTS_PER_COMM * AGOQ_GPU_PARTS_PER_SLOT};
+    /* Also loads every codec kernel on this device (agoq_gpu_codec_load), whatever format a
+     * peer sends: none is first launched on the data path. */
     AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
-    AGOQ_CHECK(agoq_dev_warm(comm));
     /* The staging is what the transport reads and writes: registered once, here. */
     const agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
     if (agoq_net_tp->reg != NULL) AGOQ_CHECK(agoq_net_tp->reg(comm->dev, ring->base, ring->size, &comm->gpu_key));

@@ -53,6 +53,7 @@ typedef struct {
   int nparts;
   unsigned in, out;
   bool gpu; /* expected reduced on the GPU in the device run (quantized, every buffer there) */
+  size_t nan_at; /* nonzero: rank 0's input element nan_at - 1 is a NaN (its block travels raw) */
 } ccase;
 
 static const char* kind_name(ckind k) { return k == CK_AR ? "allreduce" : k == CK_RS ? "reducescatter" : "allgather"; }
@@ -155,6 +156,11 @@ static void call_prepare(call* k, group* g, const ccase* c, uint64_t seed, bool 
     rc->landed = malloc(rc->out_n + CANARY);
     assert_true(rc->in_h != NULL && rc->out_h != NULL && rc->landed != NULL);
     fill_values(c->type, rc->in_h, rc->in_n, seed * 131 + (uint64_t)r);
+    if (c->nan_at != 0 && r == 0) {
+      size_t e = agoq_coll_type_size(c->type);
+      assert_true(c->nan_at * e <= rc->in_n);
+      memset(rc->in_h + (c->nan_at - 1) * e, 0xff, e); /* all ones: a NaN in fp32, bf16 and fp16 */
+    }
     memset(rc->out_h, 0xa5, rc->out_n + CANARY);
     reg(g, r, rc->in_h, rc->in_n, NCCL_PTR_HOST, &rc->mh[0]);
     reg(g, r, rc->out_h, rc->out_n + CANARY, NCCL_PTR_HOST, &rc->mh[2]);
@@ -377,6 +383,8 @@ static void calls_run_device(call** ks, int nk) {
   assert_int_equal(c1.sync_calls, c0.sync_calls);
   assert_int_equal(c1.device_allocs, c0.device_allocs);
   assert_int_equal(c1.pinned_allocs, c0.pinned_allocs);
+  /* Every kernel was loaded at setup: none first launched (lazily loaded) on the data path. */
+  assert_int_equal(c1.kernels_refused, c0.kernels_refused);
 }
 
 static void calls_compare(call* host, call* dev) {
@@ -568,6 +576,34 @@ static void test_test_alone_moves_device_requests(void** state) {
 static _Atomic unsigned long emu_ticks;
 static double tick_clock(void) { return 1e-6 * (double)atomic_fetch_add(&emu_ticks, 1); }
 
+/* A NaN in one rank's input: its block travels raw in that rank's frame, and the sum's block
+ * is a NaN, raw in the result frames, so the GPU reduction runs the escaped-block decodes
+ * (raw_decode_kernel, into the fp32 sum and into NCCL's buffer) that no call of the other
+ * tests needs. They were loaded at setup with every other kernel (agoq_gpu_codec_load): the
+ * emulation refuses a kernel's first launch on the data path, where on a GPU under lazy
+ * loading it would load while NCCL's kernel runs (a hang measured on an H200). Bits of the
+ * host path, NaN included. */
+static void test_nan_block_on_gpu(void** state) {
+  (void)state;
+  env_set("int8", "0", "64K");
+  for (int ni = 0; ni < 2; ni++) {
+    group g;
+    group_open(&g, ranks[ni]);
+    for (size_t t = 0; t < 2; t++) {
+      unsigned long long raw0 = agoq_emu_kernel_launches("raw_decode_kernel<");
+      ccase c = {.kind = CK_AR, .type = types[t], .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1,
+                 .gpu = true, .nan_at = 4000};
+      run_compare(&g, &c, 900 + t);
+      unsigned long long raw = agoq_emu_kernel_launches("raw_decode_kernel<") - raw0;
+      /* Each rank decodes the NaN contribution into its sum or the NaN result into its buffer. */
+      if (gpu_reduce_on() && raw < (unsigned long long)ranks[ni])
+        fail_msg("%d ranks, type %d: %llu escaped-block decodes on the GPU", ranks[ni], types[t], raw);
+      if (!gpu_reduce_on()) assert_int_equal(raw, 0);
+    }
+    group_close(&g);
+  }
+}
+
 /* AGOQ_STATS's gpu_ms: every codec call of the GPU reduction is bracketed by timing events
  * and its time lands on the quantized line once it completed: at least a tick per call,
  * all of what the link measured, none left untimed. */
@@ -757,6 +793,7 @@ static const struct CMUnitTest tests_gpu_off[] = {cmocka_unit_test(test_off_refu
 static const struct CMUnitTest tests_gpu[] = {
     cmocka_unit_test(test_backend_is_the_emulation),
     cmocka_unit_test(test_allreduce),
+    cmocka_unit_test(test_nan_block_on_gpu),
     cmocka_unit_test(test_reducescatter),
     cmocka_unit_test(test_allgather),
     cmocka_unit_test(test_in_flight_mixed),

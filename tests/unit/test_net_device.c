@@ -100,6 +100,8 @@ static int transfer_peek(pair* p, endpoint* s, endpoint* r, size_t n, fake_step*
   assert_int_equal(c1.sync_calls, c0.sync_calls);
   assert_int_equal(c1.device_allocs, c0.device_allocs);
   assert_int_equal(c1.pinned_allocs, c0.pinned_allocs);
+  /* Every kernel was loaded at setup: none first launched (lazily loaded) on the data path. */
+  assert_int_equal(c1.kernels_refused, c0.kernels_refused);
   return rsize;
 }
 
@@ -405,6 +407,64 @@ static void test_typed_matrix_equals_host_path(void** state) {
   free(got);
 }
 
+/* A typed payload with a NaN in one block, device to device: the frame is still smaller than
+ * the payload, so it goes as a frame, that block raw, and the receiver's GPU decodes it with
+ * the escaped-block decode (raw_decode_kernel), which no other frame needs. That kernel was
+ * loaded when the link was made (agoq_gpu_codec_load): the emulation refuses a kernel's first
+ * launch on the data path, where on a GPU under lazy loading it would load while NCCL's kernel
+ * waits for it (a hang measured on an H200). Bits of the host path, the NaN included. */
+static void test_typed_nan_block_decoded_on_gpu(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 8, fake_prof);
+  static const struct {
+    int nccl;
+    size_t esz;
+  } types[] = {{ncclFloat32, 4}, {ncclBfloat16, 2}, {ncclFloat16, 2}};
+  size_t bytes = 256u << 10;
+  uint8_t* src = malloc(bytes);
+  uint8_t* ref = malloc(bytes);
+  uint8_t* got = malloc(bytes);
+  endpoint hs = {.buf = src, .size = bytes}, hr = {.buf = ref, .size = bytes};
+  endpoint ds = {.size = bytes, .device = true}, dr = {.size = bytes, .device = true};
+  assert_int_equal(cudaMalloc(&ds.buf, bytes), cudaSuccess);
+  assert_int_equal(cudaMalloc(&dr.buf, bytes), cudaSuccess);
+  ep_reg(p.send, &hs);
+  ep_reg(p.recv, &hr);
+  ep_reg(p.send, &ds);
+  ep_reg(p.recv, &dr);
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    const size_t e = types[t].esz, nan_at = 1000;
+    fill(src, bytes, (uint32_t)(40 + t));
+    for (size_t i = e - 1; i < bytes; i += e) src[i] = (uint8_t)(0x3c + (src[i] & 3));
+    memset(src + nan_at * e, 0xff, e); /* all ones: a NaN in every float type */
+    fake_step step = step_of(AGOQ_XFER_P2P, types[t].nccl, AGOQ_XFER_PROTO_SIMPLE, 1);
+    uint64_t frames0 = ((agoq_comm*)p.send)->typed_stats.frames;
+    assert_int_equal(transfer(&p, &hs, &hr, bytes, &step), (int)bytes);
+    assert_int_equal(((agoq_comm*)p.send)->typed_stats.frames, frames0 + 1);
+    assert_int_equal(cudaMemcpy(ds.buf, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    unsigned long long raw0 = agoq_emu_kernel_launches("raw_decode_kernel<");
+    uint64_t decodes0 = agoq_gpu_link_stats_get(((agoq_comm*)p.recv)->gpu)->decodes;
+    assert_int_equal(transfer(&p, &ds, &dr, bytes, &step), (int)bytes);
+    assert_int_equal(((agoq_comm*)p.send)->typed_stats.frames, frames0 + 2);
+    assert_int_equal(agoq_gpu_link_stats_get(((agoq_comm*)p.recv)->gpu)->decodes, decodes0 + 1);
+    assert_int_equal(agoq_emu_kernel_launches("raw_decode_kernel<"), raw0 + 1);
+    dev_to(got, dr.buf, bytes);
+    assert_memory_equal(got, ref, bytes);
+    assert_memory_equal(got + nan_at * e, src + nan_at * e, e); /* the NaN's bits, unchanged */
+  }
+  agoq_net_dereg_mr(p.send, hs.mh);
+  agoq_net_dereg_mr(p.send, ds.mh);
+  agoq_net_dereg_mr(p.recv, hr.mh);
+  agoq_net_dereg_mr(p.recv, dr.mh);
+  cudaFree(ds.buf);
+  cudaFree(dr.buf);
+  pair_close(&p);
+  free(src);
+  free(ref);
+  free(got);
+}
+
 /* A typed payload of a few elements (possible with a small AGOQ_MIN_BYTES) cannot make a
  * frame smaller than itself: it goes exact from device memory, as from host memory, rather
  * than failing the send. */
@@ -592,6 +652,7 @@ int main(void) {
       cmocka_unit_test(test_host_send_after_staged_device_send),
       cmocka_unit_test(test_typed_bits_equal_host_path),
       cmocka_unit_test(test_typed_matrix_equals_host_path),
+      cmocka_unit_test(test_typed_nan_block_decoded_on_gpu),
       cmocka_unit_test(test_typed_tiny_goes_exact),
       cmocka_unit_test(test_typed_misaligned_goes_exact),
       cmocka_unit_test(test_bad_device_buffers),

@@ -978,6 +978,17 @@ int main(int argc, char** argv) {
          prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024),
          agoq_codec_isa());
   fflush(stdout);
+  /* Every codec kernel loaded up front, as the plugin does at setup: on a GPU this checks that
+   * each has an image for it; in the emulation a kernel launched without being loaded is a
+   * failure, so a kernel the loader misses fails this check. */
+  size_t nkernels = 0;
+  const char* failed = NULL;
+  if (agoq_cuda_codec_load_all(&nkernels, &failed) != AGOQ_CODEC_OK) {
+    fprintf(stderr, "codec_gpu_check: loading kernel %s failed: %s\n", failed ? failed : "?",
+            agoq_cuda_codec_last_error_string());
+    return EXIT_MISMATCH;
+  }
+  printf("codec_gpu_check: %zu codec kernels loaded\n", nkernels);
 
   double t0 = now_s();
   if (identity) {

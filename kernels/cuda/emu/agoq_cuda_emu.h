@@ -12,6 +12,11 @@
  * not defined), which test_codec_cuda_math checks against the CPU codec; what this adds is
  * the kernels' indexing, reductions, layout and control flow.
  *
+ * A kernel runs only if it was loaded on the device first (cudaFuncGetAttributes, as
+ * agoq_cuda_codec_load_all does): a launch of one that was not is refused with
+ * cudaErrorFunctionNotLoaded and a line on stderr, where a GPU under lazy loading would load it
+ * at that launch, possibly while NCCL's kernel runs (kernels/cuda/emu/include/cuda_runtime_api.h).
+ *
  * Not emulated: warp divergence (every shuffle in the codec is executed by all 32 lanes, and
  * a shuffle by fewer lanes deadlocks here, which the scheduler reports), memory ordering
  * between CTAs (they run in sequence), and anything the codec does not use.
@@ -91,6 +96,11 @@ bool device_view(const void* p, void** out);
 void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*));
 /* A launch whose arguments the device cannot address: the launch error, and a line saying which. */
 void launch_refused(const void* p);
+/* Lazy loading, adversarially: true when kernel `fn` was loaded on the current device
+ * (cudaFuncGetAttributes). Otherwise the launch error, cudaErrorFunctionNotLoaded, and a line
+ * naming `name`: on a GPU this first launch would load it, and a load may wait for the kernels
+ * running on the device (NCCL's, waiting for this one). Counts the launch either way. */
+bool launch_loaded(const void* fn, const char* name);
 
 /* The .cu says where the pointers of each argument struct are, with agoq_emu_rebase(S&, bool&)
  * (found by argument-dependent lookup); a struct without one does not compile. */
@@ -140,7 +150,8 @@ void drop_job(void* p) {
 }
 
 template <typename... P, typename... A>
-void launch(cudaStream_t st, void (*kernel)(P...), unsigned grid, unsigned block, A... args) {
+void launch(cudaStream_t st, void (*kernel)(P...), const char* name, unsigned grid, unsigned block, A... args) {
+  if (!launch_loaded(reinterpret_cast<const void*>(kernel), name)) return;
   using Tuple = std::tuple<std::decay_t<P>...>;
   using Job = LaunchJob<void (*)(P...), Tuple>;
   Job* j = new Job{kernel, grid, block, Tuple(static_cast<std::decay_t<P>>(args)...)};

@@ -23,6 +23,10 @@
  * cudaFreeHost run everything. Both are counted (agoq_emu_counters_get) so that
  * tests can show the plugin never uses them. Everything runs under one device lock, on the
  * thread that asked.
+ *
+ * Kernels. A launch is refused unless cudaFuncGetAttributes loaded that kernel on the current
+ * device before (launch_loaded): lazy loading as it hurts most, every first launch being one
+ * made while NCCL's kernel waits for the plugin.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +41,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "agoq_cuda_emu.h"
@@ -96,6 +102,16 @@ uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
 std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0}, n_rdma_flush{0};
 int current_device = 0;
+constexpr int kDevices = 1; /* the emulated devices: ordinals [0, kDevices) */
+
+/* Lazy loading (cudaFuncGetAttributes, launch_loaded): per device, the kernels loaded there
+ * and those launched there; per kernel name, its launches. Under dev_mu. */
+struct DeviceKernels {
+  std::set<const void*> loaded, launched;
+};
+DeviceKernels dev_kernels[kDevices];
+std::map<std::string, unsigned long long> launches_by_name;
+unsigned long long n_launches = 0, n_refused = 0;
 
 cudaError_t fail(cudaError_t e) {
   last_error = e;
@@ -295,6 +311,23 @@ void launch_refused(const void* p) {
   fail(cudaErrorInvalidDevicePointer);
 }
 
+bool launch_loaded(const void* fn, const char* name) {
+  Session lk;
+  DeviceKernels& dk = dev_kernels[current_device];
+  n_launches++;
+  launches_by_name[name != nullptr ? name : "?"]++;
+  dk.launched.insert(fn);
+  if (dk.loaded.count(fn) != 0) return true;
+  n_refused++;
+  fprintf(stderr,
+          "agoq CUDA emulation: kernel %s launched before it was loaded on device %d: under lazy loading this "
+          "first launch would load it while NCCL's kernel runs (load it at setup: cudaFuncGetAttributes, "
+          "agoq_cuda_codec_load_all); the launch fails with cudaErrorFunctionNotLoaded\n",
+          name != nullptr ? name : "?", current_device);
+  fail(cudaErrorFunctionNotLoaded);
+  return false;
+}
+
 void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*)) {
   Session lk;
   if (!stream_ok(st)) {
@@ -313,12 +346,12 @@ extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return fail(cudaErrorInvalidValue);
-  *count = 1;
+  *count = kDevices;
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int dev) {
-  if (dev != 0) return fail(cudaErrorInvalidDevice);
+  if (dev < 0 || dev >= kDevices) return fail(cudaErrorInvalidDevice);
   current_device = dev;
   return cudaSuccess;
 }
@@ -520,6 +553,8 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorFunctionNotLoaded: return "cudaErrorFunctionNotLoaded";
   }
   return "cudaErrorUnknown";
 }
@@ -636,6 +671,8 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->sync_calls = n_sync;
   c->ops_run = n_run;
   c->rdma_flushes = n_rdma_flush;
+  c->kernel_launches = n_launches;
+  c->kernels_refused = n_refused;
   for (const auto& kv : allocs) (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
 }
 
@@ -688,6 +725,39 @@ static int emu_mem_get_handle_for_address_range(void* handle, unsigned long long
     return 0;
   }
   return 1;
+}
+
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func) {
+  if (attr == nullptr) return fail(cudaErrorInvalidValue);
+  if (func == nullptr) return fail(cudaErrorInvalidDeviceFunction);
+  Session lk;
+  dev_kernels[current_device].loaded.insert(func);
+  memset(attr, 0, sizeof *attr);
+  attr->maxThreadsPerBlock = 1024; /* the fiber scheduler's limit */
+  return cudaSuccess;
+}
+
+int agoq_emu_kernels_get(int device, unsigned long long* loaded, unsigned long long* launched) {
+  if (device < 0 || device >= kDevices) return -1;
+  Session lk;
+  if (loaded != nullptr) *loaded = dev_kernels[device].loaded.size();
+  if (launched != nullptr) *launched = dev_kernels[device].launched.size();
+  return 0;
+}
+
+unsigned long long agoq_emu_kernel_launches(const char* prefix) {
+  Session lk;
+  const size_t len = prefix != nullptr ? strlen(prefix) : 0;
+  unsigned long long n = 0;
+  for (const auto& kv : launches_by_name)
+    if (kv.first.compare(0, len, prefix != nullptr ? prefix : "") == 0) n += kv.second;
+  return n;
+}
+
+void agoq_emu_kernels_forget(void) {
+  Session lk;
+  for (DeviceKernels& dk : dev_kernels) dk = DeviceKernels();
+  launches_by_name.clear();
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,

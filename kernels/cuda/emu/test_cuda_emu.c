@@ -21,6 +21,16 @@
 #include "agoq_codec_cuda.h"
 #include "cuda_runtime_api.h"
 
+/* Every codec kernel loaded on the current device, as the plugin does at setup: a launch of
+ * one that is not is refused (test_unloaded_kernel_launch_is_refused). */
+static size_t load_codec(void) {
+  size_t n = 0;
+  const char* failed = "none";
+  assert_int_equal(agoq_cuda_codec_load_all(&n, &failed), AGOQ_CODEC_OK);
+  assert_null(failed);
+  return n;
+}
+
 static agoq_emu_counters counters(void) {
   agoq_emu_counters c;
   agoq_emu_counters_get(&c);
@@ -272,6 +282,7 @@ static void test_legacy_stream_and_sync_calls_are_counted(void** state) {
  * the stream is asked, and its result is visible only through a copy. */
 static void test_kernels_reach_only_device_and_pinned_memory(void** state) {
   (void)state;
+  load_codec();
   enum { N = 4096 };
   agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 128};
   size_t cap = agoq_frame_size_max(&p, N);
@@ -326,6 +337,186 @@ static void test_kernels_reach_only_device_and_pinned_memory(void** state) {
   cudaFreeHost(res);
 }
 
+/* Lazy loading at its worst: a kernel not loaded on the device (cudaFuncGetAttributes) is
+ * refused at launch, with cudaErrorFunctionNotLoaded and nothing run, where a GPU would load
+ * it then, possibly while NCCL's kernel runs. Once loaded, the same call runs. */
+static void test_unloaded_kernel_launch_is_refused(void** state) {
+  (void)state;
+  agoq_emu_kernels_forget();
+  unsigned long long loaded = 99, launched = 99;
+  assert_int_equal(agoq_emu_kernels_get(0, &loaded, &launched), 0);
+  assert_int_equal(loaded, 0);
+  assert_int_equal(launched, 0);
+  enum { N = 1024 };
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 128};
+  size_t cap = agoq_frame_size_max(&p, N);
+  agoq_cuda_codec_result* res = NULL;
+  void *d_src = NULL, *d_frame = NULL, *ws = NULL;
+  assert_int_equal(cudaMallocHost((void**)&res, sizeof *res), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_src, N * sizeof(float)), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_frame, cap), cudaSuccess);
+  assert_int_equal(cudaMalloc(&ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), cudaSuccess);
+  assert_int_equal(cudaMemset(d_src, 0, N * sizeof(float)), cudaSuccess);
+  cudaStream_t s;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+
+  agoq_emu_counters c0 = counters();
+  memset(res, 0, sizeof *res);
+  assert_int_equal(agoq_cuda_frame_encode(&p, d_src, N, d_frame, cap, ws, res, s), AGOQ_CUDA_CODEC_ECUDA);
+  assert_int_equal(agoq_cuda_codec_last_error(), cudaErrorFunctionNotLoaded);
+  assert_string_equal(agoq_cuda_codec_last_error_string(), "cudaErrorFunctionNotLoaded");
+  agoq_emu_counters c1 = counters();
+  assert_true(c1.kernels_refused > c0.kernels_refused);
+  assert_int_equal(c1.kernels_refused - c0.kernels_refused, c1.kernel_launches - c0.kernel_launches);
+  assert_true(agoq_emu_kernel_launches("quantize_kernel<1, 0, 16, 1, 2, false>") >= 1);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(res->body_len, 0); /* nothing ran */
+  assert_int_equal(res->status, 0);
+
+  /* cudaFuncGetAttributes loads one kernel: only that one. */
+  assert_int_equal(agoq_emu_kernels_get(0, &loaded, &launched), 0);
+  assert_int_equal(loaded, 0);
+  assert_true(launched >= 1);
+  struct cudaFuncAttributes attr;
+  assert_int_equal(cudaFuncGetAttributes(&attr, NULL), cudaErrorInvalidDeviceFunction);
+  (void)cudaGetLastError();
+
+  size_t n = load_codec();
+  assert_true(n > 100);
+  assert_int_equal(agoq_emu_kernels_get(0, &loaded, NULL), 0);
+  assert_int_equal(loaded, n);
+  agoq_emu_counters c2 = counters();
+  assert_int_equal(agoq_cuda_frame_encode(&p, d_src, N, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(res->status, AGOQ_CODEC_OK);
+  assert_int_equal(counters().kernels_refused, c2.kernels_refused);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  cudaFree(d_src);
+  cudaFree(d_frame);
+  cudaFree(ws);
+  cudaFreeHost(res);
+}
+
+/* The emulation has one device: its loaded set is kept per device, but a second device to load
+ * on (or not) is not emulated (a multi-device emulation is left for later). */
+static void test_one_emulated_device(void** state) {
+  (void)state;
+  int count = 0;
+  assert_int_equal(cudaGetDeviceCount(&count), cudaSuccess);
+  assert_int_equal(count, 1);
+  assert_int_equal(cudaSetDevice(1), cudaErrorInvalidDevice);
+  (void)cudaGetLastError();
+  assert_int_equal(agoq_emu_kernels_get(1, NULL, NULL), -1);
+  assert_int_equal(agoq_emu_kernels_get(0, NULL, NULL), 0);
+}
+
+/* Runs every call shape of the codec over every parameter it accepts (format, type, block,
+ * rounding), each with an escaped block (NaN) and each output, NONE, empty calls, and the
+ * owner's element-wise steps: no launch is refused, and the distinct kernels launched are
+ * exactly those agoq_cuda_codec_load_all loaded. A kernel the launch code reaches but the
+ * loader does not is refused here (and in every emulated test that reaches it); one the loader
+ * loads but no call can launch makes the counts differ. */
+static void test_loader_loads_exactly_what_calls_launch(void** state) {
+  (void)state;
+  agoq_emu_kernels_forget();
+  const size_t nk = load_codec();
+  enum { BLOCK_MAX = AGOQ_CODEC_BLOCK_MAX, N = 2 * BLOCK_MAX + 5 };
+  static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
+  agoq_cuda_codec_result* res = NULL;
+  uint8_t* h_src = NULL;
+  void *d_src = NULL, *d_frame = NULL, *d_dst = NULL, *ws = NULL;
+  agoq_codec_params pmax = {.format = AGOQ_FORMAT_NONE, .dtype = AGOQ_DTYPE_FP32};
+  size_t cap = agoq_frame_size_max(&pmax, N) + 4096;
+  for (int f = AGOQ_FORMAT_INT8; f < AGOQ_FORMAT_COUNT; f++) {
+    agoq_codec_params q = {.format = (agoq_format)f, .dtype = AGOQ_DTYPE_FP32, .block = AGOQ_CODEC_BLOCK_MIN};
+    if (agoq_frame_size_max(&q, N) > cap) cap = agoq_frame_size_max(&q, N);
+  }
+  assert_int_equal(cudaMallocHost((void**)&res, sizeof *res), cudaSuccess);
+  assert_int_equal(cudaMallocHost((void**)&h_src, N * 4), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_src, N * 4), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_frame, cap), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_dst, N * 4), cudaSuccess);
+  assert_int_equal(cudaMalloc(&ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), cudaSuccess);
+  cudaStream_t s;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  uint8_t header[AGOQ_FRAME_HEADER_SIZE];
+  const agoq_emu_counters c0 = counters();
+  long calls = 0;
+  for (int f = 0; f < AGOQ_FORMAT_COUNT; f++)
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+      for (uint32_t block = AGOQ_CODEC_BLOCK_MIN; block <= BLOCK_MAX; block *= 2)
+        for (int stoch = 0; stoch < 2; stoch++) {
+          agoq_codec_params p = {.format = (agoq_format)f, .dtype = types[t], .block = block, .stochastic = stoch};
+          if (f == AGOQ_FORMAT_NONE) p.block = 0;
+          if (agoq_codec_params_check(&p) != AGOQ_CODEC_OK || (f == AGOQ_FORMAT_NONE && (stoch || block > 32)))
+            continue;
+          /* Values of the type, the first element of the second block a NaN: one escaped block. */
+          size_t es = agoq_dtype_size(types[t]);
+          for (size_t i = 0; i < N; i++) {
+            if (es == 4) {
+              float v = (float)((int)(i % 41) - 20) * 0.125f;
+              memcpy(h_src + 4 * i, &v, 4);
+            } else {
+              uint16_t v = (uint16_t)(types[t] == AGOQ_DTYPE_BF16 ? 0x3f80u + i % 64 : 0x3c00u + i % 64);
+              memcpy(h_src + 2 * i, &v, 2);
+            }
+          }
+          size_t nan_at = f == AGOQ_FORMAT_NONE ? 1 : block;
+          memset(h_src + nan_at * es, 0xff, es);
+          assert_int_equal(cudaMemcpyAsync(d_src, h_src, N * es, cudaMemcpyHostToDevice, s), cudaSuccess);
+          memset(res, 0, sizeof *res);
+          assert_int_equal(agoq_cuda_frame_encode(&p, d_src, N, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
+          assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+          assert_int_equal(res->status, AGOQ_CODEC_OK);
+          if (f != AGOQ_FORMAT_NONE) assert_int_equal(res->escaped_blocks, 1);
+          const size_t flen = AGOQ_FRAME_HEADER_SIZE + (size_t)res->body_len;
+          assert_int_equal(cudaMemcpy(header, d_frame, sizeof header, cudaMemcpyDeviceToHost), cudaSuccess);
+          const uint8_t* body = (const uint8_t*)d_frame + AGOQ_FRAME_HEADER_SIZE;
+          for (size_t o = 0; o < sizeof types / sizeof types[0]; o++) {
+            assert_int_equal(agoq_cuda_frame_decode(header, d_frame, flen, types[o], d_dst, N, ws, res, s),
+                             AGOQ_CODEC_OK);
+            assert_int_equal(agoq_cuda_dequantize(&p, body, flen - AGOQ_FRAME_HEADER_SIZE, N, types[o], d_dst, ws,
+                                                  res, s),
+                             AGOQ_CODEC_OK);
+            calls += 2;
+          }
+          assert_int_equal(agoq_cuda_frame_decode_accumulate(header, d_frame, flen, d_dst, N, ws, res, s),
+                           AGOQ_CODEC_OK);
+          assert_int_equal(
+              agoq_cuda_dequantize_accumulate(&p, body, flen - AGOQ_FRAME_HEADER_SIZE, N, d_dst, ws, res, s),
+              AGOQ_CODEC_OK);
+          /* Empty calls: a frame of no elements (its header only), a body of none. */
+          assert_int_equal(agoq_cuda_frame_encode(&p, d_src, 0, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
+          assert_int_equal(agoq_cuda_quantize(&p, d_src, 0, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
+          assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+          assert_int_equal(res->status, AGOQ_CODEC_OK);
+          calls += 5;
+        }
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    assert_int_equal(agoq_cuda_overflow_to_inf(types[t], d_dst, N, s), AGOQ_CODEC_OK);
+    assert_int_equal(agoq_cuda_narrow_fp32(types[t], d_dst, N, d_frame, s), AGOQ_CODEC_OK);
+  }
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  const agoq_emu_counters c1 = counters();
+  assert_int_equal(c1.kernels_refused, c0.kernels_refused);
+  assert_true(c1.kernel_launches - c0.kernel_launches > (unsigned long long)calls);
+  assert_true(agoq_emu_kernel_launches("raw_decode_kernel<") > 0);
+  assert_true(agoq_emu_kernel_launches("none_decode_kernel<") > 0);
+  unsigned long long loaded = 0, launched = 0;
+  assert_int_equal(agoq_emu_kernels_get(0, &loaded, &launched), 0);
+  print_message("codec kernels: %zu loaded by agoq_cuda_codec_load_all, %llu launched by %ld calls\n", nk, launched,
+                calls);
+  assert_int_equal(loaded, nk);
+  assert_int_equal(launched, nk);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  cudaFree(d_src);
+  cudaFree(d_frame);
+  cudaFree(d_dst);
+  cudaFree(ws);
+  cudaFreeHost(h_src);
+  cudaFreeHost(res);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_cannot_touch_device_memory),
@@ -336,6 +527,9 @@ int main(void) {
       cmocka_unit_test(test_streams_are_independent),
       cmocka_unit_test(test_legacy_stream_and_sync_calls_are_counted),
       cmocka_unit_test(test_kernels_reach_only_device_and_pinned_memory),
+      cmocka_unit_test(test_unloaded_kernel_launch_is_refused),
+      cmocka_unit_test(test_one_emulated_device),
+      cmocka_unit_test(test_loader_loads_exactly_what_calls_launch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,13 @@
  *  - work on a stream runs later, in order: it makes progress only when the host asks
  *    about it (a query runs at most one queued operation of its event's or stream's queue
  *    before it answers; a synchronize runs what it waits for), so a result is visible only
- *    after its event or stream says so; streams are joined only by cudaStreamWaitEvent.
+ *    after its event or stream says so; streams are joined only by cudaStreamWaitEvent;
+ *  - lazy loading, at its worst, always: a kernel must be loaded on the current device
+ *    (cudaFuncGetAttributes loads it) before it is launched there. A GPU would load it at its
+ *    first launch, and that load may wait for every kernel running on the device (NCCL's,
+ *    which may be waiting for the plugin: a deadlock); the emulation refuses that launch
+ *    instead (cudaErrorFunctionNotLoaded, with a line on stderr naming the kernel). Always
+ *    on: there is no permissive mode. The set of loaded kernels is kept per device.
  * Only the emulation targets have this directory on their include path.
  */
 #ifndef AGOQ_EMU_CUDA_RUNTIME_API_H
@@ -35,6 +41,8 @@ typedef enum cudaError {
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorSymbolNotFound = 500,
+  cudaErrorInvalidDeviceFunction = 98,
+  cudaErrorFunctionNotLoaded = 913,
 } cudaError_t;
 
 /* cudaGetDriverEntryPointByVersion: the driver API without linking it. The emulation knows
@@ -95,6 +103,17 @@ enum cudaFlushGPUDirectRDMAWritesScope {
   cudaFlushGPUDirectRDMAWritesToAllDevices = 200,
 };
 
+/* The leading fields of the runtime's struct; the emulation fills maxThreadsPerBlock. */
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes;
+  size_t constSizeBytes;
+  size_t localSizeBytes;
+  int maxThreadsPerBlock;
+  int numRegs;
+  int ptxVersion;
+  int binaryVersion;
+};
+
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem;
@@ -140,6 +159,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+/* Loads kernel func (its address) on the current device, as the driver does under lazy
+ * loading (the CUDA Programming Guide, "Lazy Loading"); launching it is allowed from then on. */
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func);
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
                                              unsigned long long flags,
                                              enum cudaDriverEntryPointQueryResult* status);
@@ -153,6 +175,8 @@ typedef struct {
   unsigned long long device_allocs;     /* live cudaMalloc allocations */
   unsigned long long pinned_allocs;     /* live cudaMallocHost / cudaHostAlloc allocations */
   unsigned long long rdma_flushes;      /* cudaDeviceFlushGPUDirectRDMAWrites calls */
+  unsigned long long kernel_launches;   /* kernel launches, refused ones included */
+  unsigned long long kernels_refused;   /* launches of a kernel not loaded on its device */
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
 /* Not CUDA: copies device memory as it is now, running none of the queued work (a test's
@@ -163,6 +187,15 @@ int agoq_emu_peek(void* host, const void* dev, size_t bytes);
  * (cudaEventElapsedTime's differences); NULL restores CLOCK_MONOTONIC. Tests inject a
  * counter so that GPU times are exact and do not depend on the machine. */
 void agoq_emu_clock_set(double (*clock)(void));
+/* Not CUDA: kernels on `device`: distinct ones loaded (cudaFuncGetAttributes), distinct ones
+ * launched (refused launches included). -1 for a device the emulation does not have. */
+int agoq_emu_kernels_get(int device, unsigned long long* loaded, unsigned long long* launched);
+/* Not CUDA: launches so far, refused ones included, of the kernels whose name (as the codec
+ * gives it, e.g. "raw_decode_kernel<3>") starts with `prefix`, on any device. */
+unsigned long long agoq_emu_kernel_launches(const char* prefix);
+/* Not CUDA: forgets every kernel loaded and launched on every device, as a new process would
+ * start: for a test of the refusal in a process that already loaded the codec. */
+void agoq_emu_kernels_forget(void);
 
 #ifdef __cplusplus
 }
