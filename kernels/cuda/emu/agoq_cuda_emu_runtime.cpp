@@ -40,7 +40,7 @@
  * that only device work writes) it prints the cycle, ends the wait item (ABORTED) and the
  * call returns cudaErrorLaunchTimeout instead of hanging. Where it cannot (a pinned host
  * word another thread may write), it waits; a call that makes no progress for
- * AGOQ_EMU_HANG_S seconds (default 60, real time) ends the same way, as a backstop only.
+ * CUDAEMU_HANG_S seconds (default 60, real time) ends the same way, as a backstop only.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -293,7 +293,7 @@ double mono_s() {
 
 double hang_bound_s() {
   static const double b = [] {
-    const char* v = getenv("AGOQ_EMU_HANG_S");
+    const char* v = getenv("CUDAEMU_HANG_S");
     double d = v != nullptr ? atof(v) : 0;
     return d > 0 ? d : 60.0;
   }();
@@ -359,7 +359,7 @@ cudaError_t wait_device(const char* call, bool holds_context, Done done, Progres
       continue;
     }
     if (mono_s() - start > hang_bound_s()) {
-      report_deadlock(std::string("no progress for AGOQ_EMU_HANG_S seconds: ") + call + " waits; " +
+      report_deadlock(std::string("no progress for CUDAEMU_HANG_S seconds: ") + call + " waits; " +
                       describe_wait_items() + (holds_context ? " (the call holds the context lock)" : "") +
                       ". The wait items are ended; the call fails");
       abort_wait_items();
