@@ -433,8 +433,7 @@ void release_and_pause() {
  * while the wait item w never does: false when it cannot start before w completes,
  * through its stream, its hardware queue or an event it waits for, transitively. Every
  * dependency points at an earlier operation, so one pass in queue order decides. */
-bool could_complete_without(agoq_emu_stream* s, const agoq_emu_wait* w, agoq_emu_stream* wait_stream,
-                            uint64_t wait_seq) {
+bool could_complete_without(agoq_emu_stream* s, const agoq_emu_wait* w) {
   struct Pending {
     uint64_t seq;
     agoq_emu_stream* s;
@@ -463,23 +462,19 @@ bool could_complete_without(agoq_emu_stream* s, const agoq_emu_wait* w, agoq_emu
     held_done[op.seq] = done;
     stream_tail_held[p.s] = done;
   }
-  bool held = stream_tail_held[s] || queue_tail_held[s->queue];
-  if (wait_stream != nullptr) {
-    auto it = held_done.find(wait_seq);
-    if (it != held_done.end() && it->second) held = true;
-  }
-  return !held;
+  return !(stream_tail_held[s] || queue_tail_held[s->queue]);
 }
 
 /* Before a copy or memset into [dst, dst + bytes) (the device's view) is queued on s: if a
  * wait item waits for a word in that range and the copy could only start after the wait
- * item completes, neither ever will. Reports the cycle and ends the wait item; true: the
+ * item completes, neither ever will. (What a kernel writes is not known here: a kernel
+ * that would write the word is not checked.) Reports the cycle and ends the wait item; true: the
  * caller fails instead of queuing. */
 bool closes_cycle(agoq_emu_stream* s, const char* what, const char* dst, size_t bytes) {
   for (agoq_emu_wait* w : wait_items) {
     const char* word = reinterpret_cast<const char*>(w->word);
     if (word + sizeof(unsigned) <= dst || word >= dst + bytes || word_holds(w)) continue;
-    if (could_complete_without(s, w, nullptr, 0)) continue;
+    if (could_complete_without(s, w)) continue;
     char buf[512];
     snprintf(buf, sizeof buf,
              "deadlock: %s on stream %p (hardware queue %u of %d) would write the word %p that NCCL's kernel (a wait "
