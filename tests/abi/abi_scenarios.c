@@ -29,6 +29,9 @@ const abi_scenario abi_scenarios[] = {
      abi_sc_kill_receiver, 45, ABI_SC_ROLE0_DIES, NULL},
     {"close_inflight", "close comms with 32 requests in flight each way, then connect again",
      abi_sc_close_inflight, 60, 0, NULL},
+    {"gpu_hazard_cuda_free",
+     "a receive pending, NCCL's kernel waiting for its bytes, cudaFree on another thread (needs --device)",
+     abi_sc_gpu_hazard_cuda_free, 60, 0, "CUDAEMU_HANG_S=20"},
 };
 
 const size_t abi_scenario_count = sizeof(abi_scenarios) / sizeof(abi_scenarios[0]);

@@ -21,6 +21,7 @@ int abi_sc_rogue(abi_worker* w);
 int abi_sc_kill_sender(abi_worker* w);
 int abi_sc_kill_receiver(abi_worker* w);
 int abi_sc_close_inflight(abi_worker* w);
+int abi_sc_gpu_hazard_cuda_free(abi_worker* w);
 
 /* A received message: test() reported `expect` bytes, they hold the pattern of `seed`, the
  * rest of the `posted` area still holds the canary the receiver wrote, the guards around

@@ -27,6 +27,24 @@
  * Kernels. A launch is refused unless cudaFuncGetAttributes loaded that kernel on the current
  * device before (launch_loaded): lazy loading as it hurts most, every first launch being one
  * made while NCCL's kernel waits for the plugin.
+ *
+ * Hangs (docs/design-gpu.md, "Emulation rules for hangs"; measured on an H200 in
+ * docs/gpu-h200.md). The device lock is CUDA's context lock: every runtime call takes it.
+ * cudaFree and cudaFreeHost hold it until every queued operation has completed (a first-time
+ * module load under lazy loading does the same on a GPU: it would call
+ * hold_context_until_idle). A wait item (agoq_emu_wait_item) stands in for NCCL's kernel
+ * spinning on a word. Streams are spread round-robin, at creation, over
+ * CUDA_DEVICE_MAX_CONNECTIONS in-order hardware queues: an operation starts only after
+ * everything queued before it in its queue has started, so an operation that waits for its
+ * stream's running wait item holds up everything behind it in the queue, whatever its
+ * stream. While what a caller waits for is held up by a wait item, the device runs whatever
+ * else it can (a GPU runs streams side by side). Where the emulation can prove that a word
+ * a wait item needs will never be written (the copy that writes it sits behind the wait
+ * item; the context lock is held until the device is idle and the word is device memory
+ * that only device work writes) it prints the cycle, ends the wait item (ABORTED) and the
+ * call returns cudaErrorLaunchTimeout instead of hanging. Where it cannot (a pinned host
+ * word another thread may write), it waits; a call that makes no progress for
+ * CUDAEMU_HANG_S seconds (default 60, real time) ends the same way, as a backstop only.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,8 +55,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
+#include <string>
 #include <map>
 #include <mutex>
 #include <set>
@@ -57,6 +77,9 @@ struct Op {
   void (*drop)(void*);
   agoq_emu_stream* wait; /* a cudaStreamWaitEvent: runs once wait has run operation wait_seq */
   uint64_t wait_seq;
+  const char* what;             /* for deadlock reports: "a copy", "a kernel", ... */
+  agoq_emu_wait* item;     /* a wait item: completes when its word holds its value */
+  bool started;                 /* left its hardware queue (a running wait item) */
 };
 }  // namespace
 }  // namespace agoq_emu
@@ -69,6 +92,17 @@ struct agoq_emu_stream {
   uint64_t done_seq = 0;        /* newest operation run */
   unsigned waiters = 0;         /* queued waits (of other streams) that name it */
   bool destroyed = false;       /* freed once its work ran and no wait names it (reap) */
+  unsigned queue = 0;           /* its hardware queue (round-robin at creation) */
+};
+
+struct agoq_emu_wait {
+  const unsigned* word; /* where the device (or, pinned, the host) sees it */
+  unsigned value;
+  bool device_word;     /* in device memory: only device work (or a NIC through a dma-buf) writes it */
+  bool exported;        /* its allocation was exported as a dma-buf: a NIC may write it */
+  agoq_emu_stream* stream;
+  agoq_emu_wait_state state = AGOQ_EMU_WAIT_QUEUED;
+  unsigned refs = 2; /* the queued operation and the caller's handle */
 };
 
 struct agoq_emu_event {
@@ -93,14 +127,25 @@ struct Alloc {
   size_t map_size; /* both mappings, guard included */
   bool device;
   int fd; /* device allocations: the memfd behind both mappings (the dma-buf it exports) */
+  bool exported = false; /* a dma-buf of it was handed out: a NIC may write it without CUDA */
 };
 
-std::recursive_mutex dev_mu;       /* the device: the queues, the allocations, running work */
+std::recursive_mutex dev_mu;       /* the context lock: the queues, the allocations, running work */
+thread_local int dev_mu_depth = 0;  /* how many Sessions this thread holds (a wait releases all) */
 std::map<uintptr_t, Alloc> allocs; /* by the address the host sees */
 std::vector<agoq_emu_stream*> streams; /* every stream created and not yet freed */
 uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
-std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0}, n_rdma_flush{0};
+std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0}, n_rdma_flush{0}, n_deadlocks{0};
+std::string last_deadlock;
+
+/* The hardware queues: each holds, in order, the operations of its streams that have not
+ * started (stream, seq). */
+constexpr int kMaxQueues = 32;
+std::deque<std::pair<agoq_emu_stream*, uint64_t>> hw_queues[kMaxQueues];
+int n_queues = 0; /* 0: not yet read from CUDA_DEVICE_MAX_CONNECTIONS */
+unsigned next_queue = 0;
+std::vector<agoq_emu_wait*> wait_items; /* queued or running */
 int current_device = 0;
 constexpr int kDevices = 1; /* the emulated devices: ordinals [0, kDevices) */
 
@@ -164,15 +209,52 @@ char* reach(const void* p, size_t len) {
 
 bool event_done(const agoq_emu_event* e, uint64_t seq) { return e->done_seq >= seq; }
 
-/* Runs one operation of s, or, when s's next one waits on another stream's event, one
- * operation toward that event. false: s has nothing queued. */
+bool word_holds(const agoq_emu_wait* w) {
+  /* A pinned word is written by host threads without the context lock. */
+  return __atomic_load_n(w->word, __ATOMIC_ACQUIRE) == w->value;
+}
+
+void item_unref(agoq_emu_wait* w) {
+  if (--w->refs == 0) delete w;
+}
+
+void item_finish(agoq_emu_wait* w, agoq_emu_wait_state st) {
+  w->state = st;
+  for (size_t i = 0; i < wait_items.size(); i++)
+    if (wait_items[i] == w) {
+      wait_items.erase(wait_items.begin() + (long)i);
+      break;
+    }
+}
+
+/* Runs one operation of s, or one operation toward it: the one queued before it in its
+ * hardware queue, or the event it waits for. A wait item starts (leaves its queue) and then
+ * completes only once its word holds. true: something progressed; false: s has nothing
+ * queued or is held up (by a wait item whose word does not hold). */
 bool run_one(agoq_emu_stream* s) {
   if (s->ops.empty()) return false;
   Op& head = s->ops.front();
-  if (head.wait != nullptr && head.wait->done_seq < head.wait_seq) return run_one(head.wait);
+  bool progressed = false;
+  if (!head.started) {
+    auto& q = hw_queues[s->queue];
+    /* In order: whatever is queued before it in its hardware queue starts first. */
+    if (!q.empty() && q.front().second != head.seq) return run_one(q.front().first);
+    if (head.wait != nullptr && head.wait->done_seq < head.wait_seq) return run_one(head.wait);
+    if (!q.empty()) q.pop_front();
+    head.started = true;
+    if (head.item != nullptr) {
+      if (head.item->state == AGOQ_EMU_WAIT_QUEUED) head.item->state = AGOQ_EMU_WAIT_RUNNING; /* not if ended */
+      progressed = true;
+    }
+  }
+  if (head.item != nullptr && head.item->state != AGOQ_EMU_WAIT_ABORTED && !word_holds(head.item)) return progressed;
   Op op = head;
   s->ops.pop_front();
   if (op.wait != nullptr) op.wait->waiters--;
+  if (op.item != nullptr) {
+    if (op.item->state != AGOQ_EMU_WAIT_ABORTED) item_finish(op.item, AGOQ_EMU_WAIT_DONE);
+    item_unref(op.item);
+  }
   if (op.run) op.run(op.ctx);
   if (op.drop) op.drop(op.ctx);
   s->done_seq = op.seq;
@@ -180,18 +262,147 @@ bool run_one(agoq_emu_stream* s) {
   return true;
 }
 
-void stream_drain(agoq_emu_stream* s, uint64_t seq) {
+/* true: s has run operation seq; false: held up. */
+bool stream_drain(agoq_emu_stream* s, uint64_t seq) {
   while (s->done_seq < seq && run_one(s)) {
   }
+  return s->done_seq >= seq;
 }
 
-/* Everything queued (blocking_only: on the streams the legacy stream synchronises with). */
-void drain_all(bool blocking_only) {
+/* Everything queued (blocking_only: on the streams the legacy stream synchronises with).
+ * false: some of it is held up. */
+bool drain_all(bool blocking_only) {
+  bool all = true;
   for (size_t i = 0; i < streams.size(); i++) {
     agoq_emu_stream* s = streams[i];
     if (blocking_only && (s->flags & cudaStreamNonBlocking)) continue;
-    stream_drain(s, s->last_seq);
+    if (!stream_drain(s, s->last_seq)) all = false;
   }
+  return all;
+}
+
+/* One operation of any stream that can progress, as a GPU runs streams side by side while
+ * NCCL's kernel waits. */
+bool run_any() {
+  for (size_t i = 0; i < streams.size(); i++)
+    if (run_one(streams[i])) return true;
+  return false;
+}
+
+void report_deadlock(const std::string& text) {
+  last_deadlock = text;
+  n_deadlocks++;
+  fprintf(stderr, "agoq CUDA emulation: %s\n", text.c_str());
+  fflush(stderr);
+}
+
+/* Ends every wait item that has not finished: the emulation's watchdog after a report. */
+void abort_wait_items() {
+  while (!wait_items.empty()) item_finish(wait_items.front(), AGOQ_EMU_WAIT_ABORTED);
+}
+
+double mono_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double hang_bound_s() {
+  static const double b = [] {
+    const char* v = getenv("CUDAEMU_HANG_S");
+    double d = v != nullptr ? atof(v) : 0;
+    return d > 0 ? d : 60.0;
+  }();
+  return b;
+}
+
+/* CUDA_DEVICE_MAX_CONNECTIONS as the driver reads it, once, when it creates the context
+ * (here: at the first stream): 8 unless set (or not a number); the emulation clamps to
+ * 1..32. */
+int queue_count() {
+  if (n_queues == 0) {
+    const char* v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    char* end = nullptr;
+    long n = v != nullptr && *v != '\0' ? strtol(v, &end, 10) : 8;
+    if (end != nullptr && *end != '\0') n = 8;
+    n_queues = n < 1 ? 1 : n > kMaxQueues ? kMaxQueues : (int)n;
+  }
+  return n_queues;
+}
+
+/* The wait items that hold the device up, for a report. */
+std::string describe_wait_items() {
+  std::string t;
+  char buf[160];
+  for (const agoq_emu_wait* w : wait_items) {
+    snprintf(buf, sizeof buf, "%sNCCL's kernel (a wait item on stream %p, hardware queue %u, %s) waits for the %s word %p",
+             t.empty() ? "" : "; ", (void*)w->stream, w->stream->queue,
+             w->state == AGOQ_EMU_WAIT_RUNNING ? "running" : "queued", w->device_word ? "device" : "pinned host",
+             (const void*)w->word);
+    t += buf;
+  }
+  return t;
+}
+
+void release_and_pause();
+
+/* Runs device work until done() holds. progress() makes one step toward it (false: held
+ * up); then the rest of the device runs. holds_context: the caller keeps the context lock
+ * while it waits (cudaFree): nothing else can issue work meanwhile, so a wait item on a
+ * device word nobody can write any more is a deadlock, reported at once. Otherwise the
+ * lock is released between looks so that other threads can issue the work that frees it.
+ * cudaErrorLaunchTimeout after a report (the wait items are ended, the device drained). */
+template <typename Done, typename Progress>
+cudaError_t wait_device(const char* call, bool holds_context, Done done, Progress progress) {
+  double start = mono_s();
+  cudaError_t res = cudaSuccess;
+  while (!done()) {
+    if (progress() || run_any()) {
+      start = mono_s();
+      continue;
+    }
+    bool provable = holds_context && !wait_items.empty();
+    for (const agoq_emu_wait* w : wait_items)
+      if (!w->device_word || w->exported) provable = false;
+    if (provable) {
+      report_deadlock(std::string("deadlock: ") + call +
+                      " holds the context lock until every queued operation has completed (as CUDA's does); " +
+                      describe_wait_items() +
+                      "; only device work issued later can write it, and issuing work (the plugin's cudaMemcpyAsync "
+                      "included) waits for that lock. The wait items are ended; the call fails");
+      abort_wait_items();
+      res = cudaErrorLaunchTimeout;
+      continue;
+    }
+    if (mono_s() - start > hang_bound_s()) {
+      report_deadlock(std::string("no progress for CUDAEMU_HANG_S seconds: ") + call + " waits; " +
+                      describe_wait_items() + (holds_context ? " (the call holds the context lock)" : "") +
+                      ". The wait items are ended; the call fails");
+      abort_wait_items();
+      res = cudaErrorLaunchTimeout;
+      start = mono_s();
+      continue;
+    }
+    if (holds_context) {
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, nullptr);
+    } else {
+      release_and_pause();
+    }
+  }
+  return res;
+}
+
+/* The context lock held until the device is idle: cudaFree, cudaFreeHost (measured on an
+ * H200: another thread's cudaMemcpyAsync call blocks meanwhile). The per-device lazy-load
+ * tracking should make a kernel's first launch call this too (CUDA_MODULE_LOADING=LAZY). */
+std::atomic<int> n_context_waiting{0};
+
+cudaError_t hold_context_until_idle(const char* call) {
+  n_context_waiting++;
+  cudaError_t res = wait_device(call, true, [] { return drain_all(false); }, [] { return false; });
+  n_context_waiting--;
+  return res;
 }
 
 /* Frees the destroyed streams whose work has run and that no queued wait names. Called
@@ -208,25 +419,110 @@ void reap() {
   }
 }
 
-/* The device lock for a call that may run work: frees what that work left behind on the
- * way out. */
+/* The context lock for a runtime call: frees what the work it ran left behind on the way
+ * out. */
 struct Session {
-  std::lock_guard<std::recursive_mutex> lk{dev_mu};
-  ~Session() { reap(); }
+  Session() {
+    dev_mu.lock();
+    dev_mu_depth++;
+  }
+  ~Session() {
+    reap();
+    dev_mu_depth--;
+    dev_mu.unlock();
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 };
 
+/* Between two looks of a wait that does not hold the context: lets other threads in. Only
+ * an outermost call releases (a nested one keeps the lock: its caller's state is live). */
+void release_and_pause() {
+  int depth = dev_mu_depth;
+  if (depth == 1) dev_mu.unlock();
+  struct timespec ts = {0, 200000};
+  nanosleep(&ts, nullptr);
+  if (depth == 1) dev_mu.lock();
+}
+
+/* Whether an operation queued now on s (after everything queued so far) could complete
+ * while the wait item w never does: false when it cannot start before w completes,
+ * through its stream, its hardware queue or an event it waits for, transitively. Every
+ * dependency points at an earlier operation, so one pass in queue order decides. */
+bool could_complete_without(agoq_emu_stream* s, const agoq_emu_wait* w) {
+  struct Pending {
+    uint64_t seq;
+    agoq_emu_stream* s;
+    const Op* op;
+  };
+  std::vector<Pending> pending;
+  for (agoq_emu_stream* st : streams)
+    for (const Op& op : st->ops) pending.push_back({op.seq, st, &op});
+  std::sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.seq < b.seq; });
+  /* held_start: cannot start before w completes; held_done: cannot complete before it. */
+  std::map<uint64_t, bool> held_done;
+  std::map<agoq_emu_stream*, bool> stream_tail_held; /* the newest pending op of each stream */
+  bool queue_tail_held[kMaxQueues] = {};             /* the newest not-started op of each queue */
+  for (const Pending& p : pending) {
+    const Op& op = *p.op;
+    bool held_start = false;
+    if (!op.started) {
+      held_start = stream_tail_held[p.s] || queue_tail_held[p.s->queue];
+      if (op.wait != nullptr && op.wait->done_seq < op.wait_seq) {
+        auto it = held_done.find(op.wait_seq);
+        if (it != held_done.end() && it->second) held_start = true;
+      }
+      queue_tail_held[p.s->queue] = held_start;
+    }
+    bool done = held_start || op.item == w;
+    held_done[op.seq] = done;
+    stream_tail_held[p.s] = done;
+  }
+  return !(stream_tail_held[s] || queue_tail_held[s->queue]);
+}
+
+/* Before a copy or memset into [dst, dst + bytes) (the device's view) is queued on s: if a
+ * wait item waits for a word in that range and the copy could only start after the wait
+ * item completes, neither ever will. (What a kernel writes is not known here: a kernel
+ * that would write the word is not checked.) Reports the cycle and ends the wait item; true: the
+ * caller fails instead of queuing. */
+bool closes_cycle(agoq_emu_stream* s, const char* what, const char* dst, size_t bytes) {
+  for (agoq_emu_wait* w : wait_items) {
+    const char* word = reinterpret_cast<const char*>(w->word);
+    if (word + sizeof(unsigned) <= dst || word >= dst + bytes || word_holds(w)) continue;
+    if (could_complete_without(s, w)) continue;
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "deadlock: %s on stream %p (hardware queue %u of %d) would write the word %p that NCCL's kernel (a wait "
+             "item on stream %p, hardware queue %u) waits for, but it waits behind that kernel: %s. The copy fails "
+             "and the wait item is ended",
+             what, (void*)s, s->queue, n_queues, (const void*)w->word, (void*)w->stream, w->stream->queue,
+             s == w->stream ? "queued after it on the same stream"
+             : s->queue == w->stream->queue
+                 ? "its hardware queue holds, before it, work that waits for the kernel (CUDA_DEVICE_MAX_CONNECTIONS)"
+                 : "it waits for an event recorded after the kernel");
+    report_deadlock(buf);
+    abort_wait_items();
+    return true;
+  }
+  return false;
+}
+
 /* sync: a synchronous call (counted as such), not work queued on the legacy stream. */
-void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*), bool sync = false,
-          agoq_emu_stream* wait = nullptr, uint64_t wait_seq = 0) {
-  Op op{next_seq++, run, ctx, drop, wait, wait_seq};
+void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*), const char* what,
+          bool sync = false, agoq_emu_stream* wait = nullptr, uint64_t wait_seq = 0,
+          agoq_emu_wait* item = nullptr) {
+  Op op{next_seq++, run, ctx, drop, wait, wait_seq, what, item, false};
   if (wait != nullptr) wait->waiters++;
   if (s == nullptr) {
     /* The legacy default stream, synchronous calls included (cudaMemcpy, cudaMemset):
      * after the blocking streams' work, at once. Never after a cudaStreamNonBlocking
      * stream's: on a GPU a synchronous copy does not wait for those either, so a test's
-     * own cudaMemcpy does not finish the plugin's copies for it. */
+     * own cudaMemcpy does not finish the plugin's copies for it. Held up by a wait item,
+     * it keeps the context lock meanwhile (adversarial: not measured). */
     if (!sync) n_legacy++; /* a synchronous call counted itself */
-    drain_all(true);
+    (void)wait_device(what, true, [] { return drain_all(true); }, [] { return false; });
+    if (wait != nullptr) wait->waiters--;
     if (run) run(ctx);
     if (drop) drop(ctx);
     n_run++;
@@ -234,6 +530,7 @@ void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*)
   }
   s->last_seq = op.seq;
   s->ops.push_back(op);
+  hw_queues[s->queue].push_back({s, op.seq});
 }
 
 struct CopyJob {
@@ -335,7 +632,7 @@ void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*)
     fail(cudaErrorInvalidResourceHandle);
     return;
   }
-  push(st, run, ctx, drop);
+  push(st, run, ctx, drop, "a kernel");
 }
 
 }  // namespace agoq_emu
@@ -345,24 +642,28 @@ using namespace agoq_emu;
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
+  Session lk; /* every runtime call takes the context lock */
   if (count == nullptr) return fail(cudaErrorInvalidValue);
   *count = kDevices;
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int dev) {
+  Session lk; /* every runtime call takes the context lock */
   if (dev < 0 || dev >= kDevices) return fail(cudaErrorInvalidDevice);
   current_device = dev;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* dev) {
+  Session lk; /* every runtime call takes the context lock */
   if (dev == nullptr) return fail(cudaErrorInvalidValue);
   *dev = current_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev) {
+  Session lk; /* every runtime call takes the context lock */
   if (prop == nullptr) return fail(cudaErrorInvalidValue);
   if (dev != 0) return fail(cudaErrorInvalidDevice);
   memset(prop, 0, sizeof *prop);
@@ -373,6 +674,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev) {
+  Session lk; /* every runtime call takes the context lock */
   if (value == nullptr) return fail(cudaErrorInvalidValue);
   if (dev != 0) return fail(cudaErrorInvalidDevice);
   switch (attr) {
@@ -388,6 +690,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
 
 cudaError_t cudaDeviceFlushGPUDirectRDMAWrites(enum cudaFlushGPUDirectRDMAWritesTarget target,
                                                enum cudaFlushGPUDirectRDMAWritesScope scope) {
+  Session lk; /* every runtime call takes the context lock */
   if (target != cudaFlushGPUDirectRDMAWritesTargetCurrentDevice ||
       (scope != cudaFlushGPUDirectRDMAWritesToOwner && scope != cudaFlushGPUDirectRDMAWritesToAllDevices))
     return fail(cudaErrorInvalidValue);
@@ -433,12 +736,15 @@ cudaError_t cudaFree(void* p) {
   Session lk;
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || !it->second.device) return fail(cudaErrorInvalidDevicePointer);
-  drain_all(false); /* cudaFree synchronises: no queued work may still use it */
+  /* cudaFree synchronises: no queued work may still use it. The memory goes even after a
+   * reported deadlock (the wait items were ended), so that a test's teardown stays clean. */
+  cudaError_t res = hold_context_until_idle("cudaFree");
+  it = allocs.find(reinterpret_cast<uintptr_t>(p));
   munmap(it->second.map_host, it->second.map_size);
   munmap(it->second.map_dev, it->second.map_size);
   close(it->second.fd);
   allocs.erase(it);
-  return cudaSuccess;
+  return res == cudaSuccess ? cudaSuccess : fail(res);
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) {
@@ -460,10 +766,11 @@ cudaError_t cudaFreeHost(void* p) {
   Session lk;
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || it->second.device) return fail(cudaErrorInvalidValue);
-  drain_all(false);
+  cudaError_t res = hold_context_until_idle("cudaFreeHost");
+  it = allocs.find(reinterpret_cast<uintptr_t>(p));
   munmap(it->second.map_host, it->second.map_size);
   allocs.erase(it);
-  return cudaSuccess;
+  return res == cudaSuccess ? cudaSuccess : fail(res);
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* p) {
@@ -491,7 +798,11 @@ cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   cudaError_t e = copy_check(dst, src, bytes, kind);
   if (e != cudaSuccess) return fail(e);
   if (bytes == 0) return cudaSuccess;
-  push(stream, &copy_run, new CopyJob{reach(dst, bytes), reach(src, bytes), bytes}, &copy_drop, sync);
+  static const char* const names[] = {"a copy (host to host)", "a copy (host to device)", "a copy (device to host)",
+                                      "a copy (device to device)", "a copy (cudaMemcpyDefault)"};
+  const char* what = (unsigned)kind < 5 ? names[kind] : "a copy";
+  if (stream != nullptr && closes_cycle(stream, what, reach(dst, bytes), bytes)) return fail(cudaErrorLaunchTimeout);
+  push(stream, &copy_run, new CopyJob{reach(dst, bytes), reach(src, bytes), bytes}, &copy_drop, what, sync);
   return cudaSuccess;
 }
 
@@ -501,7 +812,9 @@ cudaError_t set_issue(void* p, int value, size_t bytes, cudaStream_t stream, boo
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (!is_device(p, bytes)) return fail(cudaErrorInvalidValue);
-  push(stream, &set_run, new SetJob{reach(p, bytes), value, bytes}, &set_drop, sync);
+  if (stream != nullptr && closes_cycle(stream, "a memset", reach(p, bytes), bytes))
+    return fail(cudaErrorLaunchTimeout);
+  push(stream, &set_run, new SetJob{reach(p, bytes), value, bytes}, &set_drop, "a memset", sync);
   return cudaSuccess;
 }
 }  // namespace
@@ -524,11 +837,12 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) { return set_issue(p, v
 cudaError_t cudaDeviceSynchronize(void) {
   Session lk;
   n_sync++;
-  drain_all(false);
-  return cudaSuccess;
+  cudaError_t res = wait_device("cudaDeviceSynchronize", false, [] { return drain_all(false); }, [] { return false; });
+  return res == cudaSuccess ? cudaSuccess : fail(res);
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  Session lk; /* every runtime call takes the context lock */
   if (least) *least = 0;
   if (greatest) *greatest = -5;
   return cudaSuccess;
@@ -555,6 +869,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
     case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
     case cudaErrorFunctionNotLoaded: return "cudaErrorFunctionNotLoaded";
+    case cudaErrorLaunchTimeout: return "cudaErrorLaunchTimeout";
   }
   return "cudaErrorUnknown";
 }
@@ -567,6 +882,9 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int pr
   *s = new agoq_emu_stream();
   (*s)->flags = flags;
   (*s)->priority = priority;
+  /* Round-robin over the hardware queues, whatever the priority: on an H200, NCCL's and
+   * the plugin's greatest-priority streams shared queues as any others did. */
+  (*s)->queue = next_queue++ % (unsigned)queue_count();
   streams.push_back(*s);
   return cudaSuccess;
 }
@@ -594,8 +912,14 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   Session lk;
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  if (s != nullptr) stream_drain(s, s->last_seq);
-  return cudaSuccess;
+  if (s == nullptr) return cudaSuccess;
+  /* A queued wait naming it keeps it from being reaped while the lock is let go. */
+  s->waiters++;
+  uint64_t seq = s->last_seq;
+  cudaError_t res = wait_device("cudaStreamSynchronize", false, [s, seq] { return s->done_seq >= seq; },
+                                [s, seq] { return stream_drain(s, seq); });
+  s->waiters--;
+  return res == cudaSuccess ? cudaSuccess : fail(res);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
@@ -607,13 +931,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     stream_drain(e->stream, e->seq);
     return cudaSuccess;
   }
-  push(s, nullptr, nullptr, nullptr, false, e->stream, e->seq);
+  push(s, nullptr, nullptr, nullptr, "an event wait", false, e->stream, e->seq);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (e == nullptr || (flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) != 0)
     return fail(cudaErrorInvalidValue);
+  Session lk;
   *e = new agoq_emu_event();
   (*e)->flags = flags;
   return cudaSuccess;
@@ -624,7 +949,8 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
-  if (e->pending > 0) drain_all(false); /* a queued record still writes into it */
+  if (e->pending > 0) /* a queued record still writes into it */
+    (void)wait_device("cudaEventDestroy", false, [e] { return e->pending == 0; }, [] { return drain_all(false); });
   delete e;
   return cudaSuccess;
 }
@@ -637,7 +963,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   e->seq = seq;
   e->stream = stream;
   e->pending++;
-  push(stream, &record_run, new RecordJob{e, seq}, &record_drop);
+  push(stream, &record_run, new RecordJob{e, seq}, &record_drop, "an event record");
   return cudaSuccess;
 }
 
@@ -651,8 +977,14 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
-  if (!event_done(e, e->seq)) stream_drain(e->stream, e->seq);
-  return cudaSuccess;
+  uint64_t seq = e->seq;
+  agoq_emu_stream* s = e->stream;
+  if (s == nullptr || event_done(e, seq)) return cudaSuccess;
+  s->waiters++;
+  cudaError_t res = wait_device("cudaEventSynchronize", false, [e, seq] { return event_done(e, seq); },
+                                [s, seq] { return stream_drain(s, seq); });
+  s->waiters--;
+  return res == cudaSuccess ? cudaSuccess : fail(res);
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -673,6 +1005,7 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->rdma_flushes = n_rdma_flush;
   c->kernel_launches = n_launches;
   c->kernels_refused = n_refused;
+  c->deadlocks = n_deadlocks;
   for (const auto& kv : allocs) (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
 }
 
@@ -684,6 +1017,52 @@ int agoq_emu_peek(void* host, const void* dev, size_t bytes) {
 }
 
 void agoq_emu_clock_set(double (*clock)(void)) { g_clock.store(clock); }
+
+cudaError_t agoq_emu_wait_item(cudaStream_t stream, const void* word, unsigned value, agoq_emu_wait** item) {
+  if (item == nullptr || word == nullptr || stream == nullptr || reinterpret_cast<uintptr_t>(word) % 4 != 0)
+    return fail(cudaErrorInvalidValue);
+  *item = nullptr;
+  Session lk;
+  if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  const Alloc* a = find(word, sizeof(unsigned), nullptr);
+  if (a == nullptr) return fail(cudaErrorInvalidValue); /* a kernel reaches device or pinned memory only */
+  agoq_emu_wait* w = new agoq_emu_wait();
+  w->word = reinterpret_cast<const unsigned*>(reach(word, sizeof(unsigned)));
+  w->value = value;
+  w->device_word = a->device;
+  w->exported = a->exported;
+  w->stream = stream;
+  wait_items.push_back(w);
+  push(stream, nullptr, nullptr, nullptr, "NCCL's kernel (a wait item)", false, nullptr, 0, w);
+  *item = w;
+  return cudaSuccess;
+}
+
+enum agoq_emu_wait_state agoq_emu_wait_item_state(const agoq_emu_wait* item) {
+  Session lk;
+  return item->state;
+}
+
+void agoq_emu_wait_item_release(agoq_emu_wait* item) {
+  if (item == nullptr) return;
+  Session lk;
+  item_unref(item);
+}
+
+void agoq_emu_deadlock_text(char* buf, size_t len) {
+  if (buf == nullptr || len == 0) return;
+  Session lk;
+  snprintf(buf, len, "%s", last_deadlock.c_str());
+}
+
+void agoq_emu_max_connections_set(int n) {
+  Session lk;
+  n_queues = n == 0 ? 0 : n < 1 ? 1 : n > kMaxQueues ? kMaxQueues : n;
+  if (n_queues == 0) (void)queue_count();
+  next_queue = 0;
+}
+
+int agoq_emu_context_lock_holders_waiting(void) { return n_context_waiting.load(); }
 
 /* The driver's cuMemGetAddressRange_v2: the device allocation that holds ptr. */
 static int emu_mem_get_address_range(unsigned long long* base, size_t* size, unsigned long long ptr) {
@@ -721,6 +1100,7 @@ static int emu_mem_get_handle_for_address_range(void* handle, unsigned long long
     }
     int fd = fcntl(a.fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    const_cast<Alloc&>(a).exported = true;
     *static_cast<int*>(handle) = fd;
     return 0;
   }
@@ -763,6 +1143,7 @@ void agoq_emu_kernels_forget(void) {
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
                                              unsigned long long flags,
                                              enum cudaDriverEntryPointQueryResult* status) {
+  Session lk; /* every runtime call takes the context lock */
   (void)cuda_version;
   if (symbol == nullptr || fn == nullptr || flags != cudaEnableDefault) return fail(cudaErrorInvalidValue);
   *fn = nullptr;

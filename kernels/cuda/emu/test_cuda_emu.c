@@ -5,7 +5,12 @@
  * so. These are the properties the plugin's device-buffer tests rely on to fail when the
  * plugin gets them wrong.
  */
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <time.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,6 +35,8 @@ static size_t load_codec(void) {
   assert_null(failed);
   return n;
 }
+/* Not a code the emulation returns: a result not yet written. */
+#define cudaErrorUnknownForTest ((cudaError_t)9999)
 
 static agoq_emu_counters counters(void) {
   agoq_emu_counters c;
@@ -517,6 +524,249 @@ static void test_loader_loads_exactly_what_calls_launch(void** state) {
   cudaFreeHost(res);
 }
 
+/* ---- hangs: the context lock, hardware queues, a stand-in for NCCL's kernel ---- */
+
+typedef struct {
+  cudaStream_t nccl;       /* NCCL's stream: K1 (the wait item), then K2 */
+  cudaStream_t plugin;     /* the plugin's stream: X, the copy K1 waits for */
+  unsigned* word;          /* device word K1 waits for */
+  unsigned* one;           /* pinned: X's source */
+  void* k2_target;         /* K2: a memset into it */
+  agoq_emu_wait* k1;
+} hang_setup;
+
+/* K1 on NCCL's stream waiting for the device word to be 1, and (with_k2) K2 queued behind
+ * it: the job NCCL launched next. The streams are the next two created. */
+static void hang_open(hang_setup* h, bool with_k2) {
+  memset(h, 0, sizeof *h);
+  assert_int_equal(cudaStreamCreateWithPriority(&h->nccl, cudaStreamNonBlocking, -5), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithPriority(&h->plugin, cudaStreamNonBlocking, -5), cudaSuccess);
+  assert_int_equal(cudaMalloc((void**)&h->word, 256), cudaSuccess);
+  assert_int_equal(cudaMemset(h->word, 0, 256), cudaSuccess);
+  assert_int_equal(cudaMallocHost((void**)&h->one, sizeof(unsigned)), cudaSuccess);
+  *h->one = 1;
+  assert_int_equal(cudaMalloc(&h->k2_target, 64), cudaSuccess);
+  assert_int_equal(agoq_emu_wait_item(h->nccl, h->word, 1, &h->k1), cudaSuccess);
+  if (with_k2) assert_int_equal(cudaMemsetAsync(h->k2_target, 7, 64, h->nccl), cudaSuccess);
+}
+
+static cudaError_t hang_copy_x(hang_setup* h) {
+  return cudaMemcpyAsync(h->word, h->one, sizeof(unsigned), cudaMemcpyHostToDevice, h->plugin);
+}
+
+static void hang_close(hang_setup* h) {
+  assert_int_equal(cudaStreamSynchronize(h->nccl), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(h->plugin), cudaSuccess);
+  agoq_emu_wait_item_release(h->k1);
+  assert_int_equal(cudaStreamDestroy(h->nccl), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(h->plugin), cudaSuccess);
+  assert_int_equal(cudaFree(h->word), cudaSuccess);
+  assert_int_equal(cudaFree(h->k2_target), cudaSuccess);
+  assert_int_equal(cudaFreeHost(h->one), cudaSuccess);
+}
+
+static void expect_deadlock_text(const char* part) {
+  char text[1024];
+  agoq_emu_deadlock_text(text, sizeof text);
+  if (strstr(text, part) == NULL) fail_msg("the deadlock report \"%s\" does not say \"%s\"", text, part);
+}
+
+/* K1 waits for X on another hardware queue: it runs while K1 spins, K1 then finishes and K2
+ * after it. Nothing is reported. */
+static void test_wait_item_completes_when_its_copy_lands(void** state) {
+  (void)state;
+  agoq_emu_max_connections_set(8);
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  hang_open(&h, true);
+  assert_int_equal(cudaStreamQuery(h.nccl), cudaErrorNotReady);
+  assert_int_equal(agoq_emu_wait_item_state(h.k1), AGOQ_EMU_WAIT_RUNNING);
+  assert_int_equal(cudaStreamQuery(h.nccl), cudaErrorNotReady); /* spins: the word is not there */
+  assert_int_equal(hang_copy_x(&h), cudaSuccess);
+  /* Synchronizing NCCL's stream: the device runs X beside the spinning K1. */
+  assert_int_equal(cudaStreamSynchronize(h.nccl), cudaSuccess);
+  assert_int_equal(agoq_emu_wait_item_state(h.k1), AGOQ_EMU_WAIT_DONE);
+  uint8_t k2[64];
+  assert_int_equal(agoq_emu_peek(k2, h.k2_target, sizeof k2), 0);
+  assert_int_equal(k2[63], 7);
+  hang_close(&h);
+  assert_int_equal(counters().deadlocks, c0.deadlocks);
+}
+
+/* One hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1): [K1 running, K2, X]. K2 waits for K1,
+ * K1 for X, X behind K2: the copy is refused with the cycle, K1 is ended. */
+static void test_one_hardware_queue_deadlocks(void** state) {
+  (void)state;
+  agoq_emu_max_connections_set(1);
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  hang_open(&h, true);
+  assert_int_equal(cudaStreamQuery(h.nccl), cudaErrorNotReady); /* K1 starts */
+  assert_int_equal(hang_copy_x(&h), cudaErrorLaunchTimeout);
+  assert_int_equal(counters().deadlocks, c0.deadlocks + 1);
+  assert_int_equal(agoq_emu_wait_item_state(h.k1), AGOQ_EMU_WAIT_ABORTED);
+  expect_deadlock_text("deadlock: a copy (host to device) on stream");
+  expect_deadlock_text("waits behind that kernel");
+  expect_deadlock_text("CUDA_DEVICE_MAX_CONNECTIONS");
+  hang_close(&h);
+  agoq_emu_max_connections_set(8);
+}
+
+/* One hardware queue, but nothing of NCCL's behind K1: X starts behind a running kernel of
+ * another stream, lands, and K1 finishes (the queue holds work up only when it cannot start). */
+static void test_one_hardware_queue_without_k2_completes(void** state) {
+  (void)state;
+  agoq_emu_max_connections_set(1);
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  hang_open(&h, false);
+  assert_int_equal(hang_copy_x(&h), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(h.plugin), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(h.nccl), cudaSuccess);
+  assert_int_equal(agoq_emu_wait_item_state(h.k1), AGOQ_EMU_WAIT_DONE);
+  hang_close(&h);
+  assert_int_equal(counters().deadlocks, c0.deadlocks);
+  agoq_emu_max_connections_set(8);
+}
+
+/* Eight queues, streams round-robin: the ninth stream created after NCCL's shares its queue,
+ * and X on it deadlocks as with one queue; X on the next one (another queue) does not. */
+static void test_round_robin_puts_the_ninth_stream_in_the_same_queue(void** state) {
+  (void)state;
+  agoq_emu_max_connections_set(8);
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  hang_open(&h, true); /* NCCL's stream: queue 0; the plugin's: queue 1 */
+  cudaStream_t filler[6], same_queue, other_queue;
+  for (int i = 0; i < 6; i++) assert_int_equal(cudaStreamCreateWithFlags(&filler[i], cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&same_queue, cudaStreamNonBlocking), cudaSuccess);  /* queue 0 */
+  assert_int_equal(cudaStreamCreateWithFlags(&other_queue, cudaStreamNonBlocking), cudaSuccess); /* queue 1 */
+  assert_int_equal(cudaStreamQuery(h.nccl), cudaErrorNotReady);
+  assert_int_equal(cudaMemcpyAsync(h.word, h.one, sizeof(unsigned), cudaMemcpyHostToDevice, same_queue),
+                   cudaErrorLaunchTimeout);
+  assert_int_equal(counters().deadlocks, c0.deadlocks + 1);
+  expect_deadlock_text("hardware queue 0 of 8");
+  assert_int_equal(cudaStreamSynchronize(h.nccl), cudaSuccess); /* K1 was ended */
+  /* Again, X on a stream of another queue: no deadlock. */
+  agoq_emu_wait* k1b = NULL;
+  assert_int_equal(cudaMemset(h.word, 0, sizeof(unsigned)), cudaSuccess);
+  assert_int_equal(agoq_emu_wait_item(h.nccl, h.word, 1, &k1b), cudaSuccess);
+  assert_int_equal(cudaMemsetAsync(h.k2_target, 7, 64, h.nccl), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(h.word, h.one, sizeof(unsigned), cudaMemcpyHostToDevice, other_queue), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(h.nccl), cudaSuccess);
+  assert_int_equal(agoq_emu_wait_item_state(k1b), AGOQ_EMU_WAIT_DONE);
+  assert_int_equal(counters().deadlocks, c0.deadlocks + 1);
+  agoq_emu_wait_item_release(k1b);
+  for (int i = 0; i < 6; i++) assert_int_equal(cudaStreamDestroy(filler[i]), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(same_queue), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(other_queue), cudaSuccess);
+  hang_close(&h);
+}
+
+/* CUDA_DEVICE_MAX_CONNECTIONS read as the driver reads it: 1 puts both streams in one queue
+ * (the K1/K2/X deadlock); unset is 8 (no deadlock). */
+static void test_max_connections_from_the_environment(void** state) {
+  (void)state;
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  agoq_emu_max_connections_set(0);
+  hang_open(&h, true);
+  assert_int_equal(hang_copy_x(&h), cudaErrorLaunchTimeout);
+  hang_close(&h);
+  assert_int_equal(counters().deadlocks, c0.deadlocks + 1);
+  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  agoq_emu_max_connections_set(0);
+  hang_open(&h, true);
+  assert_int_equal(hang_copy_x(&h), cudaSuccess);
+  hang_close(&h);
+  assert_int_equal(counters().deadlocks, c0.deadlocks + 1);
+  agoq_emu_max_connections_set(8);
+}
+
+static void* free_on_thread(void* p) {
+  cudaError_t* res = p;
+  void* d = NULL;
+  *res = cudaMalloc(&d, 64);
+  if (*res == cudaSuccess) *res = cudaFree(d);
+  return NULL;
+}
+
+/* cudaFree on another thread while K1 waits for a device word: cudaFree holds the context
+ * lock until K1 finishes, and K1 needs a copy nobody can issue without that lock. Reported
+ * at once; the call fails, K1 is ended. */
+static void test_cuda_free_while_nccl_kernel_waits_deadlocks(void** state) {
+  (void)state;
+  agoq_emu_max_connections_set(8);
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  hang_open(&h, true);
+  assert_int_equal(cudaStreamQuery(h.nccl), cudaErrorNotReady);
+  pthread_t t;
+  cudaError_t res = cudaSuccess;
+  assert_int_equal(pthread_create(&t, NULL, free_on_thread, &res), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(res, cudaErrorLaunchTimeout);
+  assert_int_equal(counters().deadlocks, c0.deadlocks + 1);
+  assert_int_equal(agoq_emu_wait_item_state(h.k1), AGOQ_EMU_WAIT_ABORTED);
+  expect_deadlock_text("deadlock: cudaFree holds the context lock");
+  expect_deadlock_text("the plugin's cudaMemcpyAsync");
+  hang_close(&h);
+}
+
+typedef struct {
+  hang_setup* h;
+  atomic_int returned;
+  cudaError_t res;
+} copy_call;
+
+static void* copy_on_thread(void* p) {
+  copy_call* c = p;
+  c->res = hang_copy_x(c->h);
+  atomic_store(&c->returned, 1);
+  return NULL;
+}
+
+/* The same with K1 waiting for a pinned host word (another thread may write it, so nothing
+ * is provable): cudaFree waits holding the context lock, and the plugin's cudaMemcpyAsync
+ * call, on a third thread, cannot return until the word is written and cudaFree is done. */
+static void test_cuda_free_blocks_every_call_until_idle(void** state) {
+  (void)state;
+  agoq_emu_max_connections_set(8);
+  agoq_emu_counters c0 = counters();
+  hang_setup h;
+  hang_open(&h, false);
+  unsigned* flag = NULL;
+  assert_int_equal(cudaMallocHost((void**)&flag, sizeof *flag), cudaSuccess);
+  atomic_store((atomic_uint*)flag, 0);
+  agoq_emu_wait* k1_host = NULL;
+  assert_int_equal(agoq_emu_wait_item(h.nccl, flag, 5, &k1_host), cudaSuccess);
+  /* K1 (device word) first: X lands it, so only k1_host holds the device up. */
+  assert_int_equal(hang_copy_x(&h), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(h.plugin), cudaSuccess);
+  pthread_t tf, tc;
+  cudaError_t free_res = cudaErrorUnknownForTest;
+  assert_int_equal(pthread_create(&tf, NULL, free_on_thread, &free_res), 0);
+  while (agoq_emu_context_lock_holders_waiting() == 0) sched_yield();
+  copy_call c = {.h = &h, .res = cudaErrorUnknownForTest};
+  atomic_init(&c.returned, 0);
+  assert_int_equal(pthread_create(&tc, NULL, copy_on_thread, &c), 0);
+  struct timespec ts = {0, 20 * 1000 * 1000}; /* gives a wrong emulation time to let the copy through */
+  nanosleep(&ts, NULL);
+  assert_int_equal(atomic_load(&c.returned), 0);
+  assert_int_equal(agoq_emu_context_lock_holders_waiting(), 1);
+  atomic_store((atomic_uint*)flag, 5); /* NCCL's kernel sees its word: the device goes idle */
+  assert_int_equal(pthread_join(tf, NULL), 0);
+  assert_int_equal(pthread_join(tc, NULL), 0);
+  assert_int_equal(free_res, cudaSuccess);
+  assert_int_equal(c.res, cudaSuccess);
+  assert_int_equal(agoq_emu_wait_item_state(k1_host), AGOQ_EMU_WAIT_DONE);
+  assert_int_equal(counters().deadlocks, c0.deadlocks);
+  agoq_emu_wait_item_release(k1_host);
+  assert_int_equal(cudaFreeHost(flag), cudaSuccess);
+  hang_close(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_cannot_touch_device_memory),
@@ -530,6 +780,13 @@ int main(void) {
       cmocka_unit_test(test_unloaded_kernel_launch_is_refused),
       cmocka_unit_test(test_one_emulated_device),
       cmocka_unit_test(test_loader_loads_exactly_what_calls_launch),
+      cmocka_unit_test(test_wait_item_completes_when_its_copy_lands),
+      cmocka_unit_test(test_one_hardware_queue_deadlocks),
+      cmocka_unit_test(test_one_hardware_queue_without_k2_completes),
+      cmocka_unit_test(test_round_robin_puts_the_ninth_stream_in_the_same_queue),
+      cmocka_unit_test(test_max_connections_from_the_environment),
+      cmocka_unit_test(test_cuda_free_while_nccl_kernel_waits_deadlocks),
+      cmocka_unit_test(test_cuda_free_blocks_every_call_until_idle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

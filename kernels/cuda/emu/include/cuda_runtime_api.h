@@ -40,6 +40,9 @@ typedef enum cudaError {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  /* The emulation's answer to a hang it can prove (agoq_emu_wait_item): a GPU would hang,
+   * and a watchdog would end the kernel. */
+  cudaErrorLaunchTimeout = 702,
   cudaErrorSymbolNotFound = 500,
   cudaErrorInvalidDeviceFunction = 98,
   cudaErrorFunctionNotLoaded = 913,
@@ -177,6 +180,7 @@ typedef struct {
   unsigned long long rdma_flushes;      /* cudaDeviceFlushGPUDirectRDMAWrites calls */
   unsigned long long kernel_launches;   /* kernel launches, refused ones included */
   unsigned long long kernels_refused;   /* launches of a kernel not loaded on its device */
+  unsigned long long deadlocks;         /* hangs the emulation reported instead of hanging */
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
 /* Not CUDA: copies device memory as it is now, running none of the queued work (a test's
@@ -196,6 +200,38 @@ unsigned long long agoq_emu_kernel_launches(const char* prefix);
 /* Not CUDA: forgets every kernel loaded and launched on every device, as a new process would
  * start: for a test of the refusal in a process that already loaded the codec. */
 void agoq_emu_kernels_forget(void);
+
+/* Not CUDA: a stand-in for NCCL's kernel, which spins on the device until a word changes
+ * (the data or the flag the plugin's copy delivers). Queued on `stream` like a launch, it
+ * starts when it reaches the head of its stream and of its hardware queue, then occupies
+ * its stream (and so, for whatever is queued behind it on that stream, its hardware
+ * queue) until the 32-bit word at `word` equals `value`. `word` is in device memory
+ * (written by device work: copies, memsets) or pinned host memory (written by host
+ * threads). cudaErrorLaunchTimeout rather than a hang where the emulation can prove the
+ * word will never change (agoq_emu_deadlock_text says why). *item: the handle for
+ * agoq_emu_wait_item_state, released with agoq_emu_wait_item_release. */
+typedef struct agoq_emu_wait agoq_emu_wait;
+cudaError_t agoq_emu_wait_item(cudaStream_t stream, const void* word, unsigned value, agoq_emu_wait** item);
+enum agoq_emu_wait_state {
+  AGOQ_EMU_WAIT_QUEUED = 0,  /* not yet started: work before it on its stream or queue */
+  AGOQ_EMU_WAIT_RUNNING = 1, /* started, the word not yet seen */
+  AGOQ_EMU_WAIT_DONE = 2,    /* saw the word: the kernel finished */
+  AGOQ_EMU_WAIT_ABORTED = 3, /* ended by the emulation to break a deadlock it reported */
+};
+enum agoq_emu_wait_state agoq_emu_wait_item_state(const agoq_emu_wait* item);
+void agoq_emu_wait_item_release(agoq_emu_wait* item);
+/* Not CUDA: the last deadlock the emulation reported ("" if none), as printed to stderr. */
+void agoq_emu_deadlock_text(char* buf, size_t len);
+/* Not CUDA: the number of in-order hardware queues that streams created from now on are
+ * spread over, round-robin (CUDA_DEVICE_MAX_CONNECTIONS, which the driver reads once when
+ * it creates the context: the emulation reads it at its first stream; default 8, 1..32).
+ * For tests that compare counts in one process; restarts the round-robin at queue 0.
+ * n == 0: read CUDA_DEVICE_MAX_CONNECTIONS again, as a new context would. */
+void agoq_emu_max_connections_set(int n);
+/* Not CUDA, and lock-free: how many threads hold the context lock now while they wait for
+ * the device to go idle (cudaFree, cudaFreeHost). Lets a test know another thread's call
+ * got there without taking the lock itself. */
+int agoq_emu_context_lock_holders_waiting(void);
 
 #ifdef __cplusplus
 }
