@@ -66,6 +66,18 @@ void agoq_gpu_start_failure(int cuda_error, const char* runtime_text, const char
   dlclose(h);
 }
 
+/* A driver API function through the runtime (no link to libcuda), as the CUDA 12 runtime API
+ * names it (cudaVersion 12000: the _v2, 64-bit-size symbols); NULL when the driver lacks it. */
+static void* agoq_gpu_driver_symbol(const char* name) {
+  void* fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    return fn;
+  (void)cudaGetLastError();
+  return NULL;
+}
+
 /* cuModuleGetLoadingMode (CUmoduleLoadingMode: 1 eager, 2 lazy), reached through the runtime. */
 typedef int (*agoq_cu_loading_mode_fn)(int* mode);
 
@@ -81,14 +93,8 @@ typedef int (*agoq_cu_loading_mode_fn)(int* mode);
  * kernel. */
 static void agoq_gpu_hang_hazards(char* out, size_t len) {
   int mode = 0;
-  void* fn = NULL;
-  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-      q == cudaDriverEntryPointSuccess && fn != NULL) {
-    if (((agoq_cu_loading_mode_fn)fn)(&mode) != 0) mode = 0;
-  } else {
-    (void)cudaGetLastError();
-  }
+  agoq_cu_loading_mode_fn loading_mode = (agoq_cu_loading_mode_fn)agoq_gpu_driver_symbol("cuModuleGetLoadingMode");
+  if (loading_mode != NULL && loading_mode(&mode) != 0) mode = 0;
   /* Read as the driver reads it: a decimal count, 8 when unset. */
   const char* conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   bool one_queue = conn != NULL && atoi(conn) == 1;
@@ -126,14 +132,8 @@ static ncclResult_t agoq_gpu_probe_locked(void) {
     (void)cudaGetLastError();
     snprintf(prop.name, sizeof prop.name, "device %d", dev);
   }
-  /* cudaVersion 12000: the symbol as the CUDA 12 runtime API names it (_v2, 64-bit sizes). */
-  void* fn = NULL;
-  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-      q == cudaDriverEntryPointSuccess && fn != NULL) {
-    agoq_gpu_state.mem_range = (agoq_cu_mem_range_fn)fn;
-  } else {
-    (void)cudaGetLastError();
+  agoq_gpu_state.mem_range = (agoq_cu_mem_range_fn)agoq_gpu_driver_symbol("cuMemGetAddressRange");
+  if (agoq_gpu_state.mem_range == NULL) {
     AGOQ_INFO(NCCL_INIT, "GPU: the driver's cuMemGetAddressRange is not available: device ranges are checked at "
               "both ends only");
   }
