@@ -19,6 +19,13 @@
 
 #define FAULT_COMM_ID 0x6661756c74000001ull
 #define FAULT_HANDLE_SIZE 128
+/* How much slower than a release build this build runs (3 under the sanitizers): scales
+ * the watchdogs that tell a hang from a slow run, never a detection limit agoq promises. */
+#ifndef FAULT_SLOWDOWN
+#define FAULT_SLOWDOWN 1
+#endif
+/* A whole bit-flip run (reference or flipped) ends within this long, or it hung. */
+#define FAULT_RUN_LIMIT_MS (40000 * FAULT_SLOWDOWN)
 /* A survivor's pending call must return an error within this long after the fault. */
 #define FAULT_DETECT_LIMIT_MS 10000
 

@@ -405,7 +405,7 @@ int fault_sc_bitflip(int seeds, uint64_t seed0, fault_path path) {
     uint32_t kind = 0;
     fault_event e;
     char text[512];
-    int n = fault_recv(r.fd, &kind, text, sizeof text - 1, 40000);
+    int n = fault_recv(r.fd, &kind, text, sizeof text - 1, FAULT_RUN_LIMIT_MS);
     memcpy(&e, text, sizeof e);
     /* The proxy first: its counts then cover the run and none of the teardown. */
     bf_proxy_report rep;
@@ -634,7 +634,7 @@ static int bc_case(uint64_t seed, int flipper, fault_path path, bc_outcome* o) {
   for (int k = 0; k < BC_NRANKS; k++) {
     uint32_t kind = 0;
     char text[512];
-    int n = fault_recv(r[k].fd, &kind, text, sizeof text - 1, 40000);
+    int n = fault_recv(r[k].fd, &kind, text, sizeof text - 1, FAULT_RUN_LIMIT_MS);
     fault_event e;
     memcpy(&e, text, sizeof e);
     if (n < 0) {
