@@ -20,4 +20,25 @@ ncclResult_t agoq_gpu_cuda_error(cudaError_t e, const char* what);
     if ((res) != ncclSuccess) goto label;                       \
   } while (0)
 
+/* Stream capture: NCCL connects lazily and registers buffers during capture, so a link's
+ * setup and teardown (allocations, streams, events, a synchronize: calls CUDA may refuse
+ * during a capture) can run on NCCL's proxy thread while another thread captures a CUDA graph
+ * in Global mode: refused, and that thread's capture invalidated. Relaxed mode around them,
+ * as NCCL does around its own proxy allocations (include/alloc.h); the thread's previous
+ * mode is put back after. The data path (copies, launches, event records and queries on the
+ * link's own stream, never a capturing one) needs no such care. */
+static inline enum cudaStreamCaptureMode agoq_gpu_capture_relax(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    (void)cudaGetLastError();
+    mode = cudaStreamCaptureModeRelaxed; /* nothing changed: nothing to put back */
+  }
+  return mode;
+}
+
+static inline void agoq_gpu_capture_restore(enum cudaStreamCaptureMode mode) {
+  if (mode != cudaStreamCaptureModeRelaxed && cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
 #endif

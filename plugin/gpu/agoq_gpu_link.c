@@ -54,7 +54,10 @@ out:
   return res;
 }
 
-ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
+static void agoq_gpu_link_teardown(agoq_gpu_link* l);
+
+/* agoq_gpu_link_create's work, in Relaxed capture mode. */
+static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link* l = NULL;
   uint32_t slots = cfg->slots;
@@ -105,7 +108,14 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
   *out = l;
   return ncclSuccess;
 fail:
-  agoq_gpu_link_destroy(l);
+  agoq_gpu_link_teardown(l);
+  return res;
+}
+
+ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
+  enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
+  ncclResult_t res = agoq_gpu_link_build(device, cfg, out);
+  agoq_gpu_capture_restore(mode);
   return res;
 }
 
@@ -122,6 +132,14 @@ out:
 }
 
 void agoq_gpu_link_destroy(agoq_gpu_link* l) {
+  if (l == NULL) return;
+  enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
+  agoq_gpu_link_teardown(l);
+  agoq_gpu_capture_restore(mode);
+}
+
+/* agoq_gpu_link_destroy's work, in Relaxed capture mode. */
+static void agoq_gpu_link_teardown(agoq_gpu_link* l) {
   if (l == NULL) return;
   (void)agoq_gpu_link_enter(l);
   /* Copies still queued read or write the staging: they finish before it is freed. Close
@@ -158,6 +176,7 @@ const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l) { ret
 ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p) {
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link_mem* m = NULL;
+  enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
   *p = NULL;
   AGOQ_CALLOC_GOTO(m, 1, res, fail);
   m->device = device;
@@ -168,9 +187,11 @@ ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, voi
   m->next = l->mem;
   l->mem = m;
   *p = m->p;
+  agoq_gpu_capture_restore(mode);
   return ncclSuccess;
 fail:
   free(m);
+  agoq_gpu_capture_restore(mode);
   return res;
 }
 

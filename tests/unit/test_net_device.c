@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <agoq_emu_capture.h>
 #include <cuda_runtime_api.h>
 
 #include "agoq_codec.h"
@@ -632,6 +633,49 @@ static void test_start_failure_reason(void** state) {
   assert_string_equal(why, "no CUDA-capable device is detected");
 }
 
+/* Another thread captures a CUDA graph in Global mode (torch.cuda.graph) while NCCL's proxy
+ * thread connects and registers device buffers, and later closes: the link's setup and
+ * teardown (allocations, a stream, events) run in Relaxed capture mode, so none is refused
+ * and the capture survives; this thread's own mode is as it was. */
+static void test_link_setup_during_global_capture(void** state) {
+  (void)state;
+  size_t n = 1u << 20;
+  uint8_t* src = malloc(n);
+  uint8_t* got = malloc(n);
+  fill(src, n, 77);
+  /* The test's own buffers exist before the capture: only the plugin's calls are at stake. */
+  endpoint s = {.size = n, .device = true, .buf = dev_from(src, n)};
+  endpoint r = {.size = n, .device = true, .buf = dev_from(got, n)};
+  agoq_emu_capturer c;
+  pthread_t t;
+  assert_int_equal(agoq_emu_capture_start(&c, &t, cudaStreamCaptureModeGlobal), 0);
+  assert_int_equal(c.begin, cudaSuccess);
+  agoq_emu_counters c0, c1;
+  agoq_emu_counters_get(&c0);
+
+  pair p;
+  pair_open_ex(&p, COMM_ID, NULL);
+  ep_reg(p.send, &s);
+  ep_reg(p.recv, &r);
+  assert_int_equal(transfer(&p, &s, &r, n, NULL), (int)n);
+  assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+  assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+  pair_close(&p);
+  agoq_emu_counters_get(&c1);
+  assert_int_equal(c1.capture_refused, c0.capture_refused);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  assert_int_equal(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  assert_int_equal(mode, cudaStreamCaptureModeGlobal); /* put back as it was */
+
+  assert_int_equal(agoq_emu_capture_finish(&c, t), cudaSuccess);
+  dev_to(got, r.buf, n);
+  assert_memory_equal(got, src, n);
+  cudaFree(s.buf);
+  cudaFree(r.buf);
+  free(src);
+  free(got);
+}
+
 int main(void) {
   setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
@@ -656,6 +700,7 @@ int main(void) {
       cmocka_unit_test(test_typed_tiny_goes_exact),
       cmocka_unit_test(test_typed_misaligned_goes_exact),
       cmocka_unit_test(test_bad_device_buffers),
+      cmocka_unit_test(test_link_setup_during_global_capture),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,6 +105,10 @@ struct agoq_emu_wait {
   unsigned refs = 2; /* the queued operation and the caller's handle */
 };
 
+struct agoq_emu_graph {
+  int unused; /* a finished capture; nothing is recorded (include/cuda_runtime_api.h) */
+};
+
 struct agoq_emu_event {
   unsigned flags = 0;
   agoq_emu_stream* stream = nullptr; /* of the newest record */
@@ -161,6 +165,61 @@ unsigned long long n_launches = 0, n_refused = 0;
 cudaError_t fail(cudaError_t e) {
   last_error = e;
   return e;
+}
+
+/* Stream capture (include/cuda_runtime_api.h says which calls are refused, and when). The
+ * captures under way, under dev_mu; each thread's mode is its own, as in CUDA. */
+struct Capture {
+  agoq_emu_stream* stream;
+  cudaStreamCaptureMode mode;
+  const void* thread; /* the capturing thread: the address of its capture_mode */
+  bool invalidated;
+};
+std::vector<Capture> captures;
+thread_local cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+std::atomic<unsigned long long> n_capture_refused{0};
+
+const void* this_thread() { return &capture_mode; }
+
+const char* capture_mode_name(cudaStreamCaptureMode m) {
+  switch (m) {
+    case cudaStreamCaptureModeGlobal: return "Global";
+    case cudaStreamCaptureModeThreadLocal: return "ThreadLocal";
+    case cudaStreamCaptureModeRelaxed: return "Relaxed";
+  }
+  return "?";
+}
+
+Capture* capture_of(const agoq_emu_stream* s) {
+  for (Capture& c : captures)
+    if (c.stream == s) return &c;
+  return nullptr;
+}
+
+/* `call` is "potentially unsafe": refused on this thread while a capture it conflicts with
+ * is under way, and that capture invalidated, as CUDA does. Under dev_mu. */
+bool capture_refuses(const char* call) {
+  if (capture_mode == cudaStreamCaptureModeRelaxed) return false;
+  bool refused = false;
+  for (Capture& c : captures) {
+    const bool own = c.thread == this_thread();
+    const bool conflicts = own ? c.mode != cudaStreamCaptureModeRelaxed
+                               : capture_mode == cudaStreamCaptureModeGlobal &&
+                                     c.mode == cudaStreamCaptureModeGlobal;
+    if (conflicts) {
+      c.invalidated = true;
+      refused = true;
+    }
+  }
+  if (!refused) return false;
+  n_capture_refused++;
+  fprintf(stderr,
+          "agoq CUDA emulation: %s while a stream capture is under way, on a thread in %s capture mode: refused "
+          "(cudaErrorStreamCaptureUnsupported) and the capture invalidated; such calls belong in "
+          "cudaThreadExchangeStreamCaptureMode(Relaxed), as NCCL's own proxy allocations are\n",
+          call, capture_mode_name(capture_mode));
+  fail(cudaErrorStreamCaptureUnsupported);
+  return true;
 }
 
 std::atomic<double (*)(void)> g_clock{nullptr};
@@ -512,6 +571,11 @@ bool closes_cycle(agoq_emu_stream* s, const char* what, const char* dst, size_t 
 void push(agoq_emu_stream* s, void (*run)(void*), void* ctx, void (*drop)(void*), const char* what,
           bool sync = false, agoq_emu_stream* wait = nullptr, uint64_t wait_seq = 0,
           agoq_emu_wait* item = nullptr) {
+  if (s != nullptr && capture_of(s) != nullptr) {
+    /* A graph would record it; the emulation records none (its tests never need one). */
+    fprintf(stderr, "agoq CUDA emulation: %s queued on a capturing stream: graphs are not emulated\n", what);
+    abort();
+  }
   Op op{next_seq++, run, ctx, drop, wait, wait_seq, what, item, false};
   if (wait != nullptr) wait->waiters++;
   if (s == nullptr) {
@@ -701,6 +765,10 @@ cudaError_t cudaDeviceFlushGPUDirectRDMAWrites(enum cudaFlushGPUDirectRDMAWrites
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   *p = nullptr;
+  {
+    Session lk;
+    if (capture_refuses("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
+  }
   size_t pg = page_size();
   size_t body = ((bytes ? bytes : 1) + pg - 1) / pg * pg;
   size_t map = body + pg; /* a guard page after the device's view */
@@ -734,6 +802,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
   Session lk;
+  if (capture_refuses("cudaFree")) return cudaErrorStreamCaptureUnsupported;
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || !it->second.device) return fail(cudaErrorInvalidDevicePointer);
   /* cudaFree synchronises: no queued work may still use it. The memory goes even after a
@@ -750,6 +819,10 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) {
   if (p == nullptr || (flags & ~cudaHostAllocPortable) != 0) return fail(cudaErrorInvalidValue);
   *p = nullptr;
+  {
+    Session lk;
+    if (capture_refuses("cudaHostAlloc")) return cudaErrorStreamCaptureUnsupported;
+  }
   size_t map = ((bytes ? bytes : 1) + page_size() - 1) / page_size() * page_size();
   char* h = static_cast<char*>(mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (h == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
@@ -764,6 +837,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
   Session lk;
+  if (capture_refuses("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || it->second.device) return fail(cudaErrorInvalidValue);
   cudaError_t res = hold_context_until_idle("cudaFreeHost");
@@ -794,6 +868,7 @@ namespace {
 cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream, bool sync) {
   Session lk;
   if (sync) n_sync++;
+  if (sync && capture_refuses("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
   cudaError_t e = copy_check(dst, src, bytes, kind);
   if (e != cudaSuccess) return fail(e);
@@ -809,6 +884,7 @@ cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t set_issue(void* p, int value, size_t bytes, cudaStream_t stream, bool sync) {
   Session lk;
   if (sync) n_sync++;
+  if (sync && capture_refuses("cudaMemset")) return cudaErrorStreamCaptureUnsupported;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (!is_device(p, bytes)) return fail(cudaErrorInvalidValue);
@@ -837,6 +913,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) { return set_issue(p, v
 cudaError_t cudaDeviceSynchronize(void) {
   Session lk;
   n_sync++;
+  if (capture_refuses("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
   cudaError_t res = wait_device("cudaDeviceSynchronize", false, [] { return drain_all(false); }, [] { return false; });
   return res == cudaSuccess ? cudaSuccess : fail(res);
 }
@@ -870,6 +947,10 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
     case cudaErrorFunctionNotLoaded: return "cudaErrorFunctionNotLoaded";
     case cudaErrorLaunchTimeout: return "cudaErrorLaunchTimeout";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
   }
   return "cudaErrorUnknown";
 }
@@ -879,6 +960,7 @@ const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int priority) {
   if (s == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return fail(cudaErrorInvalidValue);
   Session lk;
+  if (capture_refuses("cudaStreamCreate")) return cudaErrorStreamCaptureUnsupported;
   *s = new agoq_emu_stream();
   (*s)->flags = flags;
   (*s)->priority = priority;
@@ -895,6 +977,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   Session lk;
+  if (capture_refuses("cudaStreamDestroy")) return cudaErrorStreamCaptureUnsupported;
   if (s == nullptr || s->destroyed) return fail(cudaErrorInvalidResourceHandle);
   /* As on a GPU: queued work still runs; the object goes once it has (reap). */
   s->destroyed = true;
@@ -911,6 +994,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   Session lk;
+  if (capture_refuses("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (s == nullptr) return cudaSuccess;
   /* A queued wait naming it keeps it from being reaped while the lock is let go. */
@@ -939,6 +1023,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (e == nullptr || (flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) != 0)
     return fail(cudaErrorInvalidValue);
   Session lk;
+  if (capture_refuses("cudaEventCreate")) return cudaErrorStreamCaptureUnsupported;
   *e = new agoq_emu_event();
   (*e)->flags = flags;
   return cudaSuccess;
@@ -949,6 +1034,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
+  if (capture_refuses("cudaEventDestroy")) return cudaErrorStreamCaptureUnsupported;
   if (e->pending > 0) /* a queued record still writes into it */
     (void)wait_device("cudaEventDestroy", false, [e] { return e->pending == 0; }, [] { return drain_all(false); });
   delete e;
@@ -977,6 +1063,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
+  if (capture_refuses("cudaEventSynchronize")) return cudaErrorStreamCaptureUnsupported;
   uint64_t seq = e->seq;
   agoq_emu_stream* s = e->stream;
   if (s == nullptr || event_done(e, seq)) return cudaSuccess;
@@ -985,6 +1072,57 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
                                 [s, seq] { return stream_drain(s, seq); });
   s->waiters--;
   return res == cudaSuccess ? cudaSuccess : fail(res);
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  Session lk;
+  if (stream == nullptr || stream->destroyed || mode < cudaStreamCaptureModeGlobal ||
+      mode > cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue);
+  if (capture_of(stream) != nullptr) return fail(cudaErrorIllegalState);
+  captures.push_back(Capture{stream, mode, this_thread(), false});
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  Session lk;
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  *graph = nullptr;
+  Capture* c = capture_of(stream);
+  if (c == nullptr) return fail(cudaErrorIllegalState);
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != this_thread())
+    return fail(cudaErrorStreamCaptureWrongThread);
+  const bool invalidated = c->invalidated;
+  captures.erase(captures.begin() + (c - captures.data()));
+  if (invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  *graph = new agoq_emu_graph();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  Session lk;
+  if (status == nullptr || !stream_ok(stream)) return fail(cudaErrorInvalidValue);
+  const Capture* c = stream != nullptr ? capture_of(stream) : nullptr;
+  *status = c == nullptr       ? cudaStreamCaptureStatusNone
+            : c->invalidated ? cudaStreamCaptureStatusInvalidated
+                             : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+/* The thread's own mode: no context lock (it is the thread's state, not the context's). */
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  if (mode == nullptr || *mode < cudaStreamCaptureModeGlobal || *mode > cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue);
+  const cudaStreamCaptureMode old = capture_mode;
+  capture_mode = *mode;
+  *mode = old;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  delete graph;
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -1006,6 +1144,7 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->kernel_launches = n_launches;
   c->kernels_refused = n_refused;
   c->deadlocks = n_deadlocks;
+  c->capture_refused = n_capture_refused;
   for (const auto& kv : allocs) (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
 }
 

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "agoq_codec_cuda.h"
+#include "agoq_emu_capture.h"
 #include "cuda_runtime_api.h"
 
 /* Every codec kernel loaded on the current device, as the plugin does at setup: a launch of
@@ -767,6 +768,139 @@ static void test_cuda_free_blocks_every_call_until_idle(void** state) {
   hang_close(&h);
 }
 
+/* ---- stream capture ------------------------------------------------------------------- */
+
+typedef agoq_emu_capturer capturer;
+
+static void* end_on_thread(void* arg) {
+  capturer* c = arg;
+  cudaGraph_t g = NULL;
+  c->end = cudaStreamEndCapture(c->stream, &g);
+  return NULL;
+}
+
+static void capture_start(capturer* c, pthread_t* t, enum cudaStreamCaptureMode mode) {
+  assert_int_equal(agoq_emu_capture_start(c, t, mode), 0);
+  assert_int_equal(c->begin, cudaSuccess);
+}
+
+static cudaError_t capture_finish(capturer* c, pthread_t t) { return agoq_emu_capture_finish(c, t); }
+
+/* The setup calls CUDA may refuse during another thread's Global capture: each is refused on
+ * a thread in the default (Global) mode, and invalidates that capture. */
+static void test_global_capture_refuses_setup_calls_elsewhere(void** state) {
+  (void)state;
+  void* d = NULL;
+  void* h = NULL;
+  cudaStream_t s = NULL;
+  cudaEvent_t e = NULL;
+  assert_int_equal(cudaMalloc(&d, 64), cudaSuccess);
+  assert_int_equal(cudaHostAlloc(&h, 64, cudaHostAllocPortable), cudaSuccess);
+  capturer c;
+  pthread_t t;
+  capture_start(&c, &t, cudaStreamCaptureModeGlobal);
+  agoq_emu_counters c0, c1;
+  agoq_emu_counters_get(&c0);
+  void* p = NULL;
+  assert_int_equal(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+  assert_null(p);
+  assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureUnsupported);
+  assert_int_equal(cudaHostAlloc(&p, 64, cudaHostAllocPortable), cudaErrorStreamCaptureUnsupported);
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaErrorStreamCaptureUnsupported);
+  assert_int_equal(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaErrorStreamCaptureUnsupported);
+  assert_int_equal(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+  assert_int_equal(cudaFree(d), cudaErrorStreamCaptureUnsupported);
+  assert_int_equal(cudaFreeHost(h), cudaErrorStreamCaptureUnsupported);
+  (void)cudaGetLastError();
+  agoq_emu_counters_get(&c1);
+  assert_int_equal(c1.capture_refused - c0.capture_refused, 7);
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  assert_int_equal(cudaStreamIsCapturing(c.stream, &st), cudaSuccess);
+  assert_int_equal(st, cudaStreamCaptureStatusInvalidated);
+  assert_int_equal(capture_finish(&c, t), cudaErrorStreamCaptureInvalidated);
+  /* Once the capture is over, the same calls succeed. */
+  assert_int_equal(cudaFree(d), cudaSuccess);
+  assert_int_equal(cudaFreeHost(h), cudaSuccess);
+}
+
+/* In Relaxed mode (what NCCL's proxy allocations use) the same calls succeed and the capture
+ * ends with its graph; the thread's previous mode comes back from the exchange. */
+static void test_relaxed_mode_allows_setup_during_capture(void** state) {
+  (void)state;
+  capturer c;
+  pthread_t t;
+  capture_start(&c, &t, cudaStreamCaptureModeGlobal);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  assert_int_equal(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  assert_int_equal(mode, cudaStreamCaptureModeGlobal);
+  void* d = NULL;
+  void* h = NULL;
+  cudaStream_t s = NULL;
+  cudaEvent_t e = NULL;
+  assert_int_equal(cudaMalloc(&d, 64), cudaSuccess);
+  assert_int_equal(cudaHostAlloc(&h, 64, cudaHostAllocPortable), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(d, h, 64, cudaMemcpyHostToDevice, s), cudaSuccess);
+  assert_int_equal(cudaEventRecord(e, s), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(cudaEventDestroy(e), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  assert_int_equal(cudaFree(d), cudaSuccess);
+  assert_int_equal(cudaFreeHost(h), cudaSuccess);
+  assert_int_equal(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  assert_int_equal(mode, cudaStreamCaptureModeRelaxed);
+  assert_int_equal(capture_finish(&c, t), cudaSuccess);
+}
+
+/* Another thread's ThreadLocal or Relaxed capture does not concern this thread; a thread's
+ * own Global capture forbids its own unsafe calls unless it is in Relaxed mode; and a Global
+ * capture ends only on the thread that began it. */
+static void test_capture_modes_and_threads(void** state) {
+  (void)state;
+  enum cudaStreamCaptureMode others[] = {cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed};
+  for (int i = 0; i < 2; i++) {
+    capturer c;
+    pthread_t t;
+    capture_start(&c, &t, others[i]);
+    void* d = NULL;
+    assert_int_equal(cudaMalloc(&d, 64), cudaSuccess);
+    assert_int_equal(cudaFree(d), cudaSuccess);
+    assert_int_equal(capture_finish(&c, t), cudaSuccess);
+  }
+  cudaStream_t s = NULL;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  assert_int_equal(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  void* d = NULL;
+  assert_int_equal(cudaMalloc(&d, 64), cudaErrorStreamCaptureUnsupported);
+  (void)cudaGetLastError();
+  cudaGraph_t g = NULL;
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+  assert_null(g);
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  mode = cudaStreamCaptureModeRelaxed;
+  assert_int_equal(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d, 64), cudaSuccess);
+  assert_int_equal(cudaFree(d), cudaSuccess);
+  mode = cudaStreamCaptureModeGlobal;
+  assert_int_equal(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+  assert_non_null(g);
+  assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+  /* Ended by another thread: refused for a Global capture. */
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  capturer c = {.stream = s, .mode = cudaStreamCaptureModeGlobal};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, end_on_thread, &c), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(c.end, cudaErrorStreamCaptureWrongThread);
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+  assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_cannot_touch_device_memory),
@@ -787,6 +921,9 @@ int main(void) {
       cmocka_unit_test(test_max_connections_from_the_environment),
       cmocka_unit_test(test_cuda_free_while_nccl_kernel_waits_deadlocks),
       cmocka_unit_test(test_cuda_free_blocks_every_call_until_idle),
+      cmocka_unit_test(test_global_capture_refuses_setup_calls_elsewhere),
+      cmocka_unit_test(test_relaxed_mode_allows_setup_during_capture),
+      cmocka_unit_test(test_capture_modes_and_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

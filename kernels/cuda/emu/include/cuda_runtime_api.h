@@ -46,7 +46,33 @@ typedef enum cudaError {
   cudaErrorSymbolNotFound = 500,
   cudaErrorInvalidDeviceFunction = 98,
   cudaErrorFunctionNotLoaded = 913,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureWrongThread = 908,
+  cudaErrorIllegalState = 401,
 } cudaError_t;
+
+/* Stream capture (CUDA graphs). The calls CUDA calls "potentially unsafe" during a capture
+ * are not listed by the documentation beyond cudaMalloc; the emulation takes the adversarial
+ * set: allocation and freeing (device and pinned), the synchronous copy and memset, every
+ * synchronize, and the creation and destruction of streams and events. Such a call fails with
+ * cudaErrorStreamCaptureUnsupported, and invalidates the captures it conflicts with
+ * (cudaStreamEndCapture then fails with cudaErrorStreamCaptureInvalidated), when the calling
+ * thread's mode (cudaThreadExchangeStreamCaptureMode, Global by default) is Global and another
+ * thread captures in Global mode, or is Global or ThreadLocal and the thread itself captures in
+ * a mode other than Relaxed. Work queued on a capturing stream is not recorded into a graph:
+ * the emulation aborts, naming the call (tests capture only to make the capture exist). */
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+typedef struct agoq_emu_graph* cudaGraph_t;
 
 /* cudaGetDriverEntryPointByVersion: the driver API without linking it. The emulation knows
  * "cuMemGetAddressRange" (the _v2 signature: int (*)(unsigned long long* base,
@@ -162,6 +188,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 /* Loads kernel func (its address) on the current device, as the driver does under lazy
  * loading (the CUDA Programming Guide, "Lazy Loading"); launching it is allowed from then on. */
 cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func);
@@ -181,6 +212,7 @@ typedef struct {
   unsigned long long kernel_launches;   /* kernel launches, refused ones included */
   unsigned long long kernels_refused;   /* launches of a kernel not loaded on its device */
   unsigned long long deadlocks;         /* hangs the emulation reported instead of hanging */
+  unsigned long long capture_refused;   /* calls refused because a stream capture was under way */
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
 /* Not CUDA: copies device memory as it is now, running none of the queued work (a test's
