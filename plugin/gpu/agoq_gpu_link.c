@@ -43,20 +43,28 @@ struct agoq_gpu_link {
   bool rdma_flush; /* the device flushes GPUDirect RDMA writes on request */
 };
 
-/* The runtime's calls act on the calling thread's current device; NCCL's proxy thread has
- * its rank's device current, but another caller (a test, CollNet's engine) may not. */
-static ncclResult_t agoq_gpu_link_enter(const agoq_gpu_link* l) {
-  int cur = -1;
+/* The runtime's calls act on the calling thread's current device. NCCL's proxy thread has
+ * its rank's device current and finds it so after any call of ours, whichever device the
+ * link is on (several GPUs in one process: JAX, nccl-tests -g); another caller (a test,
+ * CollNet's engine) may have another current. So every call enters its link's device
+ * (*prev: the caller's) and leaves the caller's current again. */
+static ncclResult_t agoq_gpu_device_enter(int device, int* prev) {
   ncclResult_t res = ncclSuccess;
-  AGOQ_CUDA_CHECK_GOTO(cudaGetDevice(&cur), res, out);
-  if (cur != l->device) AGOQ_CUDA_CHECK_GOTO(cudaSetDevice(l->device), res, out);
+  *prev = -1;
+  AGOQ_CUDA_CHECK_GOTO(cudaGetDevice(prev), res, out);
+  if (*prev != device) AGOQ_CUDA_CHECK_GOTO(cudaSetDevice(device), res, out);
 out:
   return res;
 }
 
+static void agoq_gpu_device_leave(int device, int prev) {
+  if (prev >= 0 && prev != device)
+    (void)agoq_gpu_cuda_error(cudaSetDevice(prev), "cudaSetDevice (the caller's device again)");
+}
+
 static void agoq_gpu_link_teardown(agoq_gpu_link* l);
 
-/* agoq_gpu_link_create's work, in Relaxed capture mode. */
+/* agoq_gpu_link_create's work, on `device`, in Relaxed capture mode. */
 static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link* l = NULL;
@@ -75,7 +83,6 @@ static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* 
   }
   AGOQ_CALLOC_GOTO(l->events, slots, res, fail);
   l->slots = slots;
-  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, fail);
   int least = 0, greatest = 0;
   AGOQ_CUDA_CHECK_GOTO(cudaDeviceGetStreamPriorityRange(&least, &greatest), res, fail);
   /* Non-blocking: never ordered behind the legacy default stream (or NCCL's kernels on
@@ -114,7 +121,11 @@ fail:
 
 ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
-  ncclResult_t res = agoq_gpu_link_build(device, cfg, out);
+  int prev = -1;
+  *out = NULL;
+  ncclResult_t res = agoq_gpu_device_enter(device, &prev);
+  if (res == ncclSuccess) res = agoq_gpu_link_build(device, cfg, out);
+  agoq_gpu_device_leave(device, prev);
   agoq_gpu_capture_restore(mode);
   return res;
 }
@@ -123,25 +134,30 @@ bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l) { return l != NULL && l->r
 
 ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l) {
   ncclResult_t res = ncclSuccess;
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  int prev = -1;
+  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
                                                           cudaFlushGPUDirectRDMAWritesToOwner),
                        res, out);
 out:
+  agoq_gpu_device_leave(l->device, prev);
   return res;
 }
 
 void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   if (l == NULL) return;
   enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
+  const int device = l->device;
+  int prev = -1;
+  (void)agoq_gpu_device_enter(device, &prev);
   agoq_gpu_link_teardown(l);
+  agoq_gpu_device_leave(device, prev);
   agoq_gpu_capture_restore(mode);
 }
 
-/* agoq_gpu_link_destroy's work, in Relaxed capture mode. */
+/* agoq_gpu_link_destroy's work, on the link's device, in Relaxed capture mode. */
 static void agoq_gpu_link_teardown(agoq_gpu_link* l) {
   if (l == NULL) return;
-  (void)agoq_gpu_link_enter(l);
   /* Copies still queued read or write the staging: they finish before it is freed. Close
    * is the one place the plugin waits for the device. */
   if (l->stream != NULL) (void)agoq_gpu_cuda_error(cudaStreamSynchronize(l->stream), "cudaStreamSynchronize");
@@ -177,20 +193,23 @@ ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, voi
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link_mem* m = NULL;
   enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
+  int prev = -1;
   *p = NULL;
   AGOQ_CALLOC_GOTO(m, 1, res, fail);
   m->device = device;
   m->size = size > 0 ? size : 1;
-  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, fail);
+  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, fail);
   if (device) AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&m->p, m->size), res, fail);
   else AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&m->p, m->size, cudaHostAllocPortable), res, fail);
   m->next = l->mem;
   l->mem = m;
   *p = m->p;
+  agoq_gpu_device_leave(l->device, prev);
   agoq_gpu_capture_restore(mode);
   return ncclSuccess;
 fail:
   free(m);
+  agoq_gpu_device_leave(l->device, prev);
   agoq_gpu_capture_restore(mode);
   return res;
 }
@@ -212,11 +231,13 @@ static ncclResult_t agoq_gpu_copy(agoq_gpu_link* l, void* dst, const void* src, 
                                   uint64_t* bytes, uint64_t* copies) {
   ncclResult_t res = ncclSuccess;
   if (size == 0) return ncclSuccess;
-  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, out);
+  int prev = -1;
+  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaMemcpyAsync(dst, src, size, kind, l->stream), res, out);
   *bytes += size;
   (*copies)++;
 out:
+  agoq_gpu_device_leave(l->device, prev);
   return res;
 }
 
@@ -241,9 +262,11 @@ static agoq_cuda_codec_result* agoq_gpu_result(const agoq_gpu_link* l, uint32_t 
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
   ncclResult_t res = ncclSuccess;
   AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
-  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l), res, out);
+  int prev = -1;
+  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaEventRecord(l->events[slot], l->stream), res, out);
 out:
+  agoq_gpu_device_leave(l->device, prev);
   return res;
 }
 
@@ -397,12 +420,18 @@ static ncclResult_t agoq_gpu_codec_run(agoq_gpu_link* l, uint32_t slot, int part
   bool with_result = agoq_gpu_op_has_result(op->kind);
   agoq_cuda_codec_result* r = NULL;
   if (with_result) AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
-  AGOQ_CHECK(agoq_gpu_link_enter(l));
+  int prev = -1;
+  ncclResult_t res = agoq_gpu_device_enter(l->device, &prev);
+  if (res != ncclSuccess) {
+    agoq_gpu_device_leave(l->device, prev);
+    return res;
+  }
   if (with_result) {
     r = agoq_gpu_result(l, slot, part);
     *r = (agoq_cuda_codec_result){0};
   }
-  ncclResult_t res = agoq_gpu_op_launch(l, op, r);
+  res = agoq_gpu_op_launch(l, op, r);
+  agoq_gpu_device_leave(l->device, prev);
   if (!with_result) return res; /* overflow to Inf and narrowing: their failure untraced, as always */
   AGOQ_CHECK(res);
   if (op->kind == AGOQ_GPU_OP_ENCODE) {
@@ -465,8 +494,7 @@ static uint64_t agoq_gpu_loaded[AGOQ_GPU_LOAD_DEVICES / 64];
 static ncclResult_t agoq_gpu_codec_load_locked(int device) {
   ncclResult_t res = ncclSuccess;
   int cur = -1;
-  AGOQ_CUDA_CHECK_GOTO(cudaGetDevice(&cur), res, out);
-  if (cur != device) AGOQ_CUDA_CHECK_GOTO(cudaSetDevice(device), res, out);
+  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(device, &cur), res, out);
   size_t loaded = 0;
   const char* failed = NULL;
   if (agoq_cuda_codec_load_all(&loaded, &failed) != AGOQ_CODEC_OK) {
@@ -480,12 +508,9 @@ static ncclResult_t agoq_gpu_codec_load_locked(int device) {
     AGOQ_INFO(NCCL_INIT, "GPU %d: the CUDA codec's %zu kernels loaded (cudaFuncGetAttributes), none launched",
               device, loaded);
   }
-  /* The caller's current device again (NCCL's proxy thread has its rank's). */
-  if (cur != device) {
-    ncclResult_t r2 = agoq_gpu_cuda_error(cudaSetDevice(cur), "cudaSetDevice (restoring the caller's device)");
-    if (res == ncclSuccess) res = r2;
-  }
 out:
+  /* The caller's current device again (NCCL's proxy thread has its rank's). */
+  agoq_gpu_device_leave(device, cur);
   return res;
 }
 

@@ -676,6 +676,59 @@ static void test_link_setup_during_global_capture(void** state) {
   free(got);
 }
 
+/* Two GPUs in one process (JAX, nccl-tests -g): a connection whose buffers are on device 1,
+ * driven from a thread whose current device is 0 (NCCL's proxy thread of another rank, or
+ * CollNet's engine). Every call of the plugin, link setup, exact and typed transfers, the
+ * GPU codec and close, runs on device 1 (the emulation refuses a kernel on another device's
+ * stream, or reaching another device's memory) and leaves device 0 current. */
+static void test_link_on_another_device_leaves_the_callers(void** state) {
+  (void)state;
+  int old = agoq_emu_devices_set(2);
+  size_t bytes = 256u << 10;
+  uint8_t* src = malloc(bytes);
+  uint8_t* got = malloc(bytes);
+  for (size_t i = 0; i < bytes / 4; i++) ((float*)src)[i] = (float)(i % 97) * 0.25f - 7.0f;
+  endpoint s = {.size = bytes, .device = true}, r = {.size = bytes, .device = true};
+  assert_int_equal(cudaSetDevice(1), cudaSuccess);
+  s.buf = dev_from(src, bytes);
+  assert_int_equal(cudaMalloc(&r.buf, bytes), cudaSuccess);
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  int cur = -1;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 9, fake_prof);
+  ep_reg(p.send, &s);
+  ep_reg(p.recv, &r);
+  assert_int_equal(cudaGetDevice(&cur), cudaSuccess);
+  assert_int_equal(cur, 0);
+  assert_int_equal(agoq_gpu_link_device(((agoq_comm*)p.send)->gpu), 1);
+  assert_int_equal(transfer(&p, &s, &r, bytes, NULL), (int)bytes);
+  assert_int_equal(cudaGetDevice(&cur), cudaSuccess);
+  assert_int_equal(cur, 0);
+  dev_to(got, r.buf, bytes);
+  assert_memory_equal(got, src, bytes);
+  fake_step step = step_of(AGOQ_XFER_P2P, ncclFloat32, AGOQ_XFER_PROTO_SIMPLE, 1);
+  uint64_t frames0 = ((agoq_comm*)p.send)->typed_stats.frames;
+  uint64_t decodes0 = agoq_gpu_link_stats_get(((agoq_comm*)p.recv)->gpu)->decodes;
+  assert_int_equal(transfer(&p, &s, &r, bytes, &step), (int)bytes);
+  assert_int_equal(((agoq_comm*)p.send)->typed_stats.frames, frames0 + 1);
+  assert_int_equal(agoq_gpu_link_stats_get(((agoq_comm*)p.recv)->gpu)->decodes, decodes0 + 1);
+  assert_int_equal(cudaGetDevice(&cur), cudaSuccess);
+  assert_int_equal(cur, 0);
+  assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+  assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+  pair_close(&p);
+  assert_int_equal(cudaGetDevice(&cur), cudaSuccess);
+  assert_int_equal(cur, 0);
+  unsigned long long loaded = 0;
+  assert_int_equal(agoq_emu_kernels_get(1, &loaded, NULL), 0);
+  assert_true(loaded > 0); /* the codec was loaded on device 1 too, at the link's setup */
+  cudaFree(s.buf);
+  cudaFree(r.buf);
+  free(src);
+  free(got);
+  agoq_emu_devices_set(old);
+}
+
 int main(void) {
   setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
@@ -701,6 +754,7 @@ int main(void) {
       cmocka_unit_test(test_typed_misaligned_goes_exact),
       cmocka_unit_test(test_bad_device_buffers),
       cmocka_unit_test(test_link_setup_during_global_capture),
+      cmocka_unit_test(test_link_on_another_device_leaves_the_callers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,6 +93,7 @@ struct agoq_emu_stream {
   unsigned waiters = 0;         /* queued waits (of other streams) that name it */
   bool destroyed = false;       /* freed once its work ran and no wait names it (reap) */
   unsigned queue = 0;           /* its hardware queue (round-robin at creation) */
+  int device = 0;               /* the device current at its creation */
 };
 
 struct agoq_emu_wait {
@@ -116,6 +117,7 @@ struct agoq_emu_event {
   uint64_t done_seq = 0;             /* the newest record the device has run */
   unsigned pending = 0;              /* records queued, not run */
   double t = 0;                      /* when the newest one ran */
+  int device = 0;                    /* the device current at its creation */
 };
 
 namespace agoq_emu {
@@ -131,6 +133,7 @@ struct Alloc {
   size_t map_size; /* both mappings, guard included */
   bool device;
   int fd; /* device allocations: the memfd behind both mappings (the dma-buf it exports) */
+  int ordinal = 0; /* device allocations: the device it is on (current at cudaMalloc) */
   bool exported = false; /* a dma-buf of it was handed out: a NIC may write it without CUDA */
 };
 
@@ -150,15 +153,28 @@ std::deque<std::pair<agoq_emu_stream*, uint64_t>> hw_queues[kMaxQueues];
 int n_queues = 0; /* 0: not yet read from CUDA_DEVICE_MAX_CONNECTIONS */
 unsigned next_queue = 0;
 std::vector<agoq_emu_wait*> wait_items; /* queued or running */
-int current_device = 0;
-constexpr int kDevices = 1; /* the emulated devices: ordinals [0, kDevices) */
+/* The emulated devices: ordinals [0, n_devices), CUDAEMU_DEVICES (1 to kMaxDevices, default 1),
+ * read at the first call that needs it, or agoq_emu_devices_set. Each thread has its own
+ * current device, as in CUDA. */
+constexpr int kMaxDevices = 8;
+int n_devices = 0;
+thread_local int current_device = 0;
+
+int device_count() {
+  if (n_devices == 0) {
+    const char* v = getenv("CUDAEMU_DEVICES");
+    int n = v != nullptr ? atoi(v) : 1;
+    n_devices = n < 1 ? 1 : n > kMaxDevices ? kMaxDevices : n;
+  }
+  return n_devices;
+}
 
 /* Lazy loading (cudaFuncGetAttributes, launch_loaded): per device, the kernels loaded there
  * and those launched there; per kernel name, its launches. Under dev_mu. */
 struct DeviceKernels {
   std::set<const void*> loaded, launched;
 };
-DeviceKernels dev_kernels[kDevices];
+DeviceKernels dev_kernels[kMaxDevices];
 std::map<std::string, unsigned long long> launches_by_name;
 unsigned long long n_launches = 0, n_refused = 0;
 
@@ -659,16 +675,18 @@ bool device_view(const void* p, void** out) {
     return true;
   }
   const Alloc* a = find(p, 0, nullptr);
-  if (a == nullptr) return false;
+  /* Another device's memory: no peer access is enabled in the emulation. */
+  if (a == nullptr || (a->device && a->ordinal != current_device)) return false;
   *out = reach(p, 0);
   return true;
 }
 
 void launch_refused(const void* p) {
   fprintf(stderr,
-          "agoq CUDA emulation: a kernel argument points at %p, which is neither device memory nor pinned host "
-          "memory (a GPU cannot reach pageable memory); the launch fails\n",
-          p);
+          "agoq CUDA emulation: a kernel argument points at %p, which is neither device memory of the current "
+          "device (%d) nor pinned host memory (a GPU cannot reach pageable memory, nor a peer's without peer "
+          "access); the launch fails\n",
+          p, current_device);
   fail(cudaErrorInvalidDevicePointer);
 }
 
@@ -696,6 +714,14 @@ void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*)
     fail(cudaErrorInvalidResourceHandle);
     return;
   }
+  if (st != nullptr && st->device != current_device) {
+    /* CUDA: a kernel goes to a stream of the current device. */
+    fprintf(stderr, "agoq CUDA emulation: a kernel launched on a stream of device %d while device %d is current: "
+            "refused\n", st->device, current_device);
+    if (drop) drop(ctx);
+    fail(cudaErrorInvalidResourceHandle);
+    return;
+  }
   push(st, run, ctx, drop, "a kernel");
 }
 
@@ -708,13 +734,13 @@ extern "C" {
 cudaError_t cudaGetDeviceCount(int* count) {
   Session lk; /* every runtime call takes the context lock */
   if (count == nullptr) return fail(cudaErrorInvalidValue);
-  *count = kDevices;
+  *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int dev) {
   Session lk; /* every runtime call takes the context lock */
-  if (dev < 0 || dev >= kDevices) return fail(cudaErrorInvalidDevice);
+  if (dev < 0 || dev >= device_count()) return fail(cudaErrorInvalidDevice);
   current_device = dev;
   return cudaSuccess;
 }
@@ -729,7 +755,7 @@ cudaError_t cudaGetDevice(int* dev) {
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev) {
   Session lk; /* every runtime call takes the context lock */
   if (prop == nullptr) return fail(cudaErrorInvalidValue);
-  if (dev != 0) return fail(cudaErrorInvalidDevice);
+  if (dev < 0 || dev >= device_count()) return fail(cudaErrorInvalidDevice);
   memset(prop, 0, sizeof *prop);
   snprintf(prop->name, sizeof prop->name, "agoq CPU emulation");
   prop->totalGlobalMem = (size_t)1 << 30;
@@ -740,7 +766,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int dev) {
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev) {
   Session lk; /* every runtime call takes the context lock */
   if (value == nullptr) return fail(cudaErrorInvalidValue);
-  if (dev != 0) return fail(cudaErrorInvalidDevice);
+  if (dev < 0 || dev >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrGPUDirectRDMASupported:
       *value = 1;
@@ -794,7 +820,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   /* As close to the guard page as the alignment allows. */
   size_t off = (body - (bytes ? bytes : 1)) / kAlign * kAlign;
   Session lk;
-  allocs[reinterpret_cast<uintptr_t>(host + off)] = Alloc{bytes, dev + off, host, dev, map, true, fd};
+  allocs[reinterpret_cast<uintptr_t>(host + off)] = Alloc{bytes, dev + off, host, dev, map, true, fd, current_device};
   *p = host + off;
   return cudaSuccess;
 }
@@ -857,7 +883,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const v
     attr->type = cudaMemoryTypeUnregistered;
     return cudaSuccess;
   }
-  attr->device = 0;
+  attr->device = a->device ? a->ordinal : current_device;
   attr->type = a->device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
   attr->devicePointer = const_cast<void*>(p);
   attr->hostPointer = a->device ? nullptr : const_cast<void*>(p);
@@ -964,6 +990,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int pr
   *s = new agoq_emu_stream();
   (*s)->flags = flags;
   (*s)->priority = priority;
+  (*s)->device = current_device;
   /* Round-robin over the hardware queues, whatever the priority: on an H200, NCCL's and
    * the plugin's greatest-priority streams shared queues as any others did. */
   (*s)->queue = next_queue++ % (unsigned)queue_count();
@@ -1026,6 +1053,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (capture_refuses("cudaEventCreate")) return cudaErrorStreamCaptureUnsupported;
   *e = new agoq_emu_event();
   (*e)->flags = flags;
+  (*e)->device = current_device;
   return cudaSuccess;
 }
 
@@ -1045,6 +1073,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  const int stream_device = stream != nullptr ? stream->device : current_device;
+  if (e->device != stream_device) {
+    /* CUDA: an event and the stream it is recorded on must belong to one device. */
+    fprintf(stderr, "agoq CUDA emulation: an event of device %d recorded on a stream of device %d: refused\n",
+            e->device, stream_device);
+    return fail(cudaErrorInvalidResourceHandle);
+  }
   uint64_t seq = next_seq;
   e->seq = seq;
   e->stream = stream;
@@ -1257,8 +1292,8 @@ cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* f
 }
 
 int agoq_emu_kernels_get(int device, unsigned long long* loaded, unsigned long long* launched) {
-  if (device < 0 || device >= kDevices) return -1;
   Session lk;
+  if (device < 0 || device >= device_count()) return -1;
   if (loaded != nullptr) *loaded = dev_kernels[device].loaded.size();
   if (launched != nullptr) *launched = dev_kernels[device].launched.size();
   return 0;
@@ -1271,6 +1306,14 @@ unsigned long long agoq_emu_kernel_launches(const char* prefix) {
   for (const auto& kv : launches_by_name)
     if (kv.first.compare(0, len, prefix != nullptr ? prefix : "") == 0) n += kv.second;
   return n;
+}
+
+int agoq_emu_devices_set(int n) {
+  Session lk;
+  const int old = device_count();
+  if (n >= 1 && n <= kMaxDevices) n_devices = n;
+  if (current_device >= n_devices) current_device = 0;
+  return old;
 }
 
 void agoq_emu_kernels_forget(void) {

@@ -901,6 +901,59 @@ static void test_capture_modes_and_threads(void** state) {
   assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* ---- several devices ------------------------------------------------------------------ */
+
+static void* current_device_on_thread(void* arg) {
+  int* dev = arg;
+  *dev = -1;
+  (void)cudaGetDevice(dev);
+  return NULL;
+}
+
+/* Each thread has its own current device; memory, streams and events belong to the device
+ * current at their creation; an event is recorded only on a stream of its own device. */
+static void test_devices_are_separate(void** state) {
+  (void)state;
+  int old = agoq_emu_devices_set(2);
+  int n = 0;
+  assert_int_equal(cudaGetDeviceCount(&n), cudaSuccess);
+  assert_int_equal(n, 2);
+  assert_int_equal(cudaSetDevice(2), cudaErrorInvalidDevice);
+  (void)cudaGetLastError();
+  assert_int_equal(cudaSetDevice(1), cudaSuccess);
+  int other = 7;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, current_device_on_thread, &other), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(other, 0); /* a new thread starts on device 0 */
+  void* d1 = NULL;
+  cudaStream_t s1 = NULL;
+  cudaEvent_t e1 = NULL;
+  assert_int_equal(cudaMalloc(&d1, 64), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  struct cudaPointerAttributes a;
+  assert_int_equal(cudaPointerGetAttributes(&a, d1), cudaSuccess);
+  assert_int_equal(a.type, cudaMemoryTypeDevice);
+  assert_int_equal(a.device, 1);
+  cudaStream_t s0 = NULL;
+  cudaEvent_t e0 = NULL;
+  assert_int_equal(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&e0, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaEventRecord(e1, s0), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaEventRecord(e0, s1), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  assert_int_equal(cudaEventRecord(e1, s1), cudaSuccess); /* whatever device is current */
+  assert_int_equal(cudaEventSynchronize(e1), cudaSuccess);
+  assert_int_equal(cudaEventDestroy(e0), cudaSuccess);
+  assert_int_equal(cudaEventDestroy(e1), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s0), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
+  assert_int_equal(cudaFree(d1), cudaSuccess);
+  agoq_emu_devices_set(old);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_cannot_touch_device_memory),
@@ -924,6 +977,7 @@ int main(void) {
       cmocka_unit_test(test_global_capture_refuses_setup_calls_elsewhere),
       cmocka_unit_test(test_relaxed_mode_allows_setup_during_capture),
       cmocka_unit_test(test_capture_modes_and_threads),
+      cmocka_unit_test(test_devices_are_separate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

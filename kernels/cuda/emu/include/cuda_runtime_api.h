@@ -229,6 +229,12 @@ int agoq_emu_kernels_get(int device, unsigned long long* loaded, unsigned long l
 /* Not CUDA: launches so far, refused ones included, of the kernels whose name (as the codec
  * gives it, e.g. "raw_decode_kernel<3>") starts with `prefix`, on any device. */
 unsigned long long agoq_emu_kernel_launches(const char* prefix);
+/* Not CUDA: the number of emulated devices from now on (1 to 8; CUDAEMU_DEVICES, default 1,
+ * otherwise); returns the previous number. Each thread has its own current device; device
+ * memory, streams and events belong to the device current at their creation; a kernel goes
+ * only to a stream of the current device and reaches only that device's memory (and pinned
+ * memory); an event is recorded only on a stream of its own device. */
+int agoq_emu_devices_set(int n);
 /* Not CUDA: forgets every kernel loaded and launched on every device, as a new process would
  * start: for a test of the refusal in a process that already loaded the codec. */
 void agoq_emu_kernels_forget(void);
