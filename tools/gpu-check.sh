@@ -26,7 +26,8 @@
 # the copies), with ratios device/host-staged.
 #
 # usage: tools/gpu-check.sh NCCL_TESTS_SRC OUT_DIR
-#        tools/gpu-check.sh --summarize OUT_DIR     (re-reads OUT_DIR/logs, rewrites summary)
+#        tools/gpu-check.sh --summarize OUT_DIR     (re-reads OUT_DIR/logs, rewrites summary;
+#                                                    tools/gpu/gpu_check_summary.py computes it)
 #   NCCL_TESTS_SRC  an nccl-tests source tree (github.com/NVIDIA/nccl-tests), or "-" for none.
 #                   nccl-tests runs several processes only through MPI. The MPI comes from
 #                   AGOQ_GPU_CHECK_MPI (below), else MPI_HOME, else the mpicc on PATH; the
@@ -106,8 +107,8 @@
 # run and no host-staged agoq run used GDRDMA, the codec check found the CUDA codec identical
 # to the CPU codec (or was skipped: no GPU, AGOQ_GPU_CHECK_CODEC=0, or a prebuilt tree
 # without CUDA), and the PyTorch and Megatron-Core checks passed (or were skipped); 1
-# otherwise; 2 for a setup failure (build, no nvidia-smi, no NCCL); 3 when nothing failed but
-# runs were UNRUN for want of a GPU. The PERF lines do not change it.
+# otherwise; 2 for a setup failure (build, no nvidia-smi, no NCCL, no python3); 3 when
+# nothing failed but runs were UNRUN for want of a GPU. The PERF lines do not change it.
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -123,6 +124,8 @@ die() {
   if [[ -n "${summary:-}" && -d "$(dirname "$summary")" ]]; then
     echo "VERDICT: SETUP FAILED: $*" >>"$summary"
   fi
+  # And in the logs (once this check's own exist), so that --summarize says the same.
+  ((logs_ready)) && echo "$*" >"$logs/setup-failed.txt"
   exit 2
 }
 
@@ -136,6 +139,7 @@ elapsed() {
 
 # ---- Argument parsing -----------------------------------------------------------------------
 summarize_only=0
+logs_ready=0
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
   usage
   exit 0
@@ -180,494 +184,28 @@ work=$build/gpu-check
 # Every run leaves in $logs: <run>.out (launcher output: the result table), <run>.rc,
 # <run>.nccl.*.log (NCCL_DEBUG_FILE per process), <run>.cpu ("user sys" CPU seconds of the
 # whole run), for agoq runs <run>.stats.<pid> (AGOQ_STATS_FILE), and a line
-# "<run> <config> <test>" in runs.txt. The summary is computed from those files alone, so
-# --summarize can redo it.
+# "<run> <config> <test>" in runs.txt; settings.txt records what the summary quotes of this
+# check's settings. tools/gpu/gpu_check_summary.py computes the summary and the verdict from
+# those files alone (its docstring lists them), so --summarize can redo it anywhere.
 
 # Configuration names: agoq-exact, agoq-int8, collnet and collnet-exact, each also as
-# <name>-gdr (device buffers); socket and socket-tuned.
+# <name>-gdr (device buffers); socket and socket-tuned. (gpu_check_summary.py has the same
+# families; its test compares them with these functions.)
 is_agoq_config() {
   case "${1%-gdr}" in
     agoq-exact | agoq-int8 | collnet | collnet-exact | agoq-exact-ll128 | agoq-exact-flush | agoq-exact-reg) return 0 ;;
   esac
   return 1
 }
-# Compression on: nccl-tests' exact check counts the quantization error, which is expected.
-is_lossy_config() {
-  case "${1%-gdr}" in agoq-int8 | collnet) return 0 ;; esac
-  return 1
-}
-is_collnet_config() {
-  case "${1%-gdr}" in collnet | collnet-exact) return 0 ;; esac
-  return 1
-}
 is_gdr_config() {
   [[ "$1" == *-gdr ]] && is_agoq_config "$1"
 }
 
-# Prints "wrong avg_busbw busbw_at_largest_size sizes wrong_values" for a result table in
-# nccl-tests' columns: size count type redop root time algbw busbw #wrong [time algbw busbw
-# #wrong]. wrong: the footer's "Out of bounds values" (checks that found wrong values), else
-# the rows' count; wrong_values: the #wrong columns summed (values, not checks). nccl-tests
-# prints #wrong with %g, so large counts come as 1.2e+06.
-parse_table() {
-  awk '
-    function count(x) { return (x ~ /^[0-9.]+([eE][+]?[0-9]+)?$/) ? x + 0 : 0 }
-    /^# *Out of bounds values/ { oob = $(NF-1) }
-    /^# *Avg bus bandwidth/    { avg = $NF; if (avg !~ /^[0-9.eE+-]+$/) avg = $(NF-1) }
-    /^ *[0-9]+ +[0-9]+ / {
-      rows++
-      w = count($9)
-      if (NF >= 13) w += count($13)
-      if (w > 0) badrows++
-      rowwrong += w
-      last = $8
-      if (NF >= 12 && $12 + 0 > last + 0) last = $12
-    }
-    END {
-      # A run that printed no footer (it stopped early) has no "Out of bounds" line: its
-      # count is that of the rows, 0 when there are none, and never an empty field.
-      if (oob == "") oob = badrows + 0
-      avg = (avg ~ /^[0-9.eE+-]+$/) ? sprintf("%.3f", avg) : "n/a"
-      last = (last ~ /^[0-9.eE+-]+$/) ? sprintf("%.3f", last) : "n/a"
-      printf "%s %s %s %d %.0f\n", oob, avg, last, rows, rowwrong
-    }' "$1"
-}
-
-# "size busbw" per row of a result table, busbw the better of out-of-place and in-place.
-size_busbw() {
-  awk '/^ *[0-9]+ +[0-9]+ / {
-         b = $8
-         if (NF >= 12 && $12 + 0 > b + 0) b = $12
-         print $1, b
-       }' "$1" 2>/dev/null
-}
-
-# Compares two runs size by size: "min_ratio size_at_min below sizes" with below the sizes
-# whose ratio top/base is under THRESHOLD ("-" when none); "n/a" when no size is in both.
-per_size_ratio() {
-  local top=$1 base=$2 threshold=$3
-  awk -v thr="$threshold" '
-    NR == FNR { b[$1] = $2; next }
-    ($1 in b) && b[$1] + 0 > 0 {
-      r = $2 / b[$1]; n++
-      if (n == 1 || r < min) { min = r; at = $1 }
-      if (r < thr) below = below (below == "" ? "" : ",") $1
-    }
-    END {
-      if (n == 0) { print "n/a"; exit }
-      printf "%.3f %s %s %d\n", min, at, (below == "" ? "-" : below), n
-    }' <(size_busbw "$base") <(size_busbw "$top")
-}
-
-# Why a run that printed no results did not run: the GPU it needs is absent. nccl-tests
-# reports a failed CUDA start-up as "<host>: Test CUDA failure <file>:<line> '<error>'"; the
-# driver exits 77. Prints the reason, or nothing when the run was not stopped by that.
-unrun_reason() {
-  local run=$1 rc=$2 msg
-  if [[ "$rc" == 77 ]]; then
-    echo "no usable GPU (exit 77)"
-    return
-  fi
-  msg=$(grep -a -h -o -E "Test CUDA failure [^ ]+ '(CUDA driver version is insufficient for CUDA runtime version|no CUDA-capable device is detected|CUDA driver is a stub library|system has unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW)'" \
-          "$logs/$run.out" 2>/dev/null | head -n 1 | sed "s/^Test CUDA failure [^ ]* //")
-  [[ -n "$msg" ]] && echo "no GPU: CUDA start-up failed: $msg"
-}
-
-# How the run chose its network, from NCCL's INFO lines.
-network_used() {
-  local run=$1 net
-  net=$(cat "$logs/$run".nccl.*.log "$logs/$run.out" 2>/dev/null |
-        sed -n 's/.*Using network \([A-Za-z0-9_-]*\).*/\1/p' | sort | uniq -c |
-        awk '{printf "%s%sx%s", sep, $2, $1; sep=","}')
-  echo "${net:-unknown}"
-}
-
-# agoq's own lines; NCCL's "via COLLNET/AGOQ" lines contain the same text and are not agoq's.
-agoq_log_lines() {
-  cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep 'NET/AGOQ' | grep -vc 'COLLNET/AGOQ'
-}
-
-# NCCL's "CollNet 00/0 : 0 [send] via COLLNET/AGOQ/0" lines: CollNet set up through agoq.
-collnet_log_lines() {
-  cat "$logs/$1".nccl.*.log "$logs/$1.out" 2>/dev/null | grep -c 'via COLLNET/AGOQ'
-}
-
-# A Python check's status from logs/NAME.{rc,out}: prints "PASSED: PASSED-TEXT", "SKIPPED
-# (why)", "TIMED OUT ..." or "FAILED ..."; returns 1 for the last two.
-# usage: python_check_status NAME PREFIX PASSED-TEXT (PREFIX: the check's own line prefix)
-python_check_status() {
-  local name=$1 prefix=$2 passed=$3 rc
-  rc=$(cat "$logs/$name.rc")
-  case "$rc" in
-    0) echo "PASSED: $passed" ;;
-    77) echo "SKIPPED ($(sed -n "s/^$prefix: SKIPPED: //p" "$logs/$name.out" | head -n 1))" ;;
-    skipped*) echo "SKIPPED (${rc#skipped: })" ;;
-    124 | 137)
-      echo "TIMED OUT (exit $rc)"
-      return 1
-      ;;
-    *)
-      echo "FAILED (exit $rc)"
-      return 1
-      ;;
-  esac
-}
-
-# A PyTorch check's line for the summary; adds to torch_failed. Reads logs/NAME.{rc,out}.
-# usage: torch_summary NAME PREFIX TITLE PASSED-TEXT (PREFIX: the check's own line prefix)
-torch_summary() {
-  local name=$1 prefix=$2 title=$3 passed=$4
-  [[ -f "$logs/$name.rc" ]] || return 0
-  local status
-  status=$(python_check_status "$name" "$prefix" "$passed") || torch_failed=1
-  echo "$title: $status"
-  # The per-size table and the log facts, as the check printed them.
-  grep -E "^ +[0-9]+ |^ +elements|^all_reduce|^$prefix: (torch |NCCL logs|plugin logs|FAILED|PASSED)" \
-    "$logs/$name.out" 2>/dev/null | cut -c1-160 | sed 's/^/  /'
-  return 0
-}
-
-# The Megatron-Core check's lines for the summary; sets mcore_failed (write_summary's). Reads logs/mcore.{rc,out}:
-# its verdict, and its comparison and statistics lines (not the per-iteration losses, which
-# stay in the log).
-mcore_summary() {
-  mcore_failed=0
-  [[ -f "$logs/mcore.rc" ]] || return 0
-  local status
-  status=$(python_check_status mcore mcore-check \
-             "exact runs match Socket, int8 within its tolerance") || mcore_failed=1
-  echo "Megatron-Core training (tools/gpu/megatron_check.py): $status"
-  grep '^mcore-check: ' "$logs/mcore.out" 2>/dev/null | grep -v -e '^mcore-check: SKIPPED' \
-    -e ' iter [0-9]' | tail -n 40 | cut -c1-180 | sed 's/^/  /'
-  return 0
-}
-
-# The codec check's line for the summary; sets codec_failed. Reads logs/codec.{rc,out}.
-codec_summary() {
-  codec_failed=0
-  [[ -f "$logs/codec.rc" ]] || return 0
-  local rc status checks
-  rc=$(cat "$logs/codec.rc")
-  checks=$(sed -n 's/^codec verdict: .*(\([0-9]* checks\))$/\1/p' "$logs/codec.out" 2>/dev/null)
-  case "$rc" in
-    0) status="bit-identical to the CPU codec${checks:+ ($checks)}" ;;
-    77) status="SKIPPED (no usable GPU, exit 77)" ;;
-    skipped*) status="SKIPPED (${rc#skipped: })" ;;
-    "not built")
-      status="NOT BUILT (no CUDA compiler for the build: set CUDA_HOME)"
-      codec_failed=1
-      ;;
-    1)
-      status="MISMATCH with the CPU codec, or a CUDA error (exit 1)"
-      codec_failed=1
-      ;;
-    124 | 137)
-      status="TIMED OUT after ${codec_timeout} s (exit $rc)"
-      codec_failed=1
-      ;;
-    *)
-      status="FAILED (exit $rc)"
-      codec_failed=1
-      ;;
-  esac
-  echo "codec (CUDA vs CPU): $status"
-  grep '^throughput:' "$logs/codec.out" 2>/dev/null | sed 's/^/  /'
-  if ((codec_failed)); then
-    grep -e '^MISMATCH' -e '^codec_gpu_check:' "$logs/codec.out" 2>/dev/null | head -n 6 |
-      cut -c1-200 | sed 's/^/  /'
-  fi
-  return 0
-}
-
-# NCCL's lines naming a GPUDirect path ("[send] via NET/AGOQ/0/GDRDMA",
-# "via COLLNET/AGOQ/0/GDRDMA").
-gdr_log_lines() {
-  cat "$logs/$1".nccl.*.log "$logs/$1.out" "$logs/$1".rank*.log 2>/dev/null | grep -c 'GDRDMA'
-}
-
-# CPU seconds (user + sys) of the whole run, from logs/<run>.cpu; "n/a" without it.
-run_cpu_seconds() {
-  awk 'NF == 2 && $1 ~ /^[0-9.]+$/ && $2 ~ /^[0-9.]+$/ { s = $1 + $2; ok = 1 }
-       END { if (ok) printf "%.3f", s; else printf "n/a" }' "$logs/$1.cpu" 2>/dev/null ||
-    echo n/a
-}
-
-# The plugin's statistics of one run: "payload_bytes pcie_bytes device_calls entries
-# end_bytes", where payload is bytes_in of the kind=collnet and kind=p2p_send entries, pcie
-# the pcie_d2h + pcie_h2d of all entries, and end_bytes what NCCL's buffers gave the plugin
-# and took from it (p2p_send + p2p_recv bytes_in, collnet bytes_in twice: all-reduces);
-# each entry (host, pid, id, path) counts once, by its last line. "0 0 0 0 0" without stats
-# lines.
-run_stats() {
-  cat "$logs/$1".stats.* "$logs/$1.out" 2>/dev/null | awk '
-    /^agoq-stats / {
-      split("", f)
-      for (i = 2; i <= NF; i++) {
-        eq = index($i, "=")
-        if (eq > 0) f[substr($i, 1, eq - 1)] = substr($i, eq + 1)
-      }
-      key = f["host"] SUBSEP f["pid"] SUBSEP f["id"] SUBSEP f["path"]
-      if (!(key in kind)) order[n++] = key
-      kind[key] = f["kind"]
-      bytes[key] = f["bytes_in"] + 0
-      pcie[key] = f["pcie_d2h"] + f["pcie_h2d"]
-      dev[key] = f["device_calls"] + 0
-    }
-    END {
-      for (i = 0; i < n; i++) {
-        k = order[i]
-        if (kind[k] == "collnet" || kind[k] == "p2p_send") payload += bytes[k]
-        if (kind[k] == "collnet") ends += 2 * bytes[k]
-        if (kind[k] == "p2p_send" || kind[k] == "p2p_recv") ends += bytes[k]
-        p += pcie[k]
-        d += dev[k]
-      }
-      printf "%.0f %.0f %.0f %d %.0f\n", payload, p, d, n, ends
-    }'
-}
-
-ratio() {
-  awk -v a="$1" -v b="$2" 'BEGIN {
-    if (a ~ /^[0-9.eE+-]+$/ && b ~ /^[0-9.eE+-]+$/ && b + 0 > 0) printf "%.2f", a / b
-    else printf "n/a" }'
-}
-
+# Writes $summary; returns the verdict's exit status (0, 1, 2 or 3: see the header). nranks
+# and the codec's limit are given for logs without settings.txt (an older script's).
 write_summary() {
-  local run config test rc wrong avg last rows wvals net status failed=0 codec_failed=0 torch_failed=0
-  local mcore_failed=0 gdr cpu payload pcie devcalls entries ends gb cpu_gb pcie_b unrun unrun_why=""
-  local problems=() cost_rows=() unrun_gpu=() unrun_other=()
-  declare -A avg_of last_of cpugb_of
-  {
-    echo "agoq GPU check: $nranks processes on one GPU, each its own NCCL_HOSTID; loopback"
-    [[ -f "$logs/env.txt" ]] && sed 's/^/  /' "$logs/env.txt"
-    echo
-    printf '%-34s %-5s %-16s %6s %10s %10s %6s  %s\n' \
-      run rc network wrong "avg busbw" "busbw@max" sizes verdict
-    while read -r run config test; do
-      [[ -n "$run" ]] || continue
-      rc=$(cat "$logs/$run.rc" 2>/dev/null || echo "?")
-      read -r wrong avg last rows wvals < <(parse_table "$logs/$run.out")
-      net=$(network_used "$run")
-      status=ok
-      unrun=""
-      ((rows == 0)) && unrun=$(unrun_reason "$run" "$rc")
-      if [[ "$rc" == skipped* ]]; then
-        status="SKIPPED (${rc#skipped })"
-        rc=-
-      elif [[ "$rc" == unrun* ]]; then
-        # Not started: the launcher cannot run this test (the driver has no reduce_scatter).
-        status="UNRUN (${rc#unrun: })"
-        [[ " ${unrun_other[*]} " == *" $test "* ]] || unrun_other+=("$test")
-        rc=-
-      elif [[ -n "$unrun" ]]; then
-        status="UNRUN ($unrun)"
-        unrun_gpu+=("$run")
-        unrun_why=${unrun_why:-$unrun}
-      elif is_lossy_config "$config" && [[ "$wrong" != 0 && "$rc" =~ ^(0|1|7)$ ]] && ((rows > 0)); then
-        # Compressed: the exact check of nccl-tests (exit 7) or of the driver (exit 1) counts
-        # every value the quantization moved beyond 2 ulp; it measures no magnitude. The
-        # bound is the codec's (docs/codec.md), and the PyTorch checks measure against it.
-        status="ok (lossy: #wrong $wvals values, expected; agoq's int8 bound: relative L2 error <= 0.7% fp32, 0.8% bf16 per pass)"
-      elif [[ "$wrong" != 0 ]]; then
-        status="WRONG VALUES (exit $rc)"
-      elif [[ "$rc" != 0 ]]; then
-        status="FAILED (exit $rc)"
-      elif ((rows == 0)); then
-        status="NO RESULTS"
-      fi
-      gdr=$(gdr_log_lines "$run")
-      if is_agoq_config "$config"; then
-        if [[ "$net" != "AGOQx"* || "$net" == *,* ]]; then
-          [[ "$status" == ok* ]] && status="NOT THROUGH AGOQ"
-        fi
-        if is_collnet_config "$config" && [[ "$rc" != - ]] && (($(collnet_log_lines "$run") == 0)); then
-          [[ "$status" == ok* ]] && status="NOT THROUGH COLLNET"
-        fi
-        if [[ "$rc" != - ]] && is_gdr_config "$config" && ((gdr == 0)); then
-          [[ "$status" == ok* ]] && status="NO GDRDMA"
-        fi
-        if [[ "$rc" != - ]] && ! is_gdr_config "$config" && ((gdr > 0)); then
-          [[ "$status" == ok* ]] && status="GDRDMA IN HOST-STAGED RUN"
-        fi
-        # A run the machine could not start is reported, not failed (nor passed).
-        [[ "$status" == ok* || "$status" == UNRUN* ]] || failed=1
-        status="$status; NET/AGOQ log lines: $(agoq_log_lines "$run")"
-        is_collnet_config "$config" && status="$status; via COLLNET/AGOQ: $(collnet_log_lines "$run")"
-      fi
-      # Costs: CPU seconds of the run; per GB and PCIe bytes from the plugin's statistics.
-      cpu=$(run_cpu_seconds "$run")
-      read -r payload pcie devcalls entries ends < <(run_stats "$run")
-      gb=- cpu_gb=- pcie_b=-
-      if is_agoq_config "$config"; then
-        if ((entries == 0)) || [[ "$payload" == 0 ]]; then
-          gb="n/a" cpu_gb="n/a (no stats)"
-        else
-          gb=$(awk -v b="$payload" 'BEGIN { printf "%.4g", b / 1e9 }')
-          cpu_gb=$(awk -v c="$cpu" -v b="$payload" 'BEGIN {
-            if (c ~ /^[0-9.]+$/) printf "%.4g", c / (b / 1e9); else printf "n/a" }')
-        fi
-        if ! is_gdr_config "$config"; then
-          pcie_b="n/a (NCCL's copies)"
-        elif ((entries == 0)) || [[ "$payload" == 0 ]]; then
-          pcie_b="n/a (no stats)"
-        else
-          pcie_b=$(awk -v p="$pcie" -v b="$ends" 'BEGIN { if (b > 0) printf "%.3f", p / b; else printf "n/a" }')
-        fi
-      fi
-      # Runs that never started have no costs.
-      [[ "$status" == UNRUN* || "$status" == SKIPPED* ]] ||
-      cost_rows+=("$(printf '%-34s %8s %10s %12s %19s %6s  %s' "$run" "$cpu" "$gb" "$cpu_gb" \
-                     "$pcie_b" "$( ((gdr > 0)) && echo yes || echo no)" \
-                     "$(is_agoq_config "$config" && echo "device_calls=$devcalls stats_entries=$entries")")")
-      cpugb_of[$config.$test]=$cpu_gb
-      printf '%-34s %-5s %-16s %6s %10s %10s %6s  %s\n' \
-        "$run" "$rc" "$net" "$wrong" "$avg" "$last" "$rows" "$status"
-      avg_of[$config.$test]=$avg
-      last_of[$config.$test]=$last
-      [[ "$status" == ok* || "$status" == UNRUN* ]] || problems+=("$run")
-    done <"$logs/runs.txt"
-    echo
-    echo "Host cost per run: CPU s = user+sys seconds of the launcher and its rank processes;"
-    echo "GB = payload the plugin was given (stats bytes_in, collnet + p2p_send); PCIe B/B ="
-    echo "the plugin's pcie_d2h+pcie_h2d per byte NCCL's buffers gave it or took from it (p2p both ends,"
-    echo "collnet input and result; 1.0 when every byte is copied; device runs; host-staged: NCCL copies)."
-    printf '%-34s %8s %10s %12s %19s %6s  %s\n' run "CPU s" "GB" "CPU s/GB" "PCIe B/B" GDRDMA ""
-    printf '%s\n' "${cost_rows[@]}"
-    # NCCL's own words about plugin loading and failures, for the runs that went wrong.
-    local lines
-    for run in "${problems[@]}"; do
-      lines=$(cat "$logs/$run".nccl.*.log "$logs/$run".out "$logs/$run".rank*.log 2>/dev/null |
-              grep -E 'NET/Plugin|Failed to initialize|NCCL WARN|ERROR' | head -n 4 |
-              cut -c1-150 | sed 's/^/  /')
-      [[ -n "$lines" ]] || continue
-      echo
-      echo "$run, first NET/Plugin / WARN / ERROR lines:"
-      echo "$lines"
-    done
-    echo
-    echo "busbw in GB/s (nccl-tests definitions); busbw@max = at the largest size."
-    local base t
-    local pair top
-    for pair in agoq-exact/socket agoq-exact/socket-tuned agoq-int8/agoq-exact agoq-int8/socket \
-                collnet/agoq-exact collnet/collnet-exact collnet-exact/agoq-exact \
-                agoq-exact-gdr/agoq-exact agoq-int8-gdr/agoq-int8 agoq-int8-gdr/agoq-exact-gdr \
-                collnet-gdr/collnet collnet-exact-gdr/collnet-exact; do
-      top=${pair%/*}
-      base=${pair#*/}
-      for t in $all_tests; do
-        [[ -n "${avg_of[$top.$t]:-}" && -n "${avg_of[$base.$t]:-}" ]] || continue
-        [[ "${avg_of[$top.$t]}" != n/a && "${avg_of[$base.$t]}" != n/a ]] || continue
-        printf 'ratio %-34s %-10s avg busbw %s   busbw@max %s\n' "$pair" "$t" \
-          "$(ratio "${avg_of[$top.$t]}" "${avg_of[$base.$t]}")" \
-          "$(ratio "${last_of[$top.$t]}" "${last_of[$base.$t]}")"
-      done
-    done
-    # Host CPU per GB, host-staged over device: how much CPU GPUDirect saves.
-    local r
-    for pair in agoq-exact/agoq-exact-gdr agoq-int8/agoq-int8-gdr collnet/collnet-gdr \
-                collnet-exact/collnet-exact-gdr; do
-      top=${pair%/*}
-      base=${pair#*/}
-      for t in $all_tests; do
-        [[ -n "${cpugb_of[$top.$t]:-}" && -n "${cpugb_of[$base.$t]:-}" ]] || continue
-        [[ "${cpugb_of[$top.$t]}" != n/a* && "${cpugb_of[$base.$t]}" != n/a* ]] || continue
-        r=$(ratio "${cpugb_of[$top.$t]}" "${cpugb_of[$base.$t]}")
-        [[ "$r" == n/a ]] || r="${r}x"
-        printf 'ratio cpu s/GB %-34s %-10s %s\n' "$top / $base" "$t" "$r"
-      done
-    done
-    # The issue's performance criterion: with compression on (the tuner deciding), AllReduce
-    # keeps at least 0.95x the busbw of agoq's exact net at every size, because the tuner
-    # leaves NCCL's choice wherever compression does not pay.
-    local perf_lines=() cmp min at below n
-    for pair in agoq-int8/agoq-exact agoq-int8-gdr/agoq-exact-gdr; do
-      top=${pair%/*}
-      base=${pair#*/}
-      [[ -s "$logs/$top.all_reduce.out" && -s "$logs/$base.all_reduce.out" ]] || continue
-      cmp=$(per_size_ratio "$logs/$top.all_reduce.out" "$logs/$base.all_reduce.out" 0.95)
-      [[ "$cmp" == n/a ]] && continue
-      read -r min at below n <<<"$cmp"
-      if [[ "$below" == - ]]; then
-        perf_lines+=("PERF: all_reduce $top / $base: >= 0.95 at all $n sizes (lowest $min at $at B): met")
-      else
-        perf_lines+=("PERF: all_reduce $top / $base: lowest $min at $at B; under 0.95 at $below B of $n sizes: NOT MET")
-      fi
-    done
-    if ((${#perf_lines[@]})); then
-      echo
-      echo "busbw size by size, compression on (tuner deciding) over agoq's exact net:"
-      printf '%s\n' "${perf_lines[@]}"
-    fi
-    if [[ -f "$logs/hazards.out" ]]; then
-      echo
-      echo "facts and hazards (tools/gpu/gpu_hazards; BLOCKED: that case would hang a real job):"
-      grep -e '^fact:' -e '^hazard:' "$logs/hazards.out" | cut -c1-300 | sed 's/^/  /'
-    fi
-    if [[ -f "$logs/codec.rc" ]]; then
-      echo
-      codec_summary
-    fi
-    torch_failed=0
-    if [[ -f "$logs/torch.rc" ]]; then
-      echo
-      torch_summary torch torch-check "torch all_reduce through CollNet" \
-        "identical on all ranks, within the error bound"
-    fi
-    if [[ -f "$logs/torch-p2p.rc" ]]; then
-      echo
-      torch_summary torch-p2p torch-p2p-check "torch send/recv through the typed net path" \
-        "bf16 quantized within the bound, int64 exact, all_reduce identical"
-    fi
-    local gname
-    for gname in torch-gdr torch-p2p-gdr; do
-      [[ -f "$logs/$gname.rc" ]] || continue
-      echo
-      if [[ $gname == torch-gdr ]]; then
-        torch_summary "$gname" torch-check "torch all_reduce through CollNet, device buffers (AGOQ_GPU=on, NCCL_NET_GDR_LEVEL=SYS), a NaN planted" \
-          "identical on all ranks, within the error bound"
-      else
-        torch_summary "$gname" torch-p2p-check "torch send/recv, device buffers (AGOQ_GPU=on, NCCL_NET_GDR_LEVEL=SYS)" \
-          "bf16 quantized within the bound, int64 exact, all_reduce identical"
-      fi
-      # The variant exists to run the device path: NCCL must have chosen GDRDMA and the
-      # plugin must have made device calls, else it proved nothing (when it ran and passed).
-      [[ "$(cat "$logs/$gname.rc")" == 0 ]] || continue
-      local ngdr ndev
-      ngdr=$(cat "$logs/$gname"/*.log 2>/dev/null | grep -c GDRDMA)
-      ndev=$(cat "$logs/$gname"/* "$logs/$gname.out" 2>/dev/null | grep -c 'device_calls=[1-9]')
-      echo "  device path: $ngdr NCCL lines naming GDRDMA, $ndev stats lines with device calls"
-      if ((ngdr == 0 || ndev == 0)); then
-        echo "  FAILED: the device path was not exercised"
-        torch_failed=1
-      fi
-    done
-    if [[ -f "$logs/mcore.rc" ]]; then
-      echo
-      mcore_summary
-    fi
-    echo
-    local reasons=()
-    ((failed)) && reasons+=("an agoq run failed, had wrong values, did not use AGOQ or its CollNet, or used GDRDMA where it should not or not where it should")
-    ((codec_failed)) && reasons+=("the CUDA codec check failed: see the codec line")
-    ((torch_failed)) && reasons+=("a PyTorch check failed: see its line")
-    ((mcore_failed)) && reasons+=("the Megatron-Core check failed: see its line")
-    local unrun_note=""
-    ((${#unrun_other[@]})) && unrun_note="; UNRUN by this launcher: ${unrun_other[*]}"
-    if ((${#reasons[@]})); then
-      local joined
-      joined=$(printf '%s; ' "${reasons[@]}")
-      echo "VERDICT: FAILED (${joined%; })$unrun_note"
-    elif ((${#unrun_gpu[@]})); then
-      echo "VERDICT: UNRUN: ${#unrun_gpu[@]} of $(grep -c . "$logs/runs.txt") runs need a GPU ($unrun_why); nothing that could run failed$unrun_note"
-    else
-      echo "VERDICT: agoq runs correct$unrun_note"
-    fi
-    ((${#perf_lines[@]})) && printf '%s\n' "${perf_lines[@]}"
-    echo "elapsed: $(elapsed) s; logs: $out_dir/logs.tar.gz"
-  } >"$summary"
-  ((failed || codec_failed || torch_failed || mcore_failed)) && return 1
-  ((${#unrun_gpu[@]})) && return 3
-  return 0
+  python3 "$repo/tools/gpu/gpu_check_summary.py" "$out_dir" --elapsed "$(elapsed)" \
+    --nranks "$nranks" --codec-timeout "$codec_timeout"
 }
 
 pack_logs() {
@@ -687,6 +225,7 @@ pack_logs() {
 }
 
 if ((summarize_only)); then
+  command -v python3 >/dev/null 2>&1 || die "python3 not found (tools/gpu/gpu_check_summary.py)"
   write_summary
   rc=$?
   cat "$summary"
@@ -700,8 +239,14 @@ rm -f "$out_dir/logs.tar.gz" "$summary" "$out_dir/results.txt"
 rm -rf "$logs"
 mkdir -p "$logs" "$work" || die "cannot create $logs and $work"
 : >"$logs/runs.txt"
+logs_ready=1
+# What the summary quotes of the settings, as this check had them (see write_summary).
+echo "nranks $nranks" >"$logs/settings.txt"
 trap 'pack_logs; [[ "${AGOQ_GPU_CHECK_KEEP_LOGS:-0}" == 1 ]] || rm -rf "$logs"' EXIT
 trap 'exit 130' INT TERM
+
+command -v python3 >/dev/null 2>&1 ||
+  die "python3 not found: tools/gpu/gpu_check_summary.py writes the summary and the verdict"
 
 command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: this check needs a GPU host"
 {
@@ -806,6 +351,7 @@ else
   ((codec_limit > budget - $(elapsed) - 60)) && codec_limit=$((budget - $(elapsed) - 60))
   ((codec_limit < 30)) && codec_limit=30
   codec_timeout=$codec_limit
+  echo "codec_limit $codec_limit" >>"$logs/settings.txt"
   log "codec: $codec_check ${AGOQ_GPU_CHECK_CODEC_ARGS:-} (limit ${codec_limit} s, $(elapsed) s elapsed)"
   # shellcheck disable=SC2086 # AGOQ_GPU_CHECK_CODEC_ARGS is a list of arguments by design
   timeout --kill-after=10 "$codec_limit" "$codec_check" ${AGOQ_GPU_CHECK_CODEC_ARGS:-} \
