@@ -115,8 +115,14 @@ ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t si
  * *again: the staging is full now; release the request and let NCCL retry. */
 ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* mhandle,
                                  void* phandle, bool* again);
-/* Receiver: reserves the staging for the buffers in req->dev_mask; *again as above. */
+/* Receiver: reserves the staging for the buffers in req->dev_mask, but for GPUDirect ones
+ * (req->direct_ok) larger than the staging: their messages come by RDMA, whatever the size
+ * NCCL posts; *again as above. */
 ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again);
+/* Receiver, as buffer `slot`'s message of `size` bytes arrives: its staging (req->host[slot]),
+ * taken now where irecv took none (a GPUDirect buffer larger than the staging whose message
+ * is a frame or a CPU copy). An error naming AGOQ_GPU_STAGING where it cannot be had. */
+ncclResult_t agoq_dev_recv_late(agoq_comm* comm, agoq_request* req, int slot, size_t size);
 /* Hands sends whose copy finished to the transport, in posting order. */
 ncclResult_t agoq_dev_advance(agoq_comm* comm);
 /* Receiver: the bytes are in the staging (frames decoded there): queues the copies into

@@ -133,14 +133,23 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     AGOQ_WARN("isend: device buffer on a connection without registered device memory");
     return ncclInternalError;
   }
-  AGOQ_CHECK(agoq_dev_fits(comm, size));
-  uint8_t* host = NULL;
-  int id = agoq_gpu_ring_get(agoq_gpu_link_ring(comm->gpu), size, &host);
-  if (id < 0) {
-    *again = true;
-    return ncclSuccess;
-  }
   ncclResult_t res = ncclSuccess;
+  agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
+  const bool direct = agoq_dev_direct(mhandle);
+  /* The staging first, before anything is counted (a full one: NCCL calls again). A message
+   * by GPUDirect needs none, so one larger than the staging goes without (NCCL sends up to
+   * NCCL_MAX_NET_SIZE, 1 GiB, per isend from registered buffers); a staged one that large is
+   * an error naming AGOQ_GPU_STAGING. */
+  uint8_t* host = NULL;
+  int id = -1;
+  if (!direct || agoq_gpu_ring_fits(ring, size)) {
+    AGOQ_CHECK(agoq_dev_fits(comm, size));
+    id = agoq_gpu_ring_get(ring, size, &host);
+    if (id < 0) {
+      *again = true;
+      return ncclSuccess;
+    }
+  }
   agoq_codec_params p;
   size_t n = 0, cap = 0;
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
@@ -161,9 +170,16 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     req->dev_frame = false;
     why = AGOQ_EXACT_UNALIGNED;
   }
-  if (!req->dev_frame && agoq_dev_direct(mhandle)) {
+  if (req->dev_frame && id < 0) {
+    /* By GPUDirect and larger than the staging, which a frame's slot needs (it must hold
+     * the payload's copy too, should the frame be no smaller): exact instead. */
+    comm->typed_stats.not_eligible++;
+    req->dev_frame = false;
+    why = AGOQ_EXACT_NOGAIN;
+  }
+  if (!req->dev_frame && direct) {
     /* GPUDirect RDMA: the NIC reads NCCL's buffer; the staging taken above goes back. */
-    agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), id);
+    if (id >= 0) agoq_gpu_ring_put(ring, id);
     agoq_send_exact(comm, req, data, size, why);
     req->xfer.flags |= AGOQ_XFER_DEVICE;
     req->xfer.reg[0] = ((const agoq_mr*)mhandle)->tp_key;
@@ -187,7 +203,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   comm->dev_count++;
   return ncclSuccess;
 fail:
-  agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), id);
+  agoq_gpu_ring_put(ring, id);
   return res;
 }
 
@@ -273,22 +289,48 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
   }
   /* One allocation for all device buffers of a grouped receive, each on the ring's
    * alignment. */
+  agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
   size_t off[AGOQ_NET_MAX_RECVS] = {0}, total = 0;
+  uint8_t staged = 0;
   for (int i = 0; i < req->n_bufs; i++) {
     if (!(req->dev_mask & (1u << i))) continue;
+    /* A GPUDirect buffer too large for the staging takes none now (agoq_dev_recv_late). */
+    if ((req->direct_ok & (1u << i)) && !agoq_gpu_ring_fits(ring, req->posted[i])) continue;
+    staged |= (uint8_t)(1u << i);
     off[i] = total;
     total += agoq_gpu_ring_align(req->posted[i]);
   }
+  if (staged == 0) return ncclSuccess;
   AGOQ_CHECK(agoq_dev_fits(comm, total));
   uint8_t* base = NULL;
-  int id = agoq_gpu_ring_get(agoq_gpu_link_ring(comm->gpu), total, &base);
+  int id = agoq_gpu_ring_get(ring, total, &base);
   if (id < 0) {
     *again = true;
     return ncclSuccess;
   }
   req->ring_id = id;
   for (int i = 0; i < req->n_bufs; i++)
-    if (req->dev_mask & (1u << i)) req->host[i] = base + off[i];
+    if (staged & (1u << i)) req->host[i] = base + off[i];
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_dev_recv_late(agoq_comm* comm, agoq_request* req, int slot, size_t size) {
+  if (req->host[slot] != NULL) return ncclSuccess;
+  agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
+  uint8_t* p = NULL;
+  int id = agoq_gpu_ring_fits(ring, size) ? agoq_gpu_ring_get(ring, size, &p) : -1;
+  if (id < 0) {
+    /* The message is already arriving: it cannot wait for the staging to drain. A sender
+     * with a larger AGOQ_GPU_STAGING sends frames this receiver's staging cannot hold. */
+    AGOQ_WARN("receive from %s: a %zu-byte message for GPU buffer %p (posted %zu bytes, GPUDirect) came as a %s, "
+              "and the staging (AGOQ_GPU_STAGING=%lld) %s: set AGOQ_GPU_STAGING alike on every rank",
+              agoq_comm_peer(comm), size, (void*)req->data[slot], req->posted[slot],
+              "frame or CPU copy", (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING),
+              agoq_gpu_ring_fits(ring, size) ? "is full" : "cannot hold it");
+    return ncclInvalidUsage;
+  }
+  req->late_ring[slot] = id;
+  req->host[slot] = p;
   return ncclSuccess;
 }
 
@@ -366,8 +408,13 @@ ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done) {
 }
 
 void agoq_dev_release(agoq_comm* comm, agoq_request* req) {
-  if (req->ring_id >= 0 && comm->gpu != NULL) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->ring_id);
+  if (comm->gpu != NULL) {
+    if (req->ring_id >= 0) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->ring_id);
+    for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++)
+      if (req->late_ring[i] >= 0) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->late_ring[i]);
+  }
   req->ring_id = -1;
+  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->late_ring[i] = -1;
 }
 
 void agoq_dev_log(agoq_comm* comm) {

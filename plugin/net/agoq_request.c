@@ -36,7 +36,7 @@ agoq_request* agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind
   req->kind = kind;
   req->comm = comm;
   req->xfer.index = index;
-  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->stage[i] = -1;
+  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->stage[i] = req->late_ring[i] = -1;
   req->ring_id = -1;
   return req;
 }

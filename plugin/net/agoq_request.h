@@ -50,6 +50,9 @@ typedef struct agoq_request {
   uint8_t frame_mask;                  /* receive: buffer i's message is a frame in host[i] */
   uint8_t* host[AGOQ_NET_MAX_RECVS];
   int ring_id;                         /* the staging allocation, -1 none */
+  /* receive: buffer i's staging taken when its message arrived (a GPUDirect buffer larger
+   * than the staging, whose message did not come by RDMA), -1 none */
+  int late_ring[AGOQ_NET_MAX_RECVS];
   agoq_dev_phase phase;
   bool dev_frame;                      /* send: the GPU is encoding a frame into host[0] */
   /* send: the transfer is complete and waits only for the device sends queued before it

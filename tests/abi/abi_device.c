@@ -136,7 +136,13 @@ int abi_device_recv_done(void* req) {
 }
 
 size_t abi_device_max_message(void) {
-  return abi_device_mode() ? (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING) : SIZE_MAX;
+  if (!abi_device_mode()) return SIZE_MAX;
+  /* Registered by DMA-BUF (AGOQ_ABI_EXPECT_DMABUF=1): by GPUDirect RDMA, whatever the
+   * staging; 256 MiB (registered buffers send up to 1 GiB per isend: NCCL_MAX_NET_SIZE),
+   * kept below that because the emulated device memory is the machine's. */
+  const char* direct = getenv("AGOQ_ABI_EXPECT_DMABUF");
+  if (direct != NULL && strcmp(direct, "1") == 0) return (size_t)256 << 20;
+  return (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
 }
 
 long abi_device_rdma_flushes(void) {

@@ -105,8 +105,9 @@ typedef struct {
 static size_t abi_size_cases(const abi_worker* w, abi_size_case* c, size_t cap) {
   static const size_t sizes[] = {0, 1, 4097, 1000003, 1u << 20, 64u << 20};
   size_t n = 0;
-  /* Device buffers pass through the connection's staging: larger messages are an error
-   * by design (test_net_device checks it), so they are left out. */
+  /* Staged device buffers pass through the connection's staging: larger messages are an
+   * error (pipelining through it is not built; test_net_device checks the error), so they
+   * are left out. By GPUDirect RDMA the staging does not bound them. */
   size_t most = abi_device_max_message();
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && n + 2 <= cap; i++) {
     size_t larger = sizes[i] + 1013 + sizes[i] / 8;
@@ -116,6 +117,9 @@ static size_t abi_size_cases(const abi_worker* w, abi_size_case* c, size_t cap) 
     c[n++] = (abi_size_case){sizes[i], larger};
   }
   if (w->newest && n < cap && (1u << 30) <= most) c[n++] = (abi_size_case){1u << 30, 1u << 30};
+  /* Device buffers by GPUDirect RDMA: far beyond the staging (abi_device_max_message). */
+  if (abi_device_mode() && most >= (256u << 20) && most < (1u << 30) && n < cap)
+    c[n++] = (abi_size_case){256u << 20, 256u << 20};
   return n;
 }
 

@@ -729,6 +729,89 @@ static void test_link_on_another_device_leaves_the_callers(void** state) {
   agoq_emu_devices_set(old);
 }
 
+/* NCCL's device buffer registered by DMA-BUF, as NCCL registers it. */
+static void ep_reg_dmabuf(void* comm, endpoint* e) {
+  int (*get)(void*, unsigned long long, size_t, int, unsigned long long) = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", (void**)&get, 12000,
+                                                    cudaEnableDefault, &q),
+                   cudaSuccess);
+  assert_non_null(get);
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t base = (uintptr_t)e->buf / page * page;
+  uintptr_t end = ((uintptr_t)e->buf + e->size + page - 1) / page * page;
+  int fd = -1;
+  assert_int_equal(get(&fd, (unsigned long long)base, (size_t)(end - base), 1 /* DMA_BUF_FD */, 0), 0);
+  assert_int_equal(agoq_net_reg_mr_dmabuf(comm, e->buf, e->size, NCCL_PTR_CUDA, (uint64_t)((uintptr_t)e->buf - base),
+                                          fd, &e->mh),
+                   ncclSuccess);
+  close(fd);
+}
+
+/* By GPUDirect RDMA (a transport that registers dma-bufs: the verbs emulator, net_device.ib),
+ * messages far beyond the staging (AGOQ_GPU_STAGING, 8 MiB): NCCL sends up to 1 GiB per isend
+ * from registered buffers. An exact 32 MiB message takes no staging and no copy; a typed one
+ * that large goes exact by GPUDirect (a frame's slot must hold the payload); a typed 1 MiB
+ * frame into a 32 MiB receive takes its staging when it arrives, and is decoded on the GPU. */
+static void test_gpudirect_beyond_the_staging(void** state) {
+  (void)state;
+  const char* tp = getenv("AGOQ_TRANSPORT");
+  if (tp == NULL || strcmp(tp, "ib") != 0) skip(); /* TCP registers no dma-buf */
+  pair p;
+  pair_open_ex(&p, COMM_ID + 10, fake_prof);
+  size_t big = 32u << 20, small = 1u << 20;
+  float* src = malloc(big);
+  uint8_t* got = malloc(big);
+  for (size_t i = 0; i < big / 4; i++) src[i] = (float)(i % 1021) * 0.125f - 60.0f;
+  endpoint s = {.size = big, .device = true, .buf = dev_from(src, big)};
+  endpoint r = {.size = big, .device = true};
+  assert_int_equal(cudaMalloc(&r.buf, big), cudaSuccess);
+  ep_reg_dmabuf(p.send, &s);
+  ep_reg_dmabuf(p.recv, &r);
+  agoq_comm* sc = (agoq_comm*)p.send;
+  agoq_comm* rc = (agoq_comm*)p.recv;
+  const agoq_gpu_link_stats* sst = agoq_gpu_link_stats_get(sc->gpu);
+  const agoq_gpu_link_stats* rst = agoq_gpu_link_stats_get(rc->gpu);
+
+  assert_int_equal(transfer(&p, &s, &r, big, NULL), (int)big);
+  assert_int_equal(sst->d2h_bytes + sst->h2d_bytes + rst->d2h_bytes + rst->h2d_bytes, 0);
+  dev_to(got, r.buf, big);
+  assert_memory_equal(got, src, big);
+
+  fake_step step = step_of(AGOQ_XFER_P2P, ncclFloat32, AGOQ_XFER_PROTO_SIMPLE, 1);
+  uint64_t frames0 = sc->typed_stats.frames;
+  uint64_t nogain0 = agoq_stats_get(&sc->st->exact[AGOQ_EXACT_NOGAIN]);
+  assert_int_equal(cudaMemset(r.buf, 0, big), cudaSuccess);
+  assert_int_equal(transfer(&p, &s, &r, big, &step), (int)big);
+  assert_int_equal(sc->typed_stats.frames, frames0);
+  assert_int_equal(agoq_stats_get(&sc->st->exact[AGOQ_EXACT_NOGAIN]), nogain0 + 1);
+  dev_to(got, r.buf, big);
+  assert_memory_equal(got, src, big);
+
+  uint64_t decodes0 = rst->decodes;
+  assert_int_equal(transfer(&p, &s, &r, small, &step), (int)small);
+  assert_int_equal(sc->typed_stats.frames, frames0 + 1);
+  assert_int_equal(rst->decodes, decodes0 + 1);
+  dev_to(got, r.buf, small);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < small / 4; i++) {
+    float v;
+    memcpy(&v, got + 4 * i, 4);
+    err += ((double)v - src[i]) * ((double)v - src[i]);
+    ref += (double)src[i] * src[i];
+  }
+  assert_true(err > 0 && sqrt(err / ref) < 0.01); /* quantized: int8, block 128 */
+  assert_int_equal(agoq_gpu_ring_live(agoq_gpu_link_ring(rc->gpu)), 0); /* the late staging went back */
+
+  assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+  assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+  pair_close(&p);
+  cudaFree(s.buf);
+  cudaFree(r.buf);
+  free(src);
+  free(got);
+}
+
 int main(void) {
   setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
@@ -755,6 +838,10 @@ int main(void) {
       cmocka_unit_test(test_bad_device_buffers),
       cmocka_unit_test(test_link_setup_during_global_capture),
       cmocka_unit_test(test_link_on_another_device_leaves_the_callers),
+      cmocka_unit_test(test_gpudirect_beyond_the_staging),
   };
+  /* net_device.ib runs only the tests about a verbs transport (tests/ib/CMakeLists.txt). */
+  const char* only = getenv("AGOQ_TEST_ONLY");
+  if (only != NULL) cmocka_set_test_filter(only);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
