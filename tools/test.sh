@@ -89,9 +89,12 @@ run_ctest() {
 # The long variants run once, in build-ci: under ASan they would repeat code paths the ASan
 # run covers with shorter cases (the CUDA codec's emulation: the unit codec tests; the
 # device CollNet runs: collnet.quant.4.device, fault.bitflip_coll.device and the device unit
-# tests; typed.p2p.device: net_device; 8 verbs ranks: the 4-rank ones), and perf_256M is a
-# performance run.
-asan_once='^(codec_cuda_emulated|collnet\.perf_256M|typed\.p2p\.device|collnet\.(quant\.3|exact\.8|overflow\.3|kill\.4)\.device|collnet\.quant\.8\.ib)$'
+# tests; typed.p2p.device: net_device; 8 verbs ranks: the 4-rank ones; the striped verbs
+# variants abi.sizes.ib.qps4 and collnet.quant.4.ib.qps2: abi.sizes.ib and collnet.quant.4.ib;
+# typed.p2p.pieces: typed.p2p and the pieces runs of abi and collnet; abi.sizes.device.ib,
+# every version with a 256 MiB GPUDirect message: abi.gpudirect.ib, the newest one), and
+# perf_256M is a performance run.
+asan_once='^(codec_cuda_emulated|collnet\.perf_256M|typed\.p2p\.(device|pieces)|collnet\.(quant\.3|exact\.8|overflow\.3|kill\.4)\.device|collnet\.quant\.8\.ib|abi\.sizes\.(ib\.qps4|device\.ib)|collnet\.quant\.4\.ib\.qps2)$'
 
 run_asan_tests() {
   # detect_leaks: the plugin must not leak across init/finalize cycles.
