@@ -62,6 +62,24 @@ static void agoq_gpu_device_leave(int device, int prev) {
     (void)agoq_gpu_cuda_error(cudaSetDevice(prev), "cudaSetDevice (the caller's device again)");
 }
 
+/* Setup and teardown (create, alloc, destroy): on the link's device, in Relaxed capture
+ * mode (agoq_gpu_capture_relax), the caller's device and mode put back at the end. */
+typedef struct {
+  enum cudaStreamCaptureMode mode;
+  int device, prev;
+} agoq_gpu_setup_scope;
+
+static ncclResult_t agoq_gpu_setup_begin(int device, agoq_gpu_setup_scope* sc) {
+  sc->mode = agoq_gpu_capture_relax();
+  sc->device = device;
+  return agoq_gpu_device_enter(device, &sc->prev);
+}
+
+static void agoq_gpu_setup_end(const agoq_gpu_setup_scope* sc) {
+  agoq_gpu_device_leave(sc->device, sc->prev);
+  agoq_gpu_capture_restore(sc->mode);
+}
+
 static void agoq_gpu_link_teardown(agoq_gpu_link* l);
 
 /* agoq_gpu_link_create's work, on `device`, in Relaxed capture mode. */
@@ -120,13 +138,11 @@ fail:
 }
 
 ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
-  enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
-  int prev = -1;
+  agoq_gpu_setup_scope sc;
   *out = NULL;
-  ncclResult_t res = agoq_gpu_device_enter(device, &prev);
+  ncclResult_t res = agoq_gpu_setup_begin(device, &sc);
   if (res == ncclSuccess) res = agoq_gpu_link_build(device, cfg, out);
-  agoq_gpu_device_leave(device, prev);
-  agoq_gpu_capture_restore(mode);
+  agoq_gpu_setup_end(&sc);
   return res;
 }
 
@@ -146,13 +162,10 @@ out:
 
 void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   if (l == NULL) return;
-  enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
-  const int device = l->device;
-  int prev = -1;
-  (void)agoq_gpu_device_enter(device, &prev);
+  agoq_gpu_setup_scope sc;
+  (void)agoq_gpu_setup_begin(l->device, &sc);
   agoq_gpu_link_teardown(l);
-  agoq_gpu_device_leave(device, prev);
-  agoq_gpu_capture_restore(mode);
+  agoq_gpu_setup_end(&sc);
 }
 
 /* agoq_gpu_link_destroy's work, on the link's device, in Relaxed capture mode. */
@@ -192,25 +205,22 @@ const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l) { ret
 ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p) {
   ncclResult_t res = ncclSuccess;
   agoq_gpu_link_mem* m = NULL;
-  enum cudaStreamCaptureMode mode = agoq_gpu_capture_relax();
-  int prev = -1;
+  agoq_gpu_setup_scope sc;
   *p = NULL;
+  AGOQ_CHECK_GOTO(agoq_gpu_setup_begin(l->device, &sc), res, fail);
   AGOQ_CALLOC_GOTO(m, 1, res, fail);
   m->device = device;
   m->size = size > 0 ? size : 1;
-  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, fail);
   if (device) AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&m->p, m->size), res, fail);
   else AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&m->p, m->size, cudaHostAllocPortable), res, fail);
   m->next = l->mem;
   l->mem = m;
   *p = m->p;
-  agoq_gpu_device_leave(l->device, prev);
-  agoq_gpu_capture_restore(mode);
+  agoq_gpu_setup_end(&sc);
   return ncclSuccess;
 fail:
   free(m);
-  agoq_gpu_device_leave(l->device, prev);
-  agoq_gpu_capture_restore(mode);
+  agoq_gpu_setup_end(&sc);
   return res;
 }
 

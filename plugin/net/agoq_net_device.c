@@ -322,10 +322,10 @@ ncclResult_t agoq_dev_recv_late(agoq_comm* comm, agoq_request* req, int slot, si
   if (id < 0) {
     /* The message is already arriving: it cannot wait for the staging to drain. A sender
      * with a larger AGOQ_GPU_STAGING sends frames this receiver's staging cannot hold. */
-    AGOQ_WARN("receive from %s: a %zu-byte message for GPU buffer %p (posted %zu bytes, GPUDirect) came as a %s, "
-              "and the staging (AGOQ_GPU_STAGING=%lld) %s: set AGOQ_GPU_STAGING alike on every rank",
+    AGOQ_WARN("receive from %s: a %zu-byte message for GPU buffer %p (posted %zu bytes, GPUDirect) came as a "
+              "frame or CPU copy, and the staging (AGOQ_GPU_STAGING=%lld) %s: set AGOQ_GPU_STAGING alike on every rank",
               agoq_comm_peer(comm), size, (void*)req->data[slot], req->posted[slot],
-              "frame or CPU copy", (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING),
+              (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING),
               agoq_gpu_ring_fits(ring, size) ? "is full" : "cannot hold it");
     return ncclInvalidUsage;
   }
