@@ -32,6 +32,11 @@ typedef struct {
   agoq_format format; /* AGOQ_FORMAT */
   uint32_t block;     /* AGOQ_BLOCK */
   double codec_mbps;  /* AGOQ_CODEC_MBPS: the same on every rank, never a local measurement */
+  /* NCCL_COLLNET_ENABLE as NCCL read it: at this communicator's creation, which is when the
+   * tuner is initialised. Programs change it in between: Megatron-Core sets it only around
+   * its data-parallel group's creation (use_sharp) and deletes it otherwise. */
+  bool collnet_env_set;
+  char collnet_env[48];
   _Atomic int logged_steer; /* the per-communicator lines were printed: compression chosen */
   _Atomic int logged_cost;  /* ... NCCL's other choice cheaper */
   _Atomic int logged_keep;  /* ... and eligible but CollNet unusable */
@@ -86,6 +91,9 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
   c->format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
   c->block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK); /* 32|64|...|1024 */
   if (c->enabled) c->codec_mbps = agoq_tuner_codec_mbps();
+  const char* collnet_env = agoq_nccl_env_str("NCCL_COLLNET_ENABLE");
+  c->collnet_env_set = collnet_env != NULL;
+  if (collnet_env != NULL) snprintf(c->collnet_env, sizeof c->collnet_env, "%s", collnet_env);
   atomic_init(&c->logged_steer, 0);
   atomic_init(&c->logged_cost, 0);
   atomic_init(&c->logged_keep, 0);
@@ -134,14 +142,17 @@ static const char* agoq_tuner_dtype_name(int dtype) {
  * exact as well. */
 static void agoq_tuner_warn_inactive(agoq_tuner_ctx* c, int dtype, size_t nbytes) {
   if (atomic_exchange_explicit(&c->warned_inactive, 1, memory_order_relaxed) != 0) return;
-  char why[160];
-  const char* env = agoq_nccl_env_str("NCCL_COLLNET_ENABLE");
+  char why[240];
+  const char* env = c->collnet_env_set ? c->collnet_env : NULL;
   int enable = agoq_nccl_config_int_parse(env, INT_MIN);
   if (c->nnodes < 2)
     snprintf(why, sizeof why, "the communicator spans %zu node (CollNet needs 2 or more)",
              c->nnodes);
   else if (env == NULL)
-    snprintf(why, sizeof why, "NCCL_COLLNET_ENABLE is unset and ncclConfig_t.collnetEnable is not 1");
+    snprintf(why, sizeof why,
+             "NCCL_COLLNET_ENABLE was unset when NCCL created the communicator and "
+             "ncclConfig_t.collnetEnable is not 1 (Megatron-Core deletes NCCL_COLLNET_ENABLE "
+             "unless initialize_model_parallel(use_sharp=True), Megatron-LM's --use-sharp)");
   else if (enable != 1)
     snprintf(why, sizeof why, "NCCL_COLLNET_ENABLE=\"%.40s\" (NCCL reads it as %d)", env, enable);
   else

@@ -371,7 +371,8 @@ static void test_warns_once_for_float_allreduce_without_collnet(void** state) {
       assert_int_equal(log_warns, 1);
       assert_non_null(strstr(log_buf, "gradient compression is inactive"));
       assert_non_null(strstr(log_buf, floats[i].shown));
-      assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE is unset")); /* the reason */
+      assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE was unset")); /* the reason */
+      assert_non_null(strstr(log_buf, "use_sharp=True"));                /* Megatron's way */
       assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE=1"));        /* the fix */
       assert_non_null(strstr(log_buf, "ncclConfig_t.collnetEnable=1"));
       assert_non_null(strstr(log_buf, "2 or more nodes"));
@@ -402,6 +403,25 @@ static void test_warns_once_for_float_allreduce_without_collnet(void** state) {
   allreduce(5, ctx, pctx, "ncclBfloat16", 1 << 24, 2, false);
   assert_int_equal(log_warns, 1);
   assert_non_null(strstr(log_buf, "NCCL did not set CollNet up"));
+  tuner_close(5, ctx);
+  /* NCCL reads the variable when it creates the communicator, which is when the tuner is
+   * initialised; what the program does to it afterwards (Megatron-Core deletes it after
+   * creating its data-parallel group) changes nothing for this communicator. */
+  setenv("NCCL_COLLNET_ENABLE", "1", 1);
+  ctx = tuner_open(5, "int8");
+  unsetenv("NCCL_COLLNET_ENABLE");
+  capture_start();
+  allreduce(5, ctx, pctx, "ncclBfloat16", 1 << 24, 2, false);
+  assert_int_equal(log_warns, 1);
+  assert_non_null(strstr(log_buf, "NCCL did not set CollNet up"));
+  assert_null(strstr(log_buf, "was unset"));
+  tuner_close(5, ctx);
+  ctx = tuner_open(5, "int8"); /* unset at creation, set later */
+  setenv("NCCL_COLLNET_ENABLE", "1", 1);
+  capture_start();
+  allreduce(5, ctx, pctx, "ncclBfloat16", 1 << 24, 2, false);
+  assert_int_equal(log_warns, 1);
+  assert_non_null(strstr(log_buf, "NCCL_COLLNET_ENABLE was unset when NCCL created"));
   tuner_close(5, ctx);
   unsetenv("NCCL_COLLNET_ENABLE");
   assert_int_equal(ncclProfiler_v5.finalize(pctx), ncclSuccess);

@@ -9,12 +9,13 @@ same seed on the same synthetic data and compares the per-iteration losses:
 
   socket, socket-again  NCCL's own Socket transport, no agoq (socket-again: the noise floor)
   agoq-exact            agoq's CollNet with AGOQ_FORMAT=none AGOQ_P2P_FORMAT=none and
-                        NCCL_ALGO=allreduce:CollNetChain (the tuner steers nothing when the
-                        format is none)
+                        NCCL_ALGO=allreduce:CollNetChain on the data-parallel communicator
+                        (the tuner steers nothing when the format is none)
   agoq-int8             agoq with AGOQ_FORMAT=int8, AGOQ_P2P_FORMAT=int8 (opt-in; the
                         default AGOQ_P2P_SCOPE=pipeline keeps it to the pipeline's two-way
-                        flows), and NCCL_ALGO=allreduce:CollNetChain: every
-                        AllReduce goes through the compressed CollNet, as it would where the
+                        flows), and NCCL_ALGO=allreduce:CollNetChain on the data-parallel
+                        communicator: every gradient AllReduce goes through the compressed
+                        CollNet, as it would where the
                         network is the bottleneck. On this one-GPU loopback layout agoq's
                         tuner would rightly keep most of them on NCCL's ring (loopback is
                         fast), and the question here is what int8 does to training, not
@@ -130,23 +131,33 @@ def budget_allows(remaining_s, estimate_s):
     return estimate_s is None or remaining_s >= estimate_s
 
 
+# The NCCL_ALGO of the data-parallel communicator only (child_main sets it around that
+# communicator's creation and removes it after).
+DP_NCCL_ALGO = "MCORE_CHECK_DP_NCCL_ALGO"
+
+
 def config_env(name, plugin, log_dir, run, cpu):
     """(variables to set, variables to remove) for one configuration."""
-    drop = ["NCCL_ALGO", "NCCL_COLLNET_ENABLE", "AGOQ_FORMAT", "AGOQ_P2P_FORMAT", "AGOQ_P2P_SCOPE", "AGOQ_STATS",
+    drop = ["NCCL_ALGO", DP_NCCL_ALGO, "NCCL_COLLNET_ENABLE", "AGOQ_FORMAT", "AGOQ_P2P_FORMAT", "AGOQ_P2P_SCOPE", "AGOQ_STATS",
             "AGOQ_STATS_FILE", "NCCL_NET", "NCCL_NET_PLUGIN"]
     kind = config_kind(name)
     if cpu or kind is None:
         return {}, drop
     if kind == "socket":
         return {"NCCL_NET_PLUGIN": "none", "NCCL_NET": "Socket"}, drop
+    # NCCL_COLLNET_ENABLE is not set here: Megatron-Core's initialize_model_parallel removes
+    # it from the environment and sets it to 1 only around the data-parallel group's creation
+    # when told use_sharp=True (child_main passes it), as Megatron-LM's --use-sharp does.
+    # NCCL_ALGO likewise applies to that group alone (DP_NCCL_ALGO): NCCL reads both when it
+    # creates a communicator, and a CollNet-only NCCL_ALGO on a communicator without CollNet
+    # (tensor/pipeline groups, the world) fails every AllReduce there.
     env = {"NCCL_NET_PLUGIN": plugin, "NCCL_NET": "AGOQ", "AGOQ_SOCKET_IFNAME": "lo",
-           "NCCL_COLLNET_ENABLE": "1", "AGOQ_STATS": "1",
-           "AGOQ_STATS_FILE": os.path.join(log_dir, run + ".stats.%p")}
+           "AGOQ_STATS": "1", "AGOQ_STATS_FILE": os.path.join(log_dir, run + ".stats.%p"),
+           DP_NCCL_ALGO: "allreduce:CollNetChain"}
     if kind == "agoq-exact":
-        env.update({"AGOQ_FORMAT": "none", "AGOQ_P2P_FORMAT": "none",
-                    "NCCL_ALGO": "allreduce:CollNetChain"})
+        env.update({"AGOQ_FORMAT": "none", "AGOQ_P2P_FORMAT": "none"})
     else:
-        env.update({"AGOQ_FORMAT": "int8", "AGOQ_P2P_FORMAT": "int8", "NCCL_ALGO": "allreduce:CollNetChain"})
+        env.update({"AGOQ_FORMAT": "int8", "AGOQ_P2P_FORMAT": "int8"})
     return env, [k for k in drop if k not in env]
 
 
@@ -427,7 +438,18 @@ def child_main(cfg):
     # CollNet set-up (one per communicator) to what the training needs.
     dist.init_process_group(backend="gloo" if cfg["cpu"] else "nccl", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=cfg["timeout"]))
-    ps.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
+    # CollNet as Megatron-LM's --use-sharp gets it: initialize_model_parallel deletes
+    # NCCL_COLLNET_ENABLE, sets it to 1 for the data-parallel(-with-CP) group, creates that
+    # communicator with a barrier and deletes it again; without use_sharp no communicator has
+    # CollNet and agoq's gradient compression never runs (its tuner WARNs). The forced
+    # CollNet algorithm of the agoq runs is scoped the same way.
+    dp_algo = os.environ.pop(DP_NCCL_ALGO, None)
+    if dp_algo and not cfg["cpu"]:
+        os.environ["NCCL_ALGO"] = dp_algo
+    try:
+        ps.initialize_model_parallel(tp, pp, create_gloo_process_groups=False, use_sharp=not cfg["cpu"])
+    finally:
+        os.environ.pop("NCCL_ALGO", None)
     pp_rank, tp_rank, dp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(), \
         ps.get_data_parallel_rank()
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()

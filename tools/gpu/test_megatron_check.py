@@ -160,13 +160,21 @@ class Planning(unittest.TestCase):
         self.assertEqual(s, {"NCCL_NET_PLUGIN": "none", "NCCL_NET": "Socket"})
         self.assertIn("AGOQ_FORMAT", drop)
         s, drop = mc.config_env("agoq-exact", "/p.so", "/l", "r", False)
-        self.assertEqual((s["AGOQ_FORMAT"], s["AGOQ_P2P_FORMAT"], s["NCCL_ALGO"]),
+        self.assertEqual((s["AGOQ_FORMAT"], s["AGOQ_P2P_FORMAT"], s[mc.DP_NCCL_ALGO]),
                          ("none", "none", "allreduce:CollNetChain"))
         self.assertEqual(s["AGOQ_STATS_FILE"], "/l/r.stats.%p")
         s, drop = mc.config_env("agoq-int8", "/p.so", "/l", "r", False)
-        self.assertEqual((s["AGOQ_FORMAT"], s["NCCL_NET_PLUGIN"], s["NCCL_COLLNET_ENABLE"]), ("int8", "/p.so", "1"))
-        self.assertEqual(s["NCCL_ALGO"], "allreduce:CollNetChain")
-        self.assertNotIn("NCCL_ALGO", drop)
+        self.assertEqual((s["AGOQ_FORMAT"], s["NCCL_NET_PLUGIN"]), ("int8", "/p.so"))
+        # Megatron-Core's initialize_model_parallel(use_sharp=True) sets NCCL_COLLNET_ENABLE for
+        # the data-parallel group only; a global NCCL_ALGO=allreduce:CollNetChain failed every
+        # AllReduce of the other communicators on an H200 (2026-12-04: "no algorithm/protocol
+        # available for function AllReduce").
+        self.assertNotIn("NCCL_COLLNET_ENABLE", s)
+        self.assertIn("NCCL_COLLNET_ENABLE", drop)
+        self.assertNotIn("NCCL_ALGO", s)
+        self.assertIn("NCCL_ALGO", drop)
+        self.assertEqual(s[mc.DP_NCCL_ALGO], "allreduce:CollNetChain")
+        self.assertNotIn(mc.DP_NCCL_ALGO, drop)
         self.assertEqual(s["AGOQ_P2P_FORMAT"], "int8")  # opt-in: the plugin's default is none
         self.assertNotIn("AGOQ_P2P_FORMAT", drop)
         self.assertIn("AGOQ_P2P_SCOPE", drop)  # the plugin's default, pipeline
