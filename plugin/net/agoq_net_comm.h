@@ -76,6 +76,10 @@ typedef struct agoq_comm {
   void* gpu_key; /* the link's pinned staging, registered with the transport */
   uint32_t dev_fifo[AGOQ_REQUESTS_PER_COMM];
   uint32_t dev_first, dev_count;
+  /* Requests holding a bounce buffer (agoq_request.bounce): at most one per connection, so
+   * that host memory grows with the connections, not with NCCL's requests in flight; the
+   * next such request waits (NCCL retries), in the order the connection keeps anyway. */
+  uint32_t bounce_reqs;
 } agoq_comm;
 
 /* Wraps a new transport connection (takes it over; closes it on failure). */
@@ -111,18 +115,27 @@ ncclResult_t agoq_dev_post_ready(agoq_comm* comm, agoq_request* req);
 /* The registered handle says device memory, and [data, data+size) lies inside it (an
  * error result otherwise). */
 ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t size, bool* device);
-/* Sender, after the request is allocated: stages NCCL's device buffer (queues the copy).
- * *again: the staging is full now; release the request and let NCCL retry. */
+/* Sender, after the request is allocated: stages NCCL's device buffer (queues the copy;
+ * one larger than the staging in pieces, into a host bounce buffer).
+ * *again: the staging is full now, or the connection's bounce buffer is taken; release the
+ * request and let NCCL retry. */
 ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* mhandle,
                                  void* phandle, bool* again);
 /* Receiver: reserves the staging for the buffers in req->dev_mask, but for GPUDirect ones
  * (req->direct_ok) larger than the staging: their messages come by RDMA, whatever the size
- * NCCL posts; *again as above. */
+ * NCCL posts; staged ones larger than the staging get a host bounce buffer each and a part
+ * of the staging for their pieces; *again as above. */
 ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again);
 /* Receiver, as buffer `slot`'s message of `size` bytes arrives: its staging (req->host[slot]),
  * taken now where irecv took none (a GPUDirect buffer larger than the staging whose message
  * is a frame or a CPU copy). An error naming AGOQ_GPU_STAGING where it cannot be had. */
 ncclResult_t agoq_dev_recv_late(agoq_comm* comm, agoq_request* req, int slot, size_t size);
+/* Receiver, as a frame of `size` bytes arrives for device buffer `slot`: where it lands, in
+ * pinned memory the GPU decodes from (agoq_dev_recv_late, or for a bounced buffer the piece
+ * area). */
+ncclResult_t agoq_dev_recv_frame_place(agoq_comm* comm, agoq_request* req, int slot, size_t size);
+/* The transport's registration of where device buffer `slot`'s exact bytes land. */
+void* agoq_dev_recv_key(const agoq_comm* comm, const agoq_request* req, int slot);
 /* Hands sends whose copy finished to the transport, in posting order. */
 ncclResult_t agoq_dev_advance(agoq_comm* comm);
 /* Receiver: the bytes are in the staging (frames decoded there): queues the copies into
@@ -130,7 +143,7 @@ ncclResult_t agoq_dev_advance(agoq_comm* comm);
 ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req, bool* queued);
 /* The request's copy is done (only queries the event). */
 ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done);
-/* Gives back the request's staging. */
+/* Gives back the request's staging and bounce buffers. */
 void agoq_dev_release(agoq_comm* comm, agoq_request* req);
 /* Close: what the link moved, at INFO (while the transport can still name the peer). */
 void agoq_dev_log(agoq_comm* comm);

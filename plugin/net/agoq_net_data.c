@@ -226,7 +226,7 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
     }
     if (req->dev_mask & (1u << slot)) {
       /* Into the pinned staging, from where the GPU decodes it (agoq_net_device.c). */
-      ncclResult_t late = agoq_dev_recv_late(comm, req, slot, size);
+      ncclResult_t late = agoq_dev_recv_frame_place(comm, req, slot, size);
       if (late != ncclSuccess) return late;
       req->frame_mask |= (uint8_t)(1u << slot);
       *dst = req->host[slot];
@@ -256,7 +256,7 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
       ncclResult_t late = agoq_dev_recv_late(comm, req, slot, size);
       if (late != ncclSuccess) return late;
       *dst = req->host[slot];
-      x->reg[slot] = comm->gpu_key;
+      x->reg[slot] = agoq_dev_recv_key(comm, req, slot); /* the staging or a bounce buffer */
     } else {
       *dst = req->data[slot];
     }

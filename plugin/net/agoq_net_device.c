@@ -19,6 +19,7 @@
  * run in order on its stream; NCCL keeps several steps in flight per connection, so the
  * copy of one step overlaps the wire time of the others. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "agoq_frame.h"
@@ -126,6 +127,101 @@ static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
   return ncclInvalidUsage;
 }
 
+/* ---- messages larger than the staging, through a host bounce buffer ----
+ * A staged message must lie whole in host memory the transport reads or writes, and the
+ * pinned staging (AGOQ_GPU_STAGING) is smaller than what NCCL sends from registered
+ * buffers (up to NCCL_MAX_NET_SIZE, 1 GiB, per isend). Such a message goes through a
+ * malloc'd bounce buffer, filled (send) or emptied (receive) across PCIe in pieces through
+ * a part of the request's staging, one piece at a time behind an event: no CUDA allocation
+ * on the data path (a cudaHostAlloc there can block behind another thread's work), no wait
+ * for the device, and pinned memory stays as configured. One such request per connection
+ * at a time (agoq_comm.bounce_reqs).
+ * Only with a transport that moves host memory unregistered (TCP): a verbs transport would
+ * have to register each bounce buffer on the data path, which it never does (every
+ * registration happens at setup); there, without DMA-BUF, the staging bounds a message
+ * (an error naming AGOQ_GPU_STAGING). */
+static bool agoq_dev_can_bounce(void) { return agoq_net_tp->reg == NULL; }
+
+/* The staging a bounce request takes for its pieces: half the ring, so that the requests
+ * around it keep moving, or what the other buffers of its grouped receive leave. */
+static size_t agoq_dev_piece_cap(const agoq_gpu_ring* ring, size_t others) {
+  size_t half = ring->size / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+  size_t left = others < ring->size ? (ring->size - others) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN : 0;
+  return left < half ? left : half;
+}
+
+static ncclResult_t agoq_dev_bounce_alloc(agoq_comm* comm, agoq_request* req, int i, size_t size) {
+  uint8_t* p = malloc(size);
+  if (p == NULL) {
+    AGOQ_WARN("%s %s: no host memory for the bounce buffer of a %zu-byte device message (larger than "
+              "AGOQ_GPU_STAGING=%lld)",
+              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), size,
+              (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+    return ncclSystemError;
+  }
+  if (!req->bounce_held) comm->bounce_reqs++;
+  req->bounce_held = true;
+  req->bounce[i] = p;
+  req->bounce_mask |= (uint8_t)(1u << i);
+  return ncclSuccess;
+}
+
+static void agoq_dev_bounce_free(agoq_comm* comm, agoq_request* req) {
+  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) {
+    free(req->bounce[i]);
+    req->bounce[i] = NULL;
+  }
+  if (req->bounce_held) comm->bounce_reqs--;
+  req->bounce_held = false;
+  req->bounce_mask = 0;
+}
+
+/* Send: the piece in the staging is complete; into the bounce buffer with it, and the
+ * next piece's copy queued (*more) or the staging handed back. */
+static ncclResult_t agoq_dev_send_piece_done(agoq_comm* comm, agoq_request* req, bool* more) {
+  size_t size = req->posted[0];
+  memcpy(req->bounce[0] + req->piece_off, req->piece_host, req->piece_len);
+  req->piece_off += req->piece_len;
+  req->piece_len = 0;
+  *more = req->piece_off < size;
+  if (!*more) {
+    agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->ring_id);
+    req->ring_id = -1;
+    return ncclSuccess;
+  }
+  size_t len = size - req->piece_off < req->piece_cap ? size - req->piece_off : req->piece_cap;
+  AGOQ_CHECK(agoq_gpu_copy_d2h(comm->gpu, req->piece_host, req->data[0] + req->piece_off, len));
+  AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
+  req->piece_len = len;
+  return ncclSuccess;
+}
+
+/* Receive: the previous piece (if any) has landed in NCCL's buffer; the next one, of this
+ * buffer or of the next bounced one, goes from the bounce buffer through the staging
+ * (*queued; the caller marks), or none is left. */
+static ncclResult_t agoq_dev_recv_piece_next(agoq_comm* comm, agoq_request* req, bool* queued) {
+  *queued = false;
+  if (req->piece_len > 0) {
+    agoq_stats_device(comm->st, AGOQ_STATS_EXACT, 0, req->piece_len);
+    req->piece_off += req->piece_len;
+    req->piece_len = 0;
+  }
+  int i = req->piece_buf;
+  while (i < req->n_bufs && (i < 0 || req->piece_off >= req->actual[i])) {
+    i++;
+    while (i < req->n_bufs && !((req->bounce_mask & (1u << i)) && req->actual[i] > 0)) i++;
+    req->piece_off = 0;
+  }
+  req->piece_buf = i;
+  if (i >= req->n_bufs) return ncclSuccess;
+  size_t len = req->actual[i] - req->piece_off < req->piece_cap ? req->actual[i] - req->piece_off : req->piece_cap;
+  memcpy(req->piece_host, req->bounce[i] + req->piece_off, len);
+  AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i] + req->piece_off, req->piece_host, len));
+  req->piece_len = len;
+  *queued = true;
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data, size_t size, void* mhandle,
                                  void* phandle, bool* again) {
   *again = false;
@@ -142,7 +238,16 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
    * an error naming AGOQ_GPU_STAGING. */
   uint8_t* host = NULL;
   int id = -1;
-  if (!direct || agoq_gpu_ring_fits(ring, size)) {
+  /* Staged and larger than the staging: through a bounce buffer, in pieces. */
+  const bool bounce = !direct && !agoq_gpu_ring_fits(ring, size) && agoq_dev_can_bounce();
+  const size_t piece_cap = bounce ? agoq_dev_piece_cap(ring, 0) : 0;
+  if (bounce) {
+    id = comm->bounce_reqs == 0 ? agoq_gpu_ring_get(ring, piece_cap, &host) : -1;
+    if (id < 0) {
+      *again = true;
+      return ncclSuccess;
+    }
+  } else if (!direct || agoq_gpu_ring_fits(ring, size)) {
     AGOQ_CHECK(agoq_dev_fits(comm, size));
     id = agoq_gpu_ring_get(ring, size, &host);
     if (id < 0) {
@@ -170,9 +275,9 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     req->dev_frame = false;
     why = AGOQ_EXACT_UNALIGNED;
   }
-  if (req->dev_frame && id < 0) {
-    /* By GPUDirect and larger than the staging, which a frame's slot needs (it must hold
-     * the payload's copy too, should the frame be no smaller): exact instead. */
+  if (req->dev_frame && (id < 0 || bounce)) {
+    /* Larger than the staging, which a frame's slot needs (it must hold the payload's copy
+     * too, should the frame be no smaller): exact instead, by GPUDirect or bounced. */
     comm->typed_stats.not_eligible++;
     req->dev_frame = false;
     why = AGOQ_EXACT_NOGAIN;
@@ -190,6 +295,14 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
      * frame crosses PCIe. cap <= size: a frame no smaller than the payload is refused on
      * the device (ESPACE), and the payload is copied instead (agoq_dev_frame_done). */
     AGOQ_CHECK_GOTO(agoq_gpu_frame_encode(comm->gpu, req->pool_index, 0, &p, data, n, host, cap), res, fail);
+  } else if (bounce) {
+    req->dev_why = (int)why;
+    AGOQ_CHECK_GOTO(agoq_dev_bounce_alloc(comm, req, 0, size), res, fail);
+    req->piece_host = host;
+    req->piece_cap = piece_cap;
+    req->piece_buf = 0;
+    req->piece_len = piece_cap;
+    AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(comm->gpu, host, data, piece_cap), res, fail);
   } else {
     req->dev_why = (int)why;
     AGOQ_CHECK_GOTO(agoq_gpu_copy_d2h(comm->gpu, host, data, size), res, fail);
@@ -203,6 +316,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   comm->dev_count++;
   return ncclSuccess;
 fail:
+  agoq_dev_bounce_free(comm, req);
   agoq_gpu_ring_put(ring, id);
   return res;
 }
@@ -264,12 +378,19 @@ ncclResult_t agoq_dev_advance(agoq_comm* comm) {
         bool requeued = false;
         AGOQ_CHECK(agoq_dev_frame_done(comm, req, &requeued));
         if (requeued) return ncclSuccess;
+      } else if (req->bounce_mask != 0) {
+        bool more = false;
+        AGOQ_CHECK(agoq_dev_send_piece_done(comm, req, &more));
+        if (more) return ncclSuccess;
+        agoq_send_exact(comm, req, req->bounce[0], req->posted[0], (agoq_exact_reason)req->dev_why);
       } else {
         agoq_send_exact(comm, req, req->host[0], req->posted[0], (agoq_exact_reason)req->dev_why);
       }
       /* Across PCIe: the frame the GPU wrote, or the payload's copy. */
       agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
-      req->xfer.reg[0] = comm->gpu_key; /* frame or copy, it lies in the pinned staging */
+      /* Frame or copy, it lies in the pinned staging, or whole in the bounce buffer (the
+       * transport registers nothing). */
+      req->xfer.reg[0] = req->bounce_mask != 0 ? NULL : comm->gpu_key;
     }
     comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
     comm->dev_count--;
@@ -291,16 +412,38 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
    * alignment. */
   agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
   size_t off[AGOQ_NET_MAX_RECVS] = {0}, total = 0;
-  uint8_t staged = 0;
+  uint8_t staged = 0, bounced = 0;
   for (int i = 0; i < req->n_bufs; i++) {
     if (!(req->dev_mask & (1u << i))) continue;
-    /* A GPUDirect buffer too large for the staging takes none now (agoq_dev_recv_late). */
-    if ((req->direct_ok & (1u << i)) && !agoq_gpu_ring_fits(ring, req->posted[i])) continue;
+    if (!agoq_gpu_ring_fits(ring, req->posted[i])) {
+      /* A GPUDirect buffer too large for the staging takes none now (agoq_dev_recv_late);
+       * a staged one comes through a bounce buffer. */
+      if (req->direct_ok & (1u << i)) continue;
+      if (agoq_dev_can_bounce()) {
+        bounced |= (uint8_t)(1u << i);
+        continue;
+      }
+    }
     staged |= (uint8_t)(1u << i);
     off[i] = total;
     total += agoq_gpu_ring_align(req->posted[i]);
   }
-  if (staged == 0) return ncclSuccess;
+  if (staged == 0 && bounced == 0) return ncclSuccess;
+  size_t piece_off = total, piece_cap = 0;
+  if (bounced != 0) {
+    if (comm->bounce_reqs > 0) {
+      *again = true;
+      return ncclSuccess;
+    }
+    piece_cap = agoq_dev_piece_cap(ring, total);
+    if (piece_cap == 0) {
+      AGOQ_WARN("receive from %s: a grouped receive of device buffers larger than the staging (AGOQ_GPU_STAGING=%lld) "
+                "leaves it no room for their pieces: raise it",
+                agoq_comm_peer(comm), (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+      return ncclInvalidUsage;
+    }
+    total += piece_cap;
+  }
   AGOQ_CHECK(agoq_dev_fits(comm, total));
   uint8_t* base = NULL;
   int id = agoq_gpu_ring_get(ring, total, &base);
@@ -311,7 +454,40 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
   req->ring_id = id;
   for (int i = 0; i < req->n_bufs; i++)
     if (staged & (1u << i)) req->host[i] = base + off[i];
+  if (bounced == 0) return ncclSuccess;
+  req->piece_host = base + piece_off;
+  req->piece_cap = piece_cap;
+  for (int i = 0; i < req->n_bufs; i++) {
+    if (!(bounced & (1u << i))) continue;
+    ncclResult_t res = agoq_dev_bounce_alloc(comm, req, i, req->posted[i]);
+    if (res != ncclSuccess) {
+      agoq_dev_release(comm, req);
+      return res;
+    }
+    req->host[i] = req->bounce[i];
+  }
   return ncclSuccess;
+}
+
+ncclResult_t agoq_dev_recv_frame_place(agoq_comm* comm, agoq_request* req, int slot, size_t size) {
+  if (!(req->bounce_mask & (1u << slot))) return agoq_dev_recv_late(comm, req, slot, size);
+  /* The GPU decodes from pinned memory: a frame for a bounced buffer goes into the piece
+   * area, free until the exact buffers' pieces start (after the decodes). */
+  if (req->piece_frame || size > req->piece_cap) {
+    AGOQ_WARN("receive from %s: a %zu-byte frame for GPU buffer %p (posted %zu bytes) %s: set AGOQ_GPU_STAGING "
+              "alike on every rank",
+              agoq_comm_peer(comm), size, (void*)req->data[slot], req->posted[slot],
+              req->piece_frame ? "finds the staging taken by another frame" : "exceeds the staging left for it");
+    return ncclInvalidUsage;
+  }
+  req->piece_frame = true;
+  req->bounce_mask &= (uint8_t)~(1u << slot);
+  req->host[slot] = req->piece_host;
+  return ncclSuccess;
+}
+
+void* agoq_dev_recv_key(const agoq_comm* comm, const agoq_request* req, int slot) {
+  return (req->bounce_mask & (1u << slot)) ? NULL : comm->gpu_key;
 }
 
 ncclResult_t agoq_dev_recv_late(agoq_comm* comm, agoq_request* req, int slot, size_t size) {
@@ -376,11 +552,20 @@ ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req, bool* qu
     if (!(req->dev_mask & (1u << i)) || (req->direct_mask & (1u << i))) continue;
     if (req->frame_mask & (1u << i)) {
       AGOQ_CHECK(agoq_dev_frame_decode(comm, req, i));
+    } else if (req->bounce_mask & (1u << i)) {
+      continue; /* in pieces, below */
     } else {
       AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i], req->host[i], req->actual[i]));
       agoq_stats_device(comm->st, AGOQ_STATS_EXACT, 0, req->actual[i]);
     }
     *queued = true;
+  }
+  /* The first piece of the bounced buffers now, unless a frame's decode reads the piece
+   * area (then after it: agoq_dev_copied). */
+  if (req->bounce_mask != 0 && !req->piece_frame) {
+    bool piece = false;
+    AGOQ_CHECK(agoq_dev_recv_piece_next(comm, req, &piece));
+    *queued = *queued || piece;
   }
   if (!*queued) return ncclSuccess; /* everything came by GPUDirect RDMA: in place already */
   AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
@@ -404,6 +589,15 @@ ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done) {
       return ncclSystemError;
     }
   }
+  if (req->bounce_mask != 0) {
+    /* The pieces of bounced buffers: one behind the other through the piece area. */
+    bool queued = false;
+    AGOQ_CHECK(agoq_dev_recv_piece_next(comm, req, &queued));
+    if (queued) {
+      AGOQ_CHECK(agoq_gpu_mark(comm->gpu, req->pool_index));
+      *done = false;
+    }
+  }
   return ncclSuccess;
 }
 
@@ -415,6 +609,7 @@ void agoq_dev_release(agoq_comm* comm, agoq_request* req) {
   }
   req->ring_id = -1;
   for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->late_ring[i] = -1;
+  agoq_dev_bounce_free(comm, req);
 }
 
 void agoq_dev_log(agoq_comm* comm) {
@@ -427,6 +622,12 @@ void agoq_dev_log(agoq_comm* comm) {
 }
 
 void agoq_dev_close(agoq_comm* comm) {
+  /* Requests NCCL never saw complete (an abort): their bounce buffers, now that the
+   * transport no longer touches them. */
+  for (uint32_t i = 0; i < comm->pool.capacity; i++) {
+    agoq_request* req = &comm->pool.slots[i];
+    if (req->magic == AGOQ_REQUEST_MAGIC && req->bounce_held) agoq_dev_bounce_free(comm, req);
+  }
   if (comm->gpu_key != NULL) agoq_net_tp->dereg(comm->gpu_key);
   comm->gpu_key = NULL;
   agoq_gpu_link_destroy(comm->gpu);

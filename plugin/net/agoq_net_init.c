@@ -130,12 +130,16 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
   AGOQ_CHECK(agoq_net_tp->get_properties(dev, p));
   if (agoq_gpu_active()) {
     /* NCCL may now hand over device buffers (with GPUDirect allowed by NCCL_NET_GDR_LEVEL
-     * for this GPU and NIC); they pass through the connection's pinned staging, which
-     * bounds one message. CollNet reports these same properties (NCCL takes the CollNet
-     * ones for the shared node), and its device path is staged the same way. */
+     * for this GPU and NIC). A p2p message of any size passes: by GPUDirect RDMA (DMA-BUF),
+     * through the staging, or in pieces through a bounce buffer where the transport needs
+     * no registration (TCP; agoq_net_device.c). A verbs transport without DMA-BUF and a
+     * CollNet device call are staged whole, so the staging bounds them. NCCL 2.28.9
+     * range-checks these and never applies them: a larger message is still refused by
+     * name (AGOQ_GPU_STAGING), but the properties say what holds. */
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
     p->ptr_support |= NCCL_PTR_CUDA;
-    if (p->max_p2p_bytes > staging) p->max_p2p_bytes = staging;
+    bool p2p_any = agoq_net_tp->reg == NULL || (p->ptr_support & NCCL_PTR_DMABUF) != 0;
+    if (!p2p_any && p->max_p2p_bytes > staging) p->max_p2p_bytes = staging;
     if (p->max_coll_bytes > staging) p->max_coll_bytes = staging;
   } else {
     /* A transport's DMA-BUF support is of no use without the GPU path behind it. */

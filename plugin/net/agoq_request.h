@@ -53,6 +53,19 @@ typedef struct agoq_request {
   /* receive: buffer i's staging taken when its message arrived (a GPUDirect buffer larger
    * than the staging, whose message did not come by RDMA), -1 none */
   int late_ring[AGOQ_NET_MAX_RECVS];
+  /* Staged device messages larger than the staging (registered buffers: NCCL sends up to
+   * NCCL_MAX_NET_SIZE, 1 GiB, per isend) pass through a host bounce buffer per NCCL buffer
+   * (bounce[i], malloc'd), copied across PCIe in pieces through piece_host, piece_cap bytes
+   * of this request's staging (agoq_net_device.c). The transport moves the bounce buffer as
+   * one message. */
+  uint8_t bounce_mask;                 /* buffer i's bytes are in bounce[i] */
+  bool bounce_held;                    /* counted in agoq_comm.bounce_reqs */
+  uint8_t* bounce[AGOQ_NET_MAX_RECVS];
+  uint8_t* piece_host;
+  size_t piece_cap;
+  int piece_buf;                       /* the buffer whose pieces are moving, -1 none yet */
+  size_t piece_off, piece_len;         /* its bytes done, and the piece in flight (0 none) */
+  bool piece_frame;                    /* receive: a frame took the piece area */
   agoq_dev_phase phase;
   bool dev_frame;                      /* send: the GPU is encoding a frame into host[0] */
   /* send: the transfer is complete and waits only for the device sends queued before it

@@ -137,12 +137,15 @@ int abi_device_recv_done(void* req) {
 
 size_t abi_device_max_message(void) {
   if (!abi_device_mode()) return SIZE_MAX;
-  /* Registered by DMA-BUF (AGOQ_ABI_EXPECT_DMABUF=1): by GPUDirect RDMA, whatever the
-   * staging; 256 MiB (registered buffers send up to 1 GiB per isend: NCCL_MAX_NET_SIZE),
-   * kept below that because the emulated device memory is the machine's. */
-  const char* direct = getenv("AGOQ_ABI_EXPECT_DMABUF");
-  if (direct != NULL && strcmp(direct, "1") == 0) return (size_t)256 << 20;
-  return (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
+  /* By GPUDirect RDMA (registered by DMA-BUF) or staged in pieces through a bounce buffer,
+   * the staging bounds no message: 256 MiB (registered buffers send up to 1 GiB per isend:
+   * NCCL_MAX_NET_SIZE), kept below that because the emulated device memory is the
+   * machine's. */
+  return (size_t)256 << 20;
+}
+
+size_t abi_device_max_coll(void) {
+  return abi_device_mode() ? (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING) : SIZE_MAX;
 }
 
 long abi_device_rdma_flushes(void) {
@@ -186,6 +189,7 @@ int abi_device_track_recv(void* req, int n, void** host, const size_t* sizes) {
 }
 int abi_device_recv_done(void* req) { (void)req; return 0; }
 size_t abi_device_max_message(void) { return SIZE_MAX; }
+size_t abi_device_max_coll(void) { return SIZE_MAX; }
 long abi_device_rdma_flushes(void) { return 0; }
 int abi_device_dmabuf(const void* p, int* fd, uint64_t* offset) {
   (void)p;

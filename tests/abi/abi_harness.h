@@ -151,9 +151,12 @@ int abi_device_push(const void* host, size_t n);
 /* A receive's buffers, copied back (with the guards) when test() says it is done. */
 int abi_device_track_recv(void* req, int n, void** host, const size_t* sizes);
 int abi_device_recv_done(void* req);
-/* The largest message the plugin takes from device memory (AGOQ_GPU_STAGING); SIZE_MAX in
- * host mode. */
+/* The largest message the harness sends from device memory (256 MiB: the staging bounds
+ * none); SIZE_MAX in host mode. */
 size_t abi_device_max_message(void);
+/* The largest CollNet call the plugin takes on device buffers (AGOQ_GPU_STAGING, which
+ * still bounds a CollNet device call); SIZE_MAX in host mode. */
+size_t abi_device_max_coll(void);
 /* The dma-buf of the device allocation holding device pointer p, as NCCL gets it from the
  * driver (cuMemGetHandleForAddressRange over the allocation's whole pages): *fd (the
  * caller closes it) and *offset, p's byte in it. 0 ok. */

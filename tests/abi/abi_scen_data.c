@@ -55,14 +55,20 @@ int abi_sc_props(abi_worker* w) {
     ABI_REQUIRE(w, want == ((p.ptr_support & NCCL_PTR_DMABUF) != 0), "dev %d: ptrSupport 0x%x %s DMA-BUF", dev,
                 p.ptr_support, want ? "lacks" : "claims");
     if (abi_device_mode()) {
-      /* With a device, device buffers are advertised, and a message never exceeds what the
-       * connection's staging can hold. */
+      /* With a device, device buffers are advertised; p2p messages of any size NCCL sends
+       * (1 GiB, NCCL_MAX_NET_SIZE) are taken, but over verbs without DMA-BUF (staged whole:
+       * no registration on the data path); a CollNet call only up to the staging. */
       ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_CUDA) != 0, "dev %d: ptrSupport 0x%x lacks CUDA with a device",
                   dev, p.ptr_support);
-      if (w->view.version >= 9)
-        ABI_REQUIRE(w, p.max_p2p_bytes <= abi_device_max_message() && p.max_coll_bytes <= abi_device_max_message(),
-                    "dev %d: maxP2pBytes %zu / maxCollBytes %zu above the staging %zu", dev, (size_t)p.max_p2p_bytes,
-                    (size_t)p.max_coll_bytes, abi_device_max_message());
+      const char* tp = getenv("AGOQ_TRANSPORT");
+      bool bounded = tp != NULL && strcmp(tp, "ib") == 0 && !(p.ptr_support & NCCL_PTR_DMABUF);
+      if (w->view.version >= 9) {
+        ABI_REQUIRE(w, bounded ? p.max_p2p_bytes <= abi_device_max_coll() : p.max_p2p_bytes >= ((size_t)1 << 30),
+                    "dev %d: maxP2pBytes %zu (%s)", dev, (size_t)p.max_p2p_bytes,
+                    bounded ? "the staging bounds it over verbs without DMA-BUF" : "NCCL sends 1 GiB");
+        ABI_REQUIRE(w, p.max_coll_bytes <= abi_device_max_coll(), "dev %d: maxCollBytes %zu above the staging %zu",
+                    dev, (size_t)p.max_coll_bytes, abi_device_max_coll());
+      }
     }
     ABI_REQUIRE(w, p.max_recvs >= 1, "dev %d: maxRecvs %d", dev, p.max_recvs);
     ABI_REQUIRE(w, p.speed > 0, "dev %d: speed %d Mbps", dev, p.speed);
@@ -105,10 +111,14 @@ typedef struct {
 static size_t abi_size_cases(const abi_worker* w, abi_size_case* c, size_t cap) {
   static const size_t sizes[] = {0, 1, 4097, 1000003, 1u << 20, 64u << 20};
   size_t n = 0;
-  /* Staged device buffers pass through the connection's staging: larger messages are an
-   * error (pipelining through it is not built; test_net_device checks the error), so they
-   * are left out. By GPUDirect RDMA the staging does not bound them. */
+  /* Device buffers: no size is bounded by the staging (GPUDirect RDMA, or staged in pieces
+   * through a bounce buffer); 1 GiB is left out (the emulated device memory is the
+   * machine's). */
   size_t most = abi_device_max_message();
+  /* Over verbs without DMA-BUF the staging still bounds a device message. */
+  const char* tp = getenv("AGOQ_TRANSPORT");
+  if (abi_device_mode() && tp != NULL && strcmp(tp, "ib") == 0 && getenv("AGOQ_ABI_EXPECT_DMABUF") == NULL)
+    most = abi_device_max_coll();
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && n + 2 <= cap; i++) {
     size_t larger = sizes[i] + 1013 + sizes[i] / 8;
     if (larger > most) continue;
@@ -117,7 +127,7 @@ static size_t abi_size_cases(const abi_worker* w, abi_size_case* c, size_t cap) 
     c[n++] = (abi_size_case){sizes[i], larger};
   }
   if (w->newest && n < cap && (1u << 30) <= most) c[n++] = (abi_size_case){1u << 30, 1u << 30};
-  /* Device buffers by GPUDirect RDMA: far beyond the staging (abi_device_max_message). */
+  /* Device buffers far beyond the staging (abi_device_max_message). */
   if (abi_device_mode() && most >= (256u << 20) && most < (1u << 30) && n < cap)
     c[n++] = (abi_size_case){256u << 20, 256u << 20};
   return n;
