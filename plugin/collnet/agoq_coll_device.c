@@ -18,7 +18,16 @@
  * events recorded or queried). Nothing here waits for the device; the only wait is the
  * link's destruction at close. Every byte crosses PCIe twice (input D2H, result H2D). Quantized
  * calls whose buffers are all on the device skip the staging: agoq_coll_gpu.c reduces them
- * on the GPU. */
+ * on the GPU.
+ * A call larger than the staging (CollNetDirect calls reach NCCL_BUFFSIZE, 16 MiB is a common
+ * setting; registered windows need input plus output) runs from and into a host bounce
+ * buffer of its size instead, over a transport that needs no registration (TCP; verbs would
+ * register it on the data path, so there it stays an error naming AGOQ_GPU_STAGING): the
+ * input comes across PCIe in pieces of half the staging, one behind the request's event at
+ * a time, the CPU moving each into the bounce buffer, before the first chunk is admitted;
+ * the result goes back the same way before test() says done. One such request per group at
+ * a time (the next is a NULL request): host memory grows with the groups, not the calls. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "collnet/agoq_coll_internal.h"
@@ -107,6 +116,106 @@ static ncclResult_t agoq_dev_fits(agoq_coll_comm* g, size_t need) {
   return ncclInvalidUsage;
 }
 
+static void agoq_dev_redirect(agoq_coll_req* r, uint8_t* in, uint8_t* out);
+
+/* Segment k of a bounced request's device bytes (the input's with `in`, else the
+ * result's): *dev in NCCL's buffer, *host its place in the bounce buffer. false: no more. */
+static bool agoq_dev_segment(const agoq_coll_req* r, bool in, int k, uint8_t** dev, uint8_t** host, size_t* size) {
+  bool parts = in ? r->kind == AGOQ_COLL_REDUCESCATTER : r->kind == AGOQ_COLL_ALLGATHER;
+  uint8_t* base = in ? r->bounce_in : r->bounce_out;
+  if (base == NULL) return false;
+  if (!parts) {
+    *dev = in ? (uint8_t*)r->dev_src : r->dev_dst;
+    *host = base;
+    *size = in ? agoq_dev_in_bytes(r) : r->result_bytes;
+    return k == 0 && *dev != NULL;
+  }
+  size_t off = 0;
+  for (int i = 0, seen = 0; i < r->nparts; off += r->parts[i].size, i++) {
+    if (!(r->dev_parts & (1u << i)) || seen++ != k) continue;
+    *dev = r->parts[i].address;
+    *host = base + off;
+    *size = r->parts[i].size;
+    return true;
+  }
+  return false;
+}
+
+/* Queues the next piece of a bounced request (input: D2H into the staging; result: from the
+ * bounce buffer into the staging, H2D) and the request's event; *queued false when none is
+ * left. Under gpu_mu. The first piece's bytes are counted in the statistics by the call that
+ * queued it (agoq_coll_dev_stage, agoq_coll_dev_copy_out), the others where they are queued. */
+static ncclResult_t agoq_dev_piece_queue(agoq_coll_comm* g, agoq_coll_req* r, bool in, bool* queued) {
+  *queued = false;
+  uint8_t *dev = NULL, *host = NULL;
+  size_t size = 0;
+  while (agoq_dev_segment(r, in, r->piece_seg, &dev, &host, &size)) {
+    if (r->piece_off < size) {
+      size_t len = size - r->piece_off < r->piece_cap ? size - r->piece_off : r->piece_cap;
+      if (in) {
+        AGOQ_CHECK(agoq_gpu_copy_d2h(g->gpu, r->piece_host, dev + r->piece_off, len));
+      } else {
+        memcpy(r->piece_host, host + r->piece_off, len);
+        AGOQ_CHECK(agoq_gpu_copy_h2d(g->gpu, dev + r->piece_off, r->piece_host, len));
+      }
+      AGOQ_CHECK(agoq_gpu_mark(g->gpu, agoq_dev_slot(g, r)));
+      r->piece_len = len;
+      *queued = true;
+      return ncclSuccess;
+    }
+    r->piece_seg++;
+    r->piece_off = 0;
+  }
+  return ncclSuccess;
+}
+
+/* The piece in flight is complete: an input piece goes on into the bounce buffer. */
+static void agoq_dev_piece_landed(agoq_coll_req* r, bool in) {
+  uint8_t *dev = NULL, *host = NULL;
+  size_t size = 0;
+  if (in && agoq_dev_segment(r, true, r->piece_seg, &dev, &host, &size))
+    memcpy(host + r->piece_off, r->piece_host, r->piece_len);
+  r->piece_off += r->piece_len;
+  r->piece_len = 0;
+}
+
+/* A call larger than the staging: its bounce buffer, half the staging for its pieces, and
+ * the first input piece queued. *busy: the staging or the group's bounce is taken. */
+static ncclResult_t agoq_dev_bounce_locked(agoq_coll_comm* g, agoq_coll_req* r, size_t in_bytes, size_t out_bytes,
+                                           bool alias, size_t total, bool* busy) {
+  agoq_gpu_ring* ring = agoq_gpu_link_ring(g->gpu);
+  size_t cap = ring->size / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+  uint8_t* piece = NULL;
+  int id = g->bounce_reqs == 0 ? agoq_gpu_ring_get(ring, cap, &piece) : -1;
+  if (id < 0) {
+    *busy = true;
+    return ncclSuccess;
+  }
+  uint8_t* b = malloc(total);
+  if (b == NULL) {
+    agoq_gpu_ring_put(ring, id);
+    AGOQ_WARN("CollNet rank %d: no host memory for the bounce buffer of a %zu-byte device call (larger than "
+              "AGOQ_GPU_STAGING=%lld)", g->rank, total, (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+    return ncclSystemError;
+  }
+  g->bounce_reqs++;
+  r->bounce = b;
+  r->ring_id = id;
+  r->piece_host = piece;
+  r->piece_cap = cap;
+  r->dev_src = r->src;
+  r->bounce_in = in_bytes > 0 ? b : NULL;
+  r->bounce_out = out_bytes == 0 ? NULL : alias ? b : b + agoq_gpu_ring_align(in_bytes);
+  if (r->bounce_in != NULL) {
+    bool queued = false;
+    AGOQ_CHECK(agoq_dev_piece_queue(g, r, true, &queued));
+    r->pieces_in = queued;
+    r->in_copy = queued;
+  }
+  agoq_dev_redirect(r, r->bounce_in, r->bounce_out);
+  return ncclSuccess;
+}
+
 /* Queues the copies of the device input into the staging at `in` and the request's event. */
 static ncclResult_t agoq_dev_copy_in(agoq_coll_comm* g, agoq_coll_req* r, uint8_t* in, size_t in_bytes) {
   if (r->kind != AGOQ_COLL_REDUCESCATTER) {
@@ -144,6 +253,12 @@ static ncclResult_t agoq_dev_stage_locked(agoq_coll_comm* g, agoq_coll_req* r, s
     return ncclInternalError;
   }
   size_t total = agoq_gpu_ring_align(in_bytes) + (alias ? 0 : out_bytes);
+  if (!agoq_gpu_ring_fits(agoq_gpu_link_ring(g->gpu), total) && agoq_net_host_unregistered_ok()) {
+    ncclResult_t res = agoq_dev_bounce_locked(g, r, in_bytes, out_bytes, alias, total, busy);
+    if (res != ncclSuccess && agoq_coll_fail(g, res))
+      AGOQ_WARN("CollNet rank %d: the device path failed (%s); the group fails", g->rank, agoq_result_str(res));
+    return res;
+  }
   AGOQ_CHECK(agoq_dev_fits(g, total));
   uint8_t* base = NULL;
   int id = agoq_gpu_ring_get(agoq_gpu_link_ring(g->gpu), total, &base);
@@ -195,12 +310,30 @@ ncclResult_t agoq_coll_dev_input_ready(agoq_coll_comm* g, agoq_coll_req* r, bool
   if (*ready) return ncclSuccess;
   pthread_mutex_lock(&g->gpu_mu);
   ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_dev_slot(g, r), ready);
+  if (res == ncclSuccess && *ready && r->pieces_in) {
+    /* A bounced input: this piece into the bounce buffer, then the next one's copy. */
+    bool queued = false;
+    agoq_dev_piece_landed(r, true);
+    res = agoq_dev_piece_queue(g, r, true, &queued);
+    if (queued) agoq_stats_device(g->st, agoq_dev_path(r), r->piece_len, 0);
+    r->pieces_in = queued;
+    *ready = res == ncclSuccess && !queued;
+  }
   pthread_mutex_unlock(&g->gpu_mu);
   if (*ready) r->in_copy = false;
   return res;
 }
 
 static ncclResult_t agoq_dev_copy_out_locked(agoq_coll_comm* g, agoq_coll_req* r, bool* queued) {
+  if (r->bounce != NULL) {
+    /* From the bounce buffer in pieces (agoq_coll_dev_copied queues the others). */
+    r->piece_seg = 0;
+    r->piece_off = 0;
+    r->piece_len = 0;
+    AGOQ_CHECK(agoq_dev_piece_queue(g, r, false, queued));
+    r->pieces_out = *queued;
+    return ncclSuccess;
+  }
   if (r->kind != AGOQ_COLL_ALLGATHER) {
     if (r->dev_dst == NULL) return ncclSuccess;
     AGOQ_CHECK(agoq_gpu_copy_h2d(g->gpu, r->dev_dst, r->dst, r->result_bytes));
@@ -233,6 +366,15 @@ ncclResult_t agoq_coll_dev_copy_out(agoq_coll_comm* g, agoq_coll_req* r, bool* q
 ncclResult_t agoq_coll_dev_copied(agoq_coll_comm* g, agoq_coll_req* r, bool* done) {
   pthread_mutex_lock(&g->gpu_mu);
   ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_dev_slot(g, r), done);
+  if (res == ncclSuccess && *done && r->pieces_out) {
+    /* A bounced result: the next piece, until none is left. */
+    bool queued = false;
+    agoq_dev_piece_landed(r, false);
+    res = agoq_dev_piece_queue(g, r, false, &queued);
+    if (queued && g->st != NULL) agoq_stats_add(&g->st->path[agoq_dev_path(r)].pcie_h2d, r->piece_len);
+    r->pieces_out = queued;
+    *done = res == ncclSuccess && !queued;
+  }
   pthread_mutex_unlock(&g->gpu_mu);
   return res;
 }
@@ -240,9 +382,16 @@ ncclResult_t agoq_coll_dev_copied(agoq_coll_comm* g, agoq_coll_req* r, bool* don
 void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r) {
   if (r->ring_id < 0) return;
   /* A failed request's copy may still run: only a failed group leaves one, and a failed
-   * group stages nothing again (every later call fails), so its staging is not reused. */
+   * group stages nothing again (every later call fails), so its staging is not reused. A
+   * bounce buffer a copy may still touch is kept (agoq_coll_pool_fini frees it, after the
+   * link's destruction). */
   pthread_mutex_lock(&g->gpu_mu);
   agoq_gpu_ring_put(agoq_gpu_link_ring(g->gpu), r->ring_id);
+  if (r->bounce != NULL && !r->pieces_in && !r->pieces_out) {
+    free(r->bounce);
+    r->bounce = NULL;
+    g->bounce_reqs--;
+  }
   pthread_mutex_unlock(&g->gpu_mu);
   r->ring_id = -1;
 }

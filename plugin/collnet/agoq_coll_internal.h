@@ -100,6 +100,18 @@ typedef struct agoq_coll_req {
   bool in_copy;           /* the input's D2H copy is queued and not yet seen complete */
   uint8_t* dev_dst;       /* allreduce/reducescatter: NCCL's receive buffer, in device memory */
   uint32_t dev_parts;     /* bit i: parts[i] is in device memory */
+  /* A call larger than the staging (TCP only): src/dst point into `bounce` (malloc'd, the
+   * call's size), filled and emptied across PCIe in pieces through piece_host, piece_cap
+   * bytes of the staging (ring_id), one piece behind the request's event at a time. */
+  uint8_t* bounce;
+  uint8_t* piece_host;
+  size_t piece_cap;
+  const uint8_t* dev_src; /* allreduce/allgather: NCCL's device input */
+  uint8_t* bounce_in;     /* the input's and the result's places in `bounce` */
+  uint8_t* bounce_out;
+  bool pieces_in, pieces_out; /* pieces of the input / the result still to move */
+  int piece_seg;          /* the segment moving (agoq_coll_device.c), its bytes done and */
+  size_t piece_off, piece_len; /* the piece in flight (0: none) */
   /* Quantized with every buffer in device memory, reduced on the GPU (agoq_coll_gpu.c):
    * src and dst are NCCL's device buffers, nothing is staged. */
   bool gpu;
@@ -243,6 +255,7 @@ typedef struct agoq_coll_comm {
   agoq_coll_gpu_slot* gslots;
   /* The link's staging ring and gslots' pinned frames, registered with the transport. */
   void* gpu_keys[2];
+  uint32_t bounce_reqs; /* requests holding a bounce buffer (at most one at a time) */
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
 

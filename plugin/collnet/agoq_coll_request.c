@@ -27,7 +27,11 @@ ncclResult_t agoq_coll_pool_init(agoq_coll_comm* g) {
 
 void agoq_coll_pool_fini(agoq_coll_comm* g) {
   if (g->reqs == NULL) return;
-  for (int i = 0; i < AGOQ_COLL_MAX_REQUESTS; i++) free(g->reqs[i].flat);
+  /* After the link's destruction: a bounce buffer a failed request kept is no longer read. */
+  for (int i = 0; i < AGOQ_COLL_MAX_REQUESTS; i++) {
+    free(g->reqs[i].flat);
+    free(g->reqs[i].bounce);
+  }
   free(g->reqs);
   g->reqs = NULL;
   g->free_reqs = NULL;

@@ -62,6 +62,8 @@ ncclResult_t agoq_net_reg_host(int dev, void* data, size_t size, void** key) {
   return agoq_net_tp->reg(dev, data, size, key);
 }
 
+bool agoq_net_host_unregistered_ok(void) { return agoq_net_tp != NULL && agoq_net_tp->reg == NULL; }
+
 void agoq_net_dereg_host(void* key) {
   if (key != NULL && agoq_net_tp != NULL && agoq_net_tp->dereg != NULL) agoq_net_tp->dereg(key);
 }

@@ -140,7 +140,7 @@ static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
  * have to register each bounce buffer on the data path, which it never does (every
  * registration happens at setup); there, without DMA-BUF, the staging bounds a message
  * (an error naming AGOQ_GPU_STAGING). */
-static bool agoq_dev_can_bounce(void) { return agoq_net_tp->reg == NULL; }
+static bool agoq_dev_can_bounce(void) { return agoq_net_host_unregistered_ok(); }
 
 /* The staging a bounce request takes for its pieces: half the ring, so that the requests
  * around it keep moving, or what the other buffers of its grouped receive leave. */

@@ -154,8 +154,8 @@ int abi_device_recv_done(void* req);
 /* The largest message the harness sends from device memory (256 MiB: the staging bounds
  * none); SIZE_MAX in host mode. */
 size_t abi_device_max_message(void);
-/* The largest CollNet call the plugin takes on device buffers (AGOQ_GPU_STAGING, which
- * still bounds a CollNet device call); SIZE_MAX in host mode. */
+/* AGOQ_GPU_STAGING, which still bounds a device message over verbs without DMA-BUF and a
+ * CollNet device call over verbs; SIZE_MAX in host mode. */
 size_t abi_device_max_coll(void);
 /* The dma-buf of the device allocation holding device pointer p, as NCCL gets it from the
  * driver (cuMemGetHandleForAddressRange over the allocation's whole pages): *fd (the

@@ -55,19 +55,22 @@ int abi_sc_props(abi_worker* w) {
     ABI_REQUIRE(w, want == ((p.ptr_support & NCCL_PTR_DMABUF) != 0), "dev %d: ptrSupport 0x%x %s DMA-BUF", dev,
                 p.ptr_support, want ? "lacks" : "claims");
     if (abi_device_mode()) {
-      /* With a device, device buffers are advertised; p2p messages of any size NCCL sends
-       * (1 GiB, NCCL_MAX_NET_SIZE) are taken, but over verbs without DMA-BUF (staged whole:
-       * no registration on the data path); a CollNet call only up to the staging. */
+      /* With a device, device buffers are advertised; p2p messages and CollNet calls of any
+       * size NCCL sends (1 GiB, NCCL_MAX_NET_SIZE) are taken, but over verbs (staged whole:
+       * no registration on the data path), where the staging bounds CollNet calls and, without
+       * DMA-BUF, p2p messages. */
       ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_CUDA) != 0, "dev %d: ptrSupport 0x%x lacks CUDA with a device",
                   dev, p.ptr_support);
       const char* tp = getenv("AGOQ_TRANSPORT");
-      bool bounded = tp != NULL && strcmp(tp, "ib") == 0 && !(p.ptr_support & NCCL_PTR_DMABUF);
+      bool ib = tp != NULL && strcmp(tp, "ib") == 0;
+      bool bounded = ib && !(p.ptr_support & NCCL_PTR_DMABUF);
       if (w->view.version >= 9) {
         ABI_REQUIRE(w, bounded ? p.max_p2p_bytes <= abi_device_max_coll() : p.max_p2p_bytes >= ((size_t)1 << 30),
                     "dev %d: maxP2pBytes %zu (%s)", dev, (size_t)p.max_p2p_bytes,
                     bounded ? "the staging bounds it over verbs without DMA-BUF" : "NCCL sends 1 GiB");
-        ABI_REQUIRE(w, p.max_coll_bytes <= abi_device_max_coll(), "dev %d: maxCollBytes %zu above the staging %zu",
-                    dev, (size_t)p.max_coll_bytes, abi_device_max_coll());
+        ABI_REQUIRE(w, ib ? p.max_coll_bytes <= abi_device_max_coll() : p.max_coll_bytes > abi_device_max_coll(),
+                    "dev %d: maxCollBytes %zu (%s the staging %zu)", dev, (size_t)p.max_coll_bytes,
+                    ib ? "over verbs at most" : "over TCP beyond", abi_device_max_coll());
       }
     }
     ABI_REQUIRE(w, p.max_recvs >= 1, "dev %d: maxRecvs %d", dev, p.max_recvs);

@@ -131,9 +131,10 @@ static size_t cn_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int cn_batch_add(cn_worker* w, cn_batch* b, cn_kind kind, ncclDataType_t dtype, ncclRedOp_t op,
                  size_t count, size_t window, uint64_t seed) {
   if (cn_device_mode()) {
-    /* A call whose staging cannot fit is an error by design (AGOQ_GPU_STAGING): such a case
-     * is left out here, identically on every rank. Allreduce runs in place in the staging;
-     * the others stage input and output apart (each at most the window). */
+    /* Over verbs a call whose staging cannot fit is an error by design (AGOQ_GPU_STAGING;
+     * over TCP it goes through a bounce buffer): such a case is left out here, identically
+     * on every rank. Allreduce runs in place in the staging; the others stage input and
+     * output apart (each at most the window). */
     size_t all = count * perf_dtype_size(dtype) * (kind == CN_ALLREDUCE ? 1 : (size_t)w->nranks);
     size_t call = window == 0 || window > all ? all : window;
     size_t need = (kind == CN_ALLREDUCE ? call : 2 * call) + 2 * 4096; /* alignment */
