@@ -96,6 +96,13 @@ ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l);
  * host: pinned memory (the staging, or the link's own). */
 ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, size_t size);
 ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, size_t size);
+/* As agoq_gpu_copy_h2d into a buffer NCCL's kernel polls without waiting for the receive
+ * (LL/LL128: NCCL_NET_OPTIONAL_RECV_COMPLETION): the last 8 bytes of every 128-byte line (by
+ * device address: LL128's flag word) land after the rest of the line. One copy may write a
+ * line in any order (undocumented), so the data go first and the flags in a second copy
+ * behind them on the stream. LL's flags share 8-byte words with their data: any order of
+ * whole words is safe for it. */
+ncclResult_t agoq_gpu_copy_h2d_flags_last(agoq_gpu_link* l, void* dev, const void* host, size_t size);
 /* Records slot's event behind everything queued so far. */
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot);
 /* *done = the work queued before slot's mark has completed. Only queries events: the slot's,

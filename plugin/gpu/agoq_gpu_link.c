@@ -259,6 +259,56 @@ ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, si
   return agoq_gpu_copy(l, dev, host, size, cudaMemcpyHostToDevice, &l->stats.h2d_bytes, &l->stats.h2d_copies);
 }
 
+/* LL128's line: 120 bytes of data, then the 8-byte flag word NCCL's kernel polls. */
+#define AGOQ_LL128_LINE 128u
+#define AGOQ_LL128_FLAG_OFF 120u
+
+/* Queues the part of [x, y), inside one 128-byte line, that is data (flags false) or flag. */
+static ncclResult_t agoq_gpu_copy_line_part(agoq_gpu_link* l, uintptr_t x, uintptr_t y, const uint8_t* src,
+                                            uintptr_t base, bool flags) {
+  uintptr_t flag = x / AGOQ_LL128_LINE * AGOQ_LL128_LINE + AGOQ_LL128_FLAG_OFF;
+  uintptr_t lo = flags ? (x > flag ? x : flag) : x, hi = flags ? y : (y < flag ? y : flag);
+  ncclResult_t res = ncclSuccess;
+  if (hi <= lo) return ncclSuccess;
+  AGOQ_CUDA_CHECK_GOTO(cudaMemcpyAsync((void*)lo, src + (lo - base), hi - lo, cudaMemcpyHostToDevice, l->stream), res,
+                       out);
+  l->stats.h2d_copies++;
+out:
+  return res;
+}
+
+ncclResult_t agoq_gpu_copy_h2d_flags_last(agoq_gpu_link* l, void* dev, const void* host, size_t size) {
+  ncclResult_t res = ncclSuccess;
+  if (size == 0) return ncclSuccess;
+  const uint8_t* src = host;
+  uintptr_t a = (uintptr_t)dev, e = a + size;
+  uintptr_t l0 = (a + AGOQ_LL128_LINE - 1) / AGOQ_LL128_LINE * AGOQ_LL128_LINE;
+  uintptr_t l1 = e / AGOQ_LL128_LINE * AGOQ_LL128_LINE;
+  /* A head before the first whole line, whole lines [l0, l1), a tail after them; a range
+   * inside one line is all head. */
+  uintptr_t head_end = l0 < e ? l0 : e;
+  bool whole = l1 > l0;
+  uintptr_t tail = whole ? l1 : head_end;
+  int prev = -1;
+  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
+  for (int flags = 0; flags < 2; flags++) {
+    AGOQ_CHECK_GOTO(agoq_gpu_copy_line_part(l, a, head_end, src, a, flags), res, out);
+    if (whole) {
+      size_t off = flags ? AGOQ_LL128_FLAG_OFF : 0, width = flags ? AGOQ_LL128_LINE - AGOQ_LL128_FLAG_OFF
+                                                                  : AGOQ_LL128_FLAG_OFF;
+      AGOQ_CUDA_CHECK_GOTO(cudaMemcpy2DAsync((void*)(l0 + off), AGOQ_LL128_LINE, src + (l0 - a) + off, AGOQ_LL128_LINE,
+                                             width, (l1 - l0) / AGOQ_LL128_LINE, cudaMemcpyHostToDevice, l->stream),
+                           res, out);
+      l->stats.h2d_copies++;
+    }
+    if (tail < e) AGOQ_CHECK_GOTO(agoq_gpu_copy_line_part(l, tail, e, src, a, flags), res, out);
+  }
+  l->stats.h2d_bytes += size;
+out:
+  agoq_gpu_device_leave(l->device, prev);
+  return res;
+}
+
 static ncclResult_t agoq_gpu_slot_ok(const agoq_gpu_link* l, uint32_t slot, int part) {
   if (slot < l->slots && part >= 0 && (uint32_t)part < l->parts) return ncclSuccess;
   AGOQ_WARN("GPU link: result %u/%d out of range (%u slots of %u)", slot, part, l->slots, l->parts);

@@ -53,6 +53,10 @@ ncclResult_t agoq_gpu_copy_h2d(agoq_gpu_link* l, void* dev, const void* host, si
   (void)l; (void)host; (void)dev; (void)size;
   return agoq_gpu_none_call("agoq_gpu_copy_h2d");
 }
+ncclResult_t agoq_gpu_copy_h2d_flags_last(agoq_gpu_link* l, void* dev, const void* host, size_t size) {
+  (void)l; (void)host; (void)dev; (void)size;
+  return agoq_gpu_none_call("agoq_gpu_copy_h2d_flags_last");
+}
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
   (void)l; (void)slot;
   return agoq_gpu_none_call("agoq_gpu_mark");

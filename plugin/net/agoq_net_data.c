@@ -276,7 +276,9 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     return ncclInternalError;
   }
   /* NCCL may preset *request to NCCL_NET_OPTIONAL_RECV_COMPLETION for LL/LL128; we always
-   * report real completion, which the contract allows. */
+   * report real completion, which the contract allows. The hint also says NCCL's kernel polls
+   * the buffer's flags meanwhile: bytes copied into device memory must land flags last. */
+  bool polled = n == 1 && *request == (void*)(uintptr_t)NCCL_NET_OPTIONAL_RECV_COMPLETION;
   *request = NULL;
   ncclResult_t err = agoq_net_tp->error(comm->tp);
   if (err != ncclSuccess) return err;
@@ -306,6 +308,7 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
   }
   req->dev_mask = dev_mask;
   req->direct_ok = direct_ok;
+  req->polled = polled;
   if (dev_mask != 0) {
     bool again = false;
     err = agoq_dev_recv_start(comm, req, &again);

@@ -554,6 +554,10 @@ ncclResult_t agoq_dev_recv_copy_out(agoq_comm* comm, agoq_request* req, bool* qu
       AGOQ_CHECK(agoq_dev_frame_decode(comm, req, i));
     } else if (req->bounce_mask & (1u << i)) {
       continue; /* in pieces, below */
+    } else if (req->polled) {
+      /* LL/LL128: NCCL's kernel reads a line once its flag is there. */
+      AGOQ_CHECK(agoq_gpu_copy_h2d_flags_last(comm->gpu, req->data[i], req->host[i], req->actual[i]));
+      agoq_stats_device(comm->st, AGOQ_STATS_EXACT, 0, req->actual[i]);
     } else {
       AGOQ_CHECK(agoq_gpu_copy_h2d(comm->gpu, req->data[i], req->host[i], req->actual[i]));
       agoq_stats_device(comm->st, AGOQ_STATS_EXACT, 0, req->actual[i]);

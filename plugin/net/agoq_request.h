@@ -66,6 +66,10 @@ typedef struct agoq_request {
   int piece_buf;                       /* the buffer whose pieces are moving, -1 none yet */
   size_t piece_off, piece_len;         /* its bytes done, and the piece in flight (0 none) */
   bool piece_frame;                    /* receive: a frame took the piece area */
+  /* receive: NCCL's kernel polls this buffer's flags without waiting for the receive (LL,
+   * LL128: irecv found NCCL_NET_OPTIONAL_RECV_COMPLETION), so a staged copy into device
+   * memory lands each line's flag word last (agoq_gpu_copy_h2d_flags_last) */
+  bool polled;
   agoq_dev_phase phase;
   bool dev_frame;                      /* send: the GPU is encoding a frame into host[0] */
   /* send: the transfer is complete and waits only for the device sends queued before it

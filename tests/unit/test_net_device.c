@@ -935,6 +935,70 @@ static void test_staged_beyond_the_staging(void** state) {
   big_close(&b);
 }
 
+/* One message into a device buffer NCCL's kernel polls (LL/LL128: irecv's *request preset to
+ * NCCL_NET_OPTIONAL_RECV_COMPLETION) or does not (SIMPLE). The emulation watches the buffer as
+ * LL128 lines and counts each line one copy wrote both the data and the flag word of (its
+ * writes inside a line may land in any order). Returns that count. */
+static unsigned long long polled_transfer(pair* p, endpoint* s, endpoint* r, const uint8_t* src, bool polled) {
+  agoq_emu_counters c0, c1;
+  assert_int_equal(cudaMemset(r->buf, 0, r->size), cudaSuccess);
+  agoq_emu_watch_ll128(r->buf, r->size);
+  agoq_emu_counters_get(&c0);
+  void *sreq = NULL, *rreq = NULL;
+  int tag = 5;
+  double deadline = now_s() + 30;
+  while (rreq == NULL && now_s() < deadline) {
+    rreq = polled ? (void*)(uintptr_t)NCCL_NET_OPTIONAL_RECV_COMPLETION : NULL;
+    assert_int_equal(agoq_net_irecv(p->recv, 1, &r->buf, &r->size, &tag, &r->mh, NULL, &rreq), ncclSuccess);
+  }
+  while (sreq == NULL && now_s() < deadline)
+    assert_int_equal(agoq_net_isend(p->send, s->buf, s->size, tag, s->mh, NULL, &sreq), ncclSuccess);
+  int sdone = 0, rdone = 0, size = -1;
+  uint8_t* landed = malloc(r->size);
+  while ((!sdone || !rdone) && now_s() < deadline) {
+    if (!sdone) assert_int_equal(agoq_net_test(sreq, &sdone, NULL), ncclSuccess);
+    if (!rdone) {
+      assert_int_equal(agoq_net_test(rreq, &rdone, &size), ncclSuccess);
+      if (rdone) assert_int_equal(agoq_emu_peek(landed, r->buf, r->size), 0);
+    }
+  }
+  assert_true(sdone && rdone);
+  assert_int_equal(size, (int)r->size);
+  assert_memory_equal(landed, src, r->size);
+  agoq_emu_counters_get(&c1);
+  agoq_emu_watch_ll128(NULL, 0);
+  free(landed);
+  return c1.ll128_flag_early - c0.ll128_flag_early;
+}
+
+/* LL/LL128 receives in device memory: NCCL's kernel polls each 128-byte line's flag word
+ * without waiting for the receive, so a staged receive lands every flag after its line's
+ * data (head and tail lines partial: the buffer starts 40 bytes into a line). A SIMPLE
+ * receive, read only after test() says done, is one copy, which the emulation reports as
+ * torn lines: the check is live. */
+static void test_polled_receive_lands_flags_last(void** state) {
+  (void)state;
+  pair p;
+  pair_open_ex(&p, COMM_ID + 12, NULL);
+  size_t n = 65536 + 77, off = 40;
+  uint8_t* src = malloc(n);
+  for (size_t i = 0; i < n; i++) src[i] = (uint8_t)(i * 31 + 7);
+  endpoint s = {.size = n, .device = true, .buf = dev_from(src, n)};
+  void* base = NULL;
+  assert_int_equal(cudaMalloc(&base, n + off), cudaSuccess);
+  endpoint r = {.size = n, .device = true, .buf = (uint8_t*)base + off};
+  ep_reg(p.send, &s);
+  ep_reg(p.recv, &r);
+  assert_int_equal(polled_transfer(&p, &s, &r, src, true), 0);
+  assert_true(polled_transfer(&p, &s, &r, src, false) >= n / 128 - 1);
+  assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+  assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+  pair_close(&p);
+  cudaFree(s.buf);
+  cudaFree(base);
+  free(src);
+}
+
 int main(void) {
   setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
@@ -963,6 +1027,7 @@ int main(void) {
       cmocka_unit_test(test_link_on_another_device_leaves_the_callers),
       cmocka_unit_test(test_gpudirect_beyond_the_staging),
       cmocka_unit_test(test_staged_beyond_the_staging),
+      cmocka_unit_test(test_polled_receive_lands_flags_last),
   };
   /* net_device.ib runs only the tests about a verbs transport (tests/ib/CMakeLists.txt); not an
    * AGOQ_* name, which the plugin would warn about as an unknown setting. */

@@ -144,6 +144,8 @@ std::vector<agoq_emu_stream*> streams; /* every stream created and not yet freed
 uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
 std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0}, n_rdma_flush{0}, n_deadlocks{0};
+std::atomic<unsigned long long> n_ll128_early{0};
+uintptr_t ll128_lo = 0, ll128_hi = 0; /* the watched LL128 range (agoq_emu_watch_ll128), device addresses */
 std::string last_deadlock;
 
 /* The hardware queues: each holds, in order, the operations of its streams that have not
@@ -624,6 +626,36 @@ void copy_run(void* p) {
 }
 void copy_drop(void* p) { delete static_cast<CopyJob*>(p); }
 
+struct Copy2DJob {
+  char* dst;
+  const char* src;
+  size_t dpitch, spitch, width, height;
+};
+void copy2d_run(void* p) {
+  Copy2DJob* j = static_cast<Copy2DJob*>(p);
+  for (size_t r = 0; r < j->height; r++) memmove(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width);
+}
+void copy2d_drop(void* p) { delete static_cast<Copy2DJob*>(p); }
+
+/* One copy's rows into device memory (height rows of width bytes, pitch apart): the watched
+ * LL128 lines it writes both the data (bytes 0-119) and the flag (120-127) of. A copy engine
+ * may write a line's flag before its data (the order inside one copy is undocumented), so
+ * each such line counts as a flag that can be seen early. */
+void ll128_count(uintptr_t dst, size_t pitch, size_t width, size_t height) {
+  if (ll128_hi <= ll128_lo || width == 0) return;
+  std::map<uintptr_t, unsigned> lines; /* line -> bit 1 data written, bit 2 flag written */
+  for (size_t r = 0; r < height; r++) {
+    uintptr_t lo = std::max(dst + r * pitch, ll128_lo), hi = std::min(dst + r * pitch + width, ll128_hi);
+    for (uintptr_t line = lo / 128 * 128; line < hi; line += 128) {
+      uintptr_t a = std::max(lo, line), b = std::min(hi, line + 128);
+      if (a < line + 120) lines[line] |= 1u;
+      if (b > line + 120) lines[line] |= 2u;
+    }
+  }
+  for (const auto& l : lines)
+    if (l.second == 3u) n_ll128_early++;
+}
+
 struct SetJob {
   char* dst;
   int value;
@@ -903,6 +935,7 @@ cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
                                       "a copy (device to device)", "a copy (cudaMemcpyDefault)"};
   const char* what = (unsigned)kind < 5 ? names[kind] : "a copy";
   if (stream != nullptr && closes_cycle(stream, what, reach(dst, bytes), bytes)) return fail(cudaErrorLaunchTimeout);
+  if (kind != cudaMemcpyDeviceToHost && is_device(dst, bytes)) ll128_count(reinterpret_cast<uintptr_t>(dst), bytes, bytes, 1);
   push(stream, &copy_run, new CopyJob{reach(dst, bytes), reach(src, bytes), bytes}, &copy_drop, what, sync);
   return cudaSuccess;
 }
@@ -924,6 +957,37 @@ cudaError_t set_issue(void* p, int value, size_t bytes, cudaStream_t stream, boo
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
   return copy_issue(dst, src, bytes, kind, stream, false);
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream) {
+  Session lk;
+  if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
+  /* The whole spans, first row to the end of the last: one allocation each side. */
+  size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+  if (dst == nullptr || src == nullptr || runs_past_device(dst, dspan) || runs_past_device(src, sspan))
+    return fail(cudaErrorInvalidValue);
+  bool d_dev = is_device(dst, dspan), s_dev = is_device(src, sspan);
+  bool ok = kind == cudaMemcpyHostToDevice   ? d_dev && !s_dev
+            : kind == cudaMemcpyDeviceToHost ? !d_dev && s_dev
+            : kind == cudaMemcpyDeviceToDevice ? d_dev && s_dev
+            : kind == cudaMemcpyHostToHost     ? !d_dev && !s_dev
+                                               : kind == cudaMemcpyDefault;
+  if (!ok) return fail(cudaErrorInvalidValue);
+  const char* what = "a 2D copy";
+  if (stream != nullptr && closes_cycle(stream, what, reach(dst, dspan), dspan)) return fail(cudaErrorLaunchTimeout);
+  if (d_dev) ll128_count(reinterpret_cast<uintptr_t>(dst), dpitch, width, height);
+  push(stream, &copy2d_run, new Copy2DJob{reach(dst, dspan), reach(src, sspan), dpitch, spitch, width, height},
+       &copy2d_drop, what, false);
+  return cudaSuccess;
+}
+
+void agoq_emu_watch_ll128(const void* dev, size_t bytes) {
+  Session lk;
+  ll128_lo = reinterpret_cast<uintptr_t>(dev);
+  ll128_hi = bytes == 0 ? ll128_lo : ll128_lo + bytes;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
@@ -1176,6 +1240,7 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->sync_calls = n_sync;
   c->ops_run = n_run;
   c->rdma_flushes = n_rdma_flush;
+  c->ll128_flag_early = n_ll128_early;
   c->kernel_launches = n_launches;
   c->kernels_refused = n_refused;
   c->deadlocks = n_deadlocks;

@@ -171,6 +171,47 @@ static void test_copy_directions(void** state) {
   cudaFreeHost(h);
 }
 
+/* cudaMemcpy2DAsync copies rows; in a range watched as LL128 lines, a copy that writes a
+ * line's data and its flag word counts that line (its flag may land first), one that writes
+ * only data or only flags does not; a bad pitch or direction is refused. */
+static void test_2d_copies_and_ll128_lines(void** state) {
+  (void)state;
+  enum { LINES = 8, N = LINES * 128 };
+  uint8_t* h = NULL;
+  void* d = NULL;
+  assert_int_equal(cudaMallocHost((void**)&h, N), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d, N), cudaSuccess);
+  for (int i = 0; i < N; i++) h[i] = (uint8_t)(i * 5 + 3);
+  cudaStream_t s;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  agoq_emu_watch_ll128(d, N);
+  agoq_emu_counters c0 = counters();
+  assert_int_equal(cudaMemcpy2DAsync(d, 128, h, 128, 120, LINES, cudaMemcpyHostToDevice, s), cudaSuccess);
+  assert_int_equal(cudaMemcpy2DAsync((char*)d + 120, 128, h + 120, 128, 8, LINES, cudaMemcpyHostToDevice, s),
+                   cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(counters().ll128_flag_early, c0.ll128_flag_early);
+  uint8_t* back = malloc(N);
+  assert_int_equal(cudaMemcpy(back, d, N, cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_memory_equal(back, h, N);
+  /* One copy over lines 2..4 and half of line 5's data: three lines torn, not the fourth. */
+  assert_int_equal(cudaMemcpyAsync((char*)d + 256, h, 3 * 128 + 60, cudaMemcpyHostToDevice, s), cudaSuccess);
+  assert_int_equal(counters().ll128_flag_early, c0.ll128_flag_early + 3);
+  agoq_emu_watch_ll128(NULL, 0);
+  assert_int_equal(cudaMemcpyAsync(d, h, N, cudaMemcpyHostToDevice, s), cudaSuccess);
+  assert_int_equal(counters().ll128_flag_early, c0.ll128_flag_early + 3); /* not watched */
+  assert_int_equal(cudaMemcpy2DAsync(d, 64, h, 128, 120, 2, cudaMemcpyHostToDevice, s), cudaErrorInvalidValue);
+  assert_int_equal(cudaMemcpy2DAsync(h, 128, d, 128, 120, 2, cudaMemcpyHostToDevice, s), cudaErrorInvalidValue);
+  assert_int_equal(cudaMemcpy2DAsync(d, 128, h, 128, 120, LINES + 1, cudaMemcpyHostToDevice, s),
+                   cudaErrorInvalidValue); /* past the allocation */
+  assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  free(back);
+  cudaFree(d);
+  cudaFreeHost(h);
+}
+
 /* Work on a stream is not done until its event says so, and asking is what moves it. */
 static void test_work_is_done_only_when_its_event_says_so(void** state) {
   (void)state;
@@ -962,6 +1003,7 @@ int main(void) {
       cmocka_unit_test(test_driver_address_range),
       cmocka_unit_test(test_work_is_done_only_when_its_event_says_so),
       cmocka_unit_test(test_streams_are_independent),
+      cmocka_unit_test(test_2d_copies_and_ll128_lines),
       cmocka_unit_test(test_legacy_stream_and_sync_calls_are_counted),
       cmocka_unit_test(test_kernels_reach_only_device_and_pinned_memory),
       cmocka_unit_test(test_unloaded_kernel_launch_is_refused),

@@ -168,6 +168,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const v
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemset(void* p, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
@@ -213,8 +215,16 @@ typedef struct {
   unsigned long long kernels_refused;   /* launches of a kernel not loaded on its device */
   unsigned long long deadlocks;         /* hangs the emulation reported instead of hanging */
   unsigned long long capture_refused;   /* calls refused because a stream capture was under way */
+  /* 128-byte lines of the watched range (agoq_emu_watch_ll128) that one copy wrote both the
+   * data of and the flag word of: the order of a copy's writes inside a line is undocumented,
+   * so the flag may land first and NCCL's LL128 poller read the line before its data. */
+  unsigned long long ll128_flag_early;
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
+/* Not CUDA: marks device range [dev, dev + bytes) as an LL128 receive buffer (NCCL's: 128-byte
+ * lines, 120 bytes of data then an 8-byte flag the kernel polls); bytes 0 clears it. Copies
+ * into it are counted in ll128_flag_early when one copy writes a line's data and its flag. */
+void agoq_emu_watch_ll128(const void* dev, size_t bytes);
 /* Not CUDA: copies device memory as it is now, running none of the queued work (a test's
  * look at what the plugin claims is already there). -1 unless [dev, dev + bytes) is device
  * memory. */
