@@ -935,6 +935,33 @@ static void test_staged_beyond_the_staging(void** state) {
   big_close(&b);
 }
 
+/* What one connection's GPU link holds (issue 27 item 8): an event per request slot (256)
+ * and timing pairs for NCCL's requests in flight twice over (2 x 32 pairs), 384 events; it
+ * held 4,352 (a pair per slot and codec part). All of it goes back at close. */
+static void test_link_resources(void** state) {
+  (void)state;
+  agoq_emu_counters c0, c1, c2;
+  agoq_emu_counters_get(&c0);
+  pair p;
+  pair_open_ex(&p, COMM_ID + 13, NULL);
+  endpoint s = {.size = 4096, .device = true}, r = {.size = 4096, .device = true};
+  assert_int_equal(cudaMalloc(&s.buf, s.size), cudaSuccess);
+  assert_int_equal(cudaMalloc(&r.buf, r.size), cudaSuccess);
+  ep_reg(p.send, &s);
+  ep_reg(p.recv, &r);
+  agoq_emu_counters_get(&c1);
+  assert_int_equal(c1.live_events - c0.live_events, 2 * (AGOQ_REQUESTS_PER_COMM + 2 * 2 * NCCL_NET_MAX_REQUESTS));
+  assert_int_equal(c1.live_events - c0.live_events, 2 * 384);
+  assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+  assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+  pair_close(&p);
+  cudaFree(s.buf);
+  cudaFree(r.buf);
+  agoq_emu_counters_get(&c2);
+  assert_int_equal(c2.live_events, c0.live_events);
+  assert_int_equal(c2.pinned_allocs, c0.pinned_allocs);
+}
+
 /* One message into a device buffer NCCL's kernel polls (LL/LL128: irecv's *request preset to
  * NCCL_NET_OPTIONAL_RECV_COMPLETION) or does not (SIMPLE). The emulation watches the buffer as
  * LL128 lines and counts each line one copy wrote both the data and the flag word of (its
@@ -1028,6 +1055,7 @@ int main(void) {
       cmocka_unit_test(test_gpudirect_beyond_the_staging),
       cmocka_unit_test(test_staged_beyond_the_staging),
       cmocka_unit_test(test_polled_receive_lands_flags_last),
+      cmocka_unit_test(test_link_resources),
   };
   /* net_device.ib runs only the tests about a verbs transport (tests/ib/CMakeLists.txt); not an
    * AGOQ_* name, which the plugin would warn about as an unknown setting. */

@@ -144,7 +144,7 @@ std::vector<agoq_emu_stream*> streams; /* every stream created and not yet freed
 uint64_t next_seq = 1;
 thread_local cudaError_t last_error = cudaSuccess;
 std::atomic<unsigned long long> n_legacy{0}, n_sync{0}, n_run{0}, n_rdma_flush{0}, n_deadlocks{0};
-std::atomic<unsigned long long> n_ll128_early{0};
+std::atomic<unsigned long long> n_ll128_early{0}, n_live_events{0};
 uintptr_t ll128_lo = 0, ll128_hi = 0; /* the watched LL128 range (agoq_emu_watch_ll128), device addresses */
 std::string last_deadlock;
 
@@ -1116,6 +1116,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   Session lk;
   if (capture_refuses("cudaEventCreate")) return cudaErrorStreamCaptureUnsupported;
   *e = new agoq_emu_event();
+  n_live_events++;
   (*e)->flags = flags;
   (*e)->device = current_device;
   return cudaSuccess;
@@ -1130,6 +1131,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e->pending > 0) /* a queued record still writes into it */
     (void)wait_device("cudaEventDestroy", false, [e] { return e->pending == 0; }, [] { return drain_all(false); });
   delete e;
+  n_live_events--;
   return cudaSuccess;
 }
 
@@ -1241,6 +1243,7 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->ops_run = n_run;
   c->rdma_flushes = n_rdma_flush;
   c->ll128_flag_early = n_ll128_early;
+  c->live_events = n_live_events;
   c->kernel_launches = n_launches;
   c->kernels_refused = n_refused;
   c->deadlocks = n_deadlocks;
