@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/agoq_check.h"
+#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
 #include "gpu/agoq_gpu.h"
 #include "gpu/agoq_gpu_internal.h"
@@ -22,7 +23,7 @@ static struct {
   bool done;
   ncclResult_t res;
   bool active;
-  char describe[320];
+  char describe[480];
   agoq_cu_mem_range_fn mem_range; /* NULL: only both ends of a range can be checked */
 } agoq_gpu_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -90,7 +91,10 @@ typedef int (*agoq_cu_loading_mode_fn)(int* mode);
  * loading a first load of any kernel, by any thread, holds back the plugin's copy until NCCL's
  * kernel ends (the CollNet GPU reduction hung so in nccl-tests); with one hardware queue
  * (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets) the copy waits behind NCCL's next
- * kernel. */
+ * kernel. Not a hang but a failure: with NCCL_CREATE_THREAD_CONTEXT=1 (NCCL 2.28.9, off by
+ * default) NCCL's proxy threads run in a private CUDA context, where the links' streams and
+ * events are made, while the CollNet engine thread's cudaSetDevice puts it in the primary one,
+ * where its launches into those streams fail. */
 static void agoq_gpu_hang_hazards(char* out, size_t len) {
   int mode = 0;
   agoq_cu_loading_mode_fn loading_mode = (agoq_cu_loading_mode_fn)agoq_gpu_driver_symbol("cuModuleGetLoadingMode");
@@ -98,9 +102,12 @@ static void agoq_gpu_hang_hazards(char* out, size_t len) {
   /* Read as the driver reads it: a decimal count, 8 when unset. */
   const char* conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   bool one_queue = conn != NULL && atoi(conn) == 1;
-  snprintf(out, len, "another thread's cudaFree blocks its CUDA calls while NCCL's kernel waits for them%s%s",
+  bool thread_ctx = agoq_nccl_param("NCCL_CREATE_THREAD_CONTEXT", 0) == 1;
+  snprintf(out, len, "another thread's cudaFree blocks its CUDA calls while NCCL's kernel waits for them%s%s%s",
            mode == 2 ? "; lazy module loading (the driver's mode)" : mode == 0 ? "; module loading mode unknown" : "",
-           one_queue ? "; CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)" : "");
+           one_queue ? "; CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)" : "",
+           thread_ctx ? "; NCCL_CREATE_THREAD_CONTEXT=1 (NCCL's proxy threads in a private CUDA context, where the "
+                        "CollNet engine's launches fail)" : "");
 }
 
 static ncclResult_t agoq_gpu_probe_locked(void) {
@@ -137,7 +144,7 @@ static ncclResult_t agoq_gpu_probe_locked(void) {
     AGOQ_INFO(NCCL_INIT, "GPU: the driver's cuMemGetAddressRange is not available: device ranges are checked at "
               "both ends only");
   }
-  char hazards[200];
+  char hazards[320];
   agoq_gpu_hang_hazards(hazards, sizeof hazards);
   if (mode != AGOQ_GPU_MODE_ON) {
     snprintf(agoq_gpu_state.describe, sizeof agoq_gpu_state.describe,

@@ -597,6 +597,10 @@ static void test_off_refuses_device_memory(void** state) {
     assert_non_null(strstr(agoq_gpu_describe(), "off (AGOQ_GPU=auto)"));
     assert_non_null(strstr(agoq_gpu_describe(), "cudaFree"));
     assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=on turns it on"));
+    /* NCCL's proxy threads in their own context (net_device.gpu_auto.thread_context). */
+    const char* ctx = getenv("NCCL_CREATE_THREAD_CONTEXT");
+    bool named = strstr(agoq_gpu_describe(), "NCCL_CREATE_THREAD_CONTEXT=1") != NULL;
+    assert_true(named == (ctx != NULL && strcmp(ctx, "1") == 0));
   } else {
     assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=off"));
   }
