@@ -148,7 +148,7 @@ static bool agoq_dev_can_bounce(void) { return agoq_net_host_unregistered_ok(); 
 /* The staging a bounce request takes for its pieces: half the ring, so that the requests
  * around it keep moving, or what the other buffers of its grouped receive leave. */
 static size_t agoq_dev_piece_cap(const agoq_gpu_ring* ring, size_t others) {
-  size_t half = ring->size / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+  size_t half = agoq_gpu_ring_piece(ring);
   size_t left = others < ring->size ? (ring->size - others) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN : 0;
   return left < half ? left : half;
 }
