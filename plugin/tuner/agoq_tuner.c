@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <limits.h>
 #include <inttypes.h>
@@ -54,22 +55,26 @@ static double agoq_tuner_codec_measured;
 
 /* The codec speed the cost model uses. NCCL runs a collective correctly only if every rank
  * picks the same algorithm for it, and nothing lets the ranks' tuners agree: so the model
- * takes AGOQ_CODEC_MBPS, which is the same everywhere, and never this process's own
+ * takes a setting, the same everywhere (agoq_tuner_codec_setting: AGOQ_CODEC_MBPS, or
+ * AGOQ_GPU_CODEC_MBPS where the reductions run on the GPU), and never this process's own
  * measurement, which differs from rank to rank and would split a decision near its
- * threshold (a hang or a wrong result). The measurement is still made, once per process,
+ * threshold (a hang or a wrong result). The CPU codec is still measured, once per process,
  * and printed next to the setting: it is the figure a user should give AGOQ_CODEC_MBPS. */
 static void agoq_tuner_codec_measure(void) {
+  const char* which = NULL;
+  double mbps = agoq_tuner_codec_setting(&which);
   agoq_tuner_codec_measured = agoq_tuner_codec_mbps_measure(agoq_tuner_now_s, 4);
   AGOQ_INFO(NCCL_TUNING, "tuner: this process's CPU codec runs %.0f MB/s (int8 of bf16, quantize + dequantize, "
-                         "measured once); the cost model uses AGOQ_CODEC_MBPS=%" PRId64
-                         " on every rank (set it, the same everywhere, to the figure of the codec your "
-                         "reductions use)",
-            agoq_tuner_codec_measured, agoq_param_int(AGOQ_PARAM_CODEC_MBPS));
+                         "measured once); the cost model uses %s=%.0f on every rank (%s; set it, the same "
+                         "everywhere, to the figure of the codec your reductions use)",
+            agoq_tuner_codec_measured, which, mbps,
+            strcmp(which, "AGOQ_CODEC_MBPS") == 0 ? "the CPU codec's: the reductions run on the CPU"
+                                                  : "the GPU codec's: AGOQ_GPU=on and AGOQ_COLLNET_GPU=1");
 }
 
 static double agoq_tuner_codec_mbps(void) {
   pthread_once(&agoq_tuner_codec_once, agoq_tuner_codec_measure);
-  return (double)agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
+  return agoq_tuner_codec_setting(NULL);
 }
 
 ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t nnodes,

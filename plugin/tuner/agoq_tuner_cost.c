@@ -8,10 +8,20 @@
 
 #include "abi/agoq_nccl_tuner_v5.h"
 #include "agoq_frame.h"
+#include "core/agoq_params.h"
 
 double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t nbytes) {
   agoq_codec_params p = {.format = f, .dtype = t, .block = block};
   return agoq_frame_wire_ratio(&p, nbytes / agoq_dtype_size(t));
+}
+
+double agoq_tuner_codec_setting(const char** which) {
+  /* AGOQ_GPU's value as set, not the process's decision (auto turns the path on or off on
+   * this machine's facts, which a rank's neighbours need not share). */
+  bool gpu = agoq_param_int(AGOQ_PARAM_GPU) == 1 /* on */ && agoq_param_int(AGOQ_PARAM_COLLNET_GPU) != 0;
+  agoq_param_id id = gpu ? AGOQ_PARAM_GPU_CODEC_MBPS : AGOQ_PARAM_CODEC_MBPS;
+  if (which != NULL) *which = gpu ? "AGOQ_GPU_CODEC_MBPS" : "AGOQ_CODEC_MBPS";
+  return (double)agoq_param_int(id);
 }
 
 double agoq_tuner_codec_us(double nbytes, double codec_mbps) {

@@ -53,6 +53,12 @@ void agoq_tuner_cost_compare(double best_other_us, double collnet_us, double rat
 void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto, int collnet_algo, size_t nbytes,
                                  double ratio, double codec_mbps, agoq_tuner_estimate* e);
 
+/* The codec speed the model takes in a job started from this environment, from settings
+ * only (the same on every rank): AGOQ_GPU_CODEC_MBPS where quantized CollNet reductions run
+ * on the GPU (AGOQ_GPU=on and AGOQ_COLLNET_GPU=1), else AGOQ_CODEC_MBPS. *which names the
+ * parameter taken. The parameters must be loaded. The tuner and agoq-plan both use it. */
+double agoq_tuner_codec_setting(const char** which);
+
 /* MB/s of one quantization plus one dequantization of 1 MiB of bf16 (int8, block 128) with
  * the CPU codec, timed with clock_s (seconds) over `rounds` rounds after one untimed round. */
 double agoq_tuner_codec_mbps_measure(double (*clock_s)(void), int rounds);

@@ -2,7 +2,7 @@
  * agoq-plan: for a Megatron-style job, the bytes each parallel group puts on the inter-node
  * links per iteration, their time at the NIC's line rate, and what agoq would leave of them:
  * compressed only where agoq's tuner would choose it, by the tuner's own cost model
- * (plugin/tuner/agoq_tuner_cost.h) at the tuner's codec speed (AGOQ_CODEC_MBPS). A model
+ * (plugin/tuner/agoq_tuner_cost.h) at the tuner's codec speed (agoq_tuner_codec_setting). A model
  * (plan_model.h), labelled as one in its output.
  *
  *   agoq-plan [--model llama2-7b|llama2-13b|llama2-70b] [--layers N --hidden N --heads N
@@ -19,6 +19,7 @@
 #include "agoq_codec.h"
 #include "core/agoq_params.h"
 #include "plan_model.h"
+#include "tuner/agoq_tuner_cost.h"
 
 static const char* prog = "agoq-plan";
 
@@ -199,9 +200,12 @@ int main(int argc, char** argv) {
       fprintf(stderr, "%s: an AGOQ_* setting is invalid (reported above); fix it or give --codec-mbps\n", prog);
       return 2;
     }
-    codec_mbps = (double)agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
-    codec_from = !strcmp(agoq_param_source(AGOQ_PARAM_CODEC_MBPS), "default") ? "AGOQ_CODEC_MBPS's default"
-                                                                                 : "AGOQ_CODEC_MBPS";
+    const char* which = NULL;
+    codec_mbps = agoq_tuner_codec_setting(&which);
+    bool gpu = strcmp(which, "AGOQ_CODEC_MBPS") != 0;
+    bool dflt = !strcmp(agoq_param_source(gpu ? AGOQ_PARAM_GPU_CODEC_MBPS : AGOQ_PARAM_CODEC_MBPS), "default");
+    codec_from = gpu ? (dflt ? "AGOQ_GPU_CODEC_MBPS's default (AGOQ_GPU=on, AGOQ_COLLNET_GPU=1)" : "AGOQ_GPU_CODEC_MBPS")
+                     : (dflt ? "AGOQ_CODEC_MBPS's default" : "AGOQ_CODEC_MBPS");
   }
   agoq_plan_result r;
   char why[320];

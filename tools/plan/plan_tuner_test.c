@@ -13,6 +13,7 @@
 #include "abi/agoq_nccl_profiler_v6.h"
 #include "abi/agoq_nccl_tuner_v6.h"
 #include "core/agoq_params.h"
+#include "tuner/agoq_tuner_cost.h"
 #include "plan_model.h"
 
 extern const ncclTuner_v6_t ncclTunerPlugin_v6;
@@ -101,8 +102,8 @@ static bool agree(const char* what, const agoq_plan_job* j, const char* formats)
     setenv("AGOQ_FORMAT", name, 1);
     agoq_params_reset();
     CHECK(agoq_params_load() == ncclSuccess, "%s: AGOQ_* invalid", what);
-    /* the plan's codec speed is the tuner's parameter, read the same way */
-    double mbps = (double)agoq_param_int(AGOQ_PARAM_CODEC_MBPS);
+    /* the plan's codec speed is the tuner's setting, chosen the same way */
+    double mbps = agoq_tuner_codec_setting(NULL);
     agoq_format f = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
     for (int i = 0; i < AGOQ_PLAN_NGROUPS; i++) {
       const agoq_plan_group* g = &r.g[i];
@@ -146,6 +147,23 @@ static void test_documented_examples(void) {
   j = job_13b(25);
   CHECK(agree("13B, 25 Gbit/s, AGOQ_CODEC_MBPS=50000", &j, "int8,int4"), "a fast codec should compress");
   unsetenv("AGOQ_CODEC_MBPS");
+  /* The reductions on the GPU (AGOQ_GPU=on, AGOQ_COLLNET_GPU=1, settings): the model takes
+   * the GPU codec's figure, and 25 Gbit/s pays at AGOQ_CODEC_MBPS's default; AGOQ_GPU=auto
+   * (this machine's facts decide, not a setting) or AGOQ_COLLNET_GPU=0 keep the CPU's. */
+  setenv("AGOQ_GPU", "on", 1);
+  j = job_13b(25);
+  CHECK(agree("13B, 25 Gbit/s, AGOQ_GPU=on", &j, "int8,int4"), "the GPU codec should compress");
+  const char* which = NULL;
+  agoq_params_reset();
+  CHECK(agoq_params_load() == ncclSuccess && agoq_tuner_codec_setting(&which) == 1e6 &&
+            strcmp(which, "AGOQ_GPU_CODEC_MBPS") == 0,
+        "AGOQ_GPU=on: the GPU codec's default figure, got %s", which);
+  setenv("AGOQ_COLLNET_GPU", "0", 1);
+  CHECK(!agree("13B, 25 Gbit/s, AGOQ_GPU=on, AGOQ_COLLNET_GPU=0", &j, "int8,int4"), "CPU reductions stay exact");
+  unsetenv("AGOQ_COLLNET_GPU");
+  setenv("AGOQ_GPU", "auto", 1);
+  CHECK(!agree("13B, 25 Gbit/s, AGOQ_GPU=auto", &j, "int8,int4"), "auto costs the CPU codec");
+  unsetenv("AGOQ_GPU");
   /* TP across nodes: its bf16 AllReduces are the tuner's too. */
   j = job_13b(25);
   j.tp = 16, j.pp = 2, j.dp = 2, j.heads = 80;
