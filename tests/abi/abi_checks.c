@@ -51,13 +51,23 @@ static inline uint64_t abi_mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+/* The pattern moves in aligned 64-bit words where the buffer allows: one instrumented load
+ * or store per word under the sanitizers, where a memcpy or memcmp per word goes through
+ * their range checks (a 1 GiB message took 48 s of one TSan test that way). */
+typedef uint64_t abi_word __attribute__((may_alias));
+
 void abi_pattern_fill(void* buf, size_t size, uint64_t seed) {
   uint8_t* p = buf;
   uint64_t key = abi_mix(seed);
   size_t words = size / 8;
-  for (size_t i = 0; i < words; i++) {
-    uint64_t v = abi_mix(key + i);
-    memcpy(p + i * 8, &v, 8);
+  if (((uintptr_t)p & 7) == 0) {
+    abi_word* w = (abi_word*)p;
+    for (size_t i = 0; i < words; i++) w[i] = abi_mix(key + i);
+  } else {
+    for (size_t i = 0; i < words; i++) {
+      uint64_t v = abi_mix(key + i);
+      memcpy(p + i * 8, &v, 8);
+    }
   }
   if (size % 8) {
     uint64_t v = abi_mix(key + words);
@@ -69,7 +79,12 @@ size_t abi_pattern_check(const void* buf, size_t size, uint64_t seed) {
   const uint8_t* p = buf;
   uint64_t key = abi_mix(seed);
   size_t words = size / 8;
-  for (size_t i = 0; i <= words; i++) {
+  size_t i = 0;
+  if (((uintptr_t)p & 7) == 0) {
+    const abi_word* w = (const abi_word*)p;
+    while (i < words && w[i] == abi_mix(key + i)) i++;
+  }
+  for (; i <= words; i++) {
     size_t n = i < words ? 8 : size % 8;
     if (n == 0) break;
     uint64_t v = abi_mix(key + i);
