@@ -20,6 +20,7 @@
 
 #include "abi/agoq_nccl_common.h"
 #include "agoq_codec.h"
+#include "gpu/agoq_gpu_pool.h"
 #include "gpu/agoq_gpu_ring.h"
 
 /* ---- the process --------------------------------------------------------------------- */
@@ -65,10 +66,14 @@ typedef struct {
 } agoq_gpu_link_stats;
 
 typedef struct {
-  size_t staging; /* bytes of the pinned ring */
+  size_t staging; /* bytes of the pinned ring: the link's own share */
   uint32_t slots; /* events: one per request (or step) the owner tracks */
   uint32_t parts; /* codec results per slot */
   uint32_t timed; /* codec calls whose GPU time may await collection at once */
+  /* The GPU's pinned pool the link joins (agoq_gpu_pool.h): pool.chunk 0 for none. */
+  agoq_gpu_pool_config pool;
+  int pool_net_dev;               /* the NIC its pieces are registered with; -1 none */
+  const agoq_gpu_pool_ops* pool_ops; /* NULL: no registration (TCP) */
 } agoq_gpu_link_config;
 
 /* Creates the stream (non-blocking, the greatest priority), the slots' events, their codec
@@ -79,6 +84,8 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
 void agoq_gpu_link_destroy(agoq_gpu_link* l);
 int agoq_gpu_link_device(const agoq_gpu_link* l);
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l);
+/* The GPU's pinned pool the link joined, NULL for none. */
+agoq_gpu_pool* agoq_gpu_link_pool(agoq_gpu_link* l);
 const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l);
 /* Setup only: `size` bytes of device memory (device) or of pinned host memory the device
  * reaches (!device), owned by the link and freed with it. */

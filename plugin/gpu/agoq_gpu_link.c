@@ -29,6 +29,8 @@ struct agoq_gpu_link {
   uint32_t slots;
   void* staging; /* pinned */
   agoq_gpu_ring ring;
+  agoq_gpu_pool* pool; /* the GPU's pinned pool (NULL: none), joined for pool_net_dev */
+  int pool_net_dev;
   void* workspace;                 /* the codec's, device memory; calls on this stream share it */
   agoq_cuda_codec_result* results; /* per slot and part, pinned: the device writes, the host reads */
   uint32_t parts;                  /* results per slot */
@@ -130,6 +132,12 @@ static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* 
     res = ncclSystemError;
     goto fail;
   }
+  l->pool_net_dev = cfg->pool_net_dev;
+  if (cfg->pool.chunk > 0) {
+    agoq_gpu_pool_config pc = cfg->pool;
+    pc.share = l->ring.size;
+    AGOQ_CHECK_GOTO(agoq_gpu_pool_join(device, cfg->pool_net_dev, &pc, cfg->pool_ops, &l->pool), res, fail);
+  }
   *out = l;
   return ncclSuccess;
 fail:
@@ -182,6 +190,7 @@ static void agoq_gpu_link_teardown(agoq_gpu_link* l) {
     if (l->tend != NULL && l->tend[i] != NULL) (void)agoq_gpu_cuda_error(cudaEventDestroy(l->tend[i]), "cudaEventDestroy");
   }
   if (l->stream != NULL) (void)agoq_gpu_cuda_error(cudaStreamDestroy(l->stream), "cudaStreamDestroy");
+  agoq_gpu_pool_leave(l->pool, l->pool_net_dev, l->ring.size); /* the last link out frees the chunks */
   if (l->staging != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->staging), "cudaFreeHost");
   if (l->results != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->results), "cudaFreeHost");
   if (l->workspace != NULL) (void)agoq_gpu_cuda_error(cudaFree(l->workspace), "cudaFree");
@@ -200,6 +209,7 @@ static void agoq_gpu_link_teardown(agoq_gpu_link* l) {
 
 int agoq_gpu_link_device(const agoq_gpu_link* l) { return l->device; }
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l) { return &l->ring; }
+agoq_gpu_pool* agoq_gpu_link_pool(agoq_gpu_link* l) { return l->pool; }
 const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l) { return &l->stats; }
 
 ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, void** p) {
@@ -230,6 +240,7 @@ static bool agoq_gpu_link_pinned(const agoq_gpu_link* l, const void* p, size_t s
   const uint8_t* a = p;
   const uint8_t* lo = l->staging;
   if (a >= lo && a <= lo + l->ring.size && size <= (size_t)(lo + l->ring.size - a)) return true;
+  if (agoq_gpu_pool_contains(l->pool, p, size)) return true;
   for (const agoq_gpu_link_mem* m = l->mem; m != NULL; m = m->next) {
     lo = m->p;
     if (!m->device && a >= lo && a <= lo + m->size && size <= (size_t)(lo + m->size - a)) return true;

@@ -2,6 +2,7 @@
  * init with the reason, auto and off keep the host path. Every link call is unreachable
  * (no device memory is ever registered) and fails loudly if reached. */
 #include <stdio.h>
+#include <string.h>
 
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
@@ -44,6 +45,23 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
 void agoq_gpu_link_destroy(agoq_gpu_link* l) { (void)l; }
 int agoq_gpu_link_device(const agoq_gpu_link* l) { (void)l; return -1; }
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l) { (void)l; return NULL; }
+agoq_gpu_pool* agoq_gpu_link_pool(agoq_gpu_link* l) { (void)l; return NULL; }
+/* No link exists without CUDA, so no pool either. */
+bool agoq_gpu_pool_get(agoq_gpu_pool* p, size_t size, agoq_gpu_pool_piece* piece) {
+  (void)p; (void)size;
+  piece->ptr = NULL; piece->size = 0; piece->chunk = -1;
+  return false;
+}
+void agoq_gpu_pool_put(agoq_gpu_pool* p, agoq_gpu_pool_piece* piece) { (void)p; piece->chunk = -1; }
+void* agoq_gpu_pool_key(agoq_gpu_pool* p, const agoq_gpu_pool_piece* piece, int net_dev) {
+  (void)p; (void)piece; (void)net_dev;
+  return NULL;
+}
+size_t agoq_gpu_pool_chunk_size(const agoq_gpu_pool* p) { (void)p; return 0; }
+void agoq_gpu_pool_stats_get(int device, agoq_gpu_pool_stats* s) {
+  (void)device;
+  memset(s, 0, sizeof *s);
+}
 const agoq_gpu_link_stats* agoq_gpu_link_stats_get(const agoq_gpu_link* l) { (void)l; return NULL; }
 ncclResult_t agoq_gpu_copy_d2h(agoq_gpu_link* l, void* host, const void* dev, size_t size) {
   (void)l; (void)host; (void)dev; (void)size;

@@ -35,6 +35,7 @@ struct agoq_gpu_pool {
   uint32_t nchunks;
   agoq_gpu_pool_chunk chunks[AGOQ_GPU_POOL_CHUNKS];
   uint32_t links;
+  uint64_t share_bytes; /* the links' own, counted against cfg.cap */
   uint32_t dev_links[AGOQ_GPU_POOL_NET_DEVS];
   uint64_t borrows, refusals, borrowed_bytes;
 };
@@ -64,7 +65,7 @@ static void agoq_gpu_pool_chunk_free(agoq_gpu_pool* p, agoq_gpu_pool_chunk* c) {
 static ncclResult_t agoq_gpu_pool_grow(agoq_gpu_pool* p) {
   ncclResult_t res = ncclSuccess;
   if (p->nchunks >= p->links || p->nchunks >= AGOQ_GPU_POOL_CHUNKS) return ncclSuccess;
-  if ((uint64_t)(p->nchunks + 1) * p->cfg.chunk > p->cfg.cap) return ncclSuccess;
+  if ((uint64_t)(p->nchunks + 1) * p->cfg.chunk + p->share_bytes > p->cfg.cap) return ncclSuccess;
   agoq_gpu_pool_chunk c;
   memset(&c, 0, sizeof c);
   c.size = p->cfg.chunk;
@@ -84,6 +85,25 @@ static ncclResult_t agoq_gpu_pool_grow(agoq_gpu_pool* p) {
 fail:
   agoq_gpu_pool_chunk_free(p, &c);
   return res;
+}
+
+/* Shares grown past the cap: the last chunks go while nothing is borrowed from them (the data
+ * path borrows under mu, so a chunk found whole there is no one's). */
+static void agoq_gpu_pool_shrink(agoq_gpu_pool* p) {
+  while (p->nchunks > 0 && (uint64_t)p->nchunks * p->cfg.chunk + p->share_bytes > p->cfg.cap) {
+    agoq_gpu_pool_chunk c;
+    pthread_mutex_lock(&p->mu);
+    agoq_gpu_pool_chunk* last = &p->chunks[p->nchunks - 1];
+    bool whole = last->heap.free_bytes == last->heap.size;
+    if (whole) {
+      c = *last;
+      memset(last, 0, sizeof *last);
+      p->nchunks--;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (!whole) return;
+    agoq_gpu_pool_chunk_free(p, &c);
+  }
 }
 
 ncclResult_t agoq_gpu_pool_join(int device, int net_dev, const agoq_gpu_pool_config* cfg, const agoq_gpu_pool_ops* ops,
@@ -114,13 +134,16 @@ ncclResult_t agoq_gpu_pool_join(int device, int net_dev, const agoq_gpu_pool_con
   if (net_dev >= 0 && p->dev_links[net_dev] == 0)
     for (uint32_t i = 0; i < p->nchunks; i++) AGOQ_CHECK_GOTO(agoq_gpu_pool_chunk_reg(p, &p->chunks[i], net_dev), res, undo);
   p->links++;
+  p->share_bytes += cfg->share;
   if (net_dev >= 0) p->dev_links[net_dev]++;
   res = agoq_gpu_pool_grow(p);
   if (res != ncclSuccess) {
     p->links--;
+    p->share_bytes -= cfg->share;
     if (net_dev >= 0) p->dev_links[net_dev]--;
     goto undo;
   }
+  agoq_gpu_pool_shrink(p);
   *out = p;
   goto out;
 undo:
@@ -135,10 +158,11 @@ out:
   return res;
 }
 
-void agoq_gpu_pool_leave(agoq_gpu_pool* p, int net_dev) {
+void agoq_gpu_pool_leave(agoq_gpu_pool* p, int net_dev, size_t share) {
   if (p == NULL) return;
   pthread_mutex_lock(&agoq_gpu_pool_setup_mu);
   p->links--;
+  p->share_bytes -= share;
   if (net_dev >= 0 && agoq_gpu_pool_net_dev_ok(net_dev)) p->dev_links[net_dev]--;
   if (p->links == 0) {
     if (p->borrowed_bytes != 0)
@@ -190,6 +214,8 @@ void* agoq_gpu_pool_key(agoq_gpu_pool* p, const agoq_gpu_pool_piece* piece, int 
   return p->chunks[piece->chunk].key[net_dev];
 }
 
+size_t agoq_gpu_pool_chunk_size(const agoq_gpu_pool* p) { return p == NULL ? 0 : p->cfg.chunk; }
+
 bool agoq_gpu_pool_contains(agoq_gpu_pool* p, const void* ptr, size_t size) {
   if (p == NULL) return false;
   const uint8_t* a = ptr;
@@ -212,7 +238,8 @@ void agoq_gpu_pool_stats_get(int device, agoq_gpu_pool_stats* s) {
     pthread_mutex_lock(&p->mu);
     s->chunks = p->nchunks;
     s->links = p->links;
-    s->pinned_bytes = (uint64_t)p->nchunks * p->cfg.chunk;
+    s->chunk_bytes = (uint64_t)p->nchunks * p->cfg.chunk;
+    s->pinned_bytes = s->chunk_bytes + p->share_bytes;
     s->borrows = p->borrows;
     s->refusals = p->refusals;
     s->borrowed_bytes = p->borrowed_bytes;

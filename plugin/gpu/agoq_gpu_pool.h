@@ -27,7 +27,8 @@ typedef struct {
 
 typedef struct {
   size_t chunk; /* bytes per chunk (AGOQ_GPU_STAGING) */
-  size_t cap;   /* the pool's chunks never take it beyond this many bytes */
+  size_t cap;   /* chunks and the links' shares together stay under it while they can */
+  size_t share; /* the joining link's own pinned bytes, counted against cap */
 } agoq_gpu_pool_config;
 
 typedef struct {
@@ -37,25 +38,30 @@ typedef struct {
 } agoq_gpu_pool_piece;
 
 typedef struct {
-  uint64_t pinned_bytes; /* the chunks' */
+  uint64_t pinned_bytes; /* the chunks' and the links' shares */
+  uint64_t chunk_bytes;  /* the chunks' alone */
   uint32_t chunks, links;
   uint64_t borrows, refusals; /* gets that found room, and those that did not */
   uint64_t borrowed_bytes;    /* out now */
 } agoq_gpu_pool_stats;
 
-/* Setup only, with the link's device current: joins (creating on first use) the pool of
- * `device` for a link on net device net_dev (-1: none), adding a chunk when the pool has fewer
- * than its links and the cap allows, and registering every chunk with net_dev when ops->reg
- * is given. The first joiner's config and ops hold for the pool's life. */
+/* Setup only, inside the link's setup scope (its device current, Relaxed capture): joins
+ * (creating on first use) the pool of `device` for a link on net device net_dev (-1: none)
+ * with cfg->share bytes of its own, adding a chunk when the pool has fewer than its links and
+ * chunks plus shares stay under cap, freeing unused chunks when the shares grow past it, and
+ * registering every chunk with net_dev when ops->reg is given. The first joiner's chunk size,
+ * cap and ops hold for the pool's life. */
 ncclResult_t agoq_gpu_pool_join(int device, int net_dev, const agoq_gpu_pool_config* cfg, const agoq_gpu_pool_ops* ops,
                                 agoq_gpu_pool** out);
 /* Setup only (link teardown, the link's queued work done): the last link out frees it all. */
-void agoq_gpu_pool_leave(agoq_gpu_pool* p, int net_dev);
+void agoq_gpu_pool_leave(agoq_gpu_pool* p, int net_dev, size_t share);
 /* Data path, never blocks beyond a short lock: a piece of `size` bytes, or false. */
 bool agoq_gpu_pool_get(agoq_gpu_pool* p, size_t size, agoq_gpu_pool_piece* piece);
 void agoq_gpu_pool_put(agoq_gpu_pool* p, agoq_gpu_pool_piece* piece);
 /* The piece's chunk's registration with net_dev (NULL without ops->reg). */
 void* agoq_gpu_pool_key(agoq_gpu_pool* p, const agoq_gpu_pool_piece* piece, int net_dev);
+/* The most one piece can be (a chunk's size); 0 for NULL. */
+size_t agoq_gpu_pool_chunk_size(const agoq_gpu_pool* p);
 /* [ptr, ptr + size) lies in one chunk. */
 bool agoq_gpu_pool_contains(agoq_gpu_pool* p, const void* ptr, size_t size);
 /* The pool of `device` now (zeros when there is none). */

@@ -34,25 +34,61 @@ static const agoq_gpu_pool_ops ops = {fake_reg, fake_dereg};
 
 static void test_grows_with_links_up_to_the_cap(void** state) {
   (void)state;
+  /* The defaults: 8 MiB chunks, 256 KiB shares, 128 MiB per GPU. */
   enum { LINKS = 128 };
-  agoq_gpu_pool_config cfg = {.chunk = 8u << 20, .cap = 128u << 20};
+  const size_t chunk = 8u << 20, share = 256u << 10, cap = 128u << 20;
+  agoq_gpu_pool_config cfg = {.chunk = chunk, .cap = cap, .share = share};
   agoq_gpu_pool* p[LINKS];
   agoq_gpu_pool_stats s;
   for (int i = 0; i < LINKS; i++) {
     assert_int_equal(agoq_gpu_pool_join(0, -1, &cfg, NULL, &p[i]), ncclSuccess);
     assert_ptr_equal(p[i], p[0]);
     agoq_gpu_pool_stats_get(0, &s);
-    uint32_t want = i + 1 < 16 ? (uint32_t)i + 1 : 16;
+    size_t shares = (size_t)(i + 1) * share;
+    size_t fit = (cap - shares) / chunk;
+    uint32_t want = (uint32_t)(i + 1) < fit ? (uint32_t)(i + 1) : (uint32_t)fit;
     assert_int_equal(s.chunks, want);
     assert_int_equal(s.links, i + 1);
+    assert_int_equal(s.pinned_bytes, want * chunk + shares);
+    assert_true(s.pinned_bytes <= cap);
   }
+  /* 128 links: 32 MiB of shares and 12 chunks, 128 MiB in all (a staging each: 1 GiB). */
   agoq_gpu_pool_stats_get(0, &s);
-  assert_true(s.pinned_bytes <= (128u << 20));
+  assert_int_equal(s.chunks, 12);
   assert_int_equal(s.pinned_bytes, 128u << 20);
-  for (int i = 0; i < LINKS; i++) agoq_gpu_pool_leave(p[i], -1);
+  for (int i = 0; i < LINKS; i++) agoq_gpu_pool_leave(p[i], -1, share);
   agoq_gpu_pool_stats_get(0, &s);
   assert_int_equal(s.links, 0);
   assert_int_equal(s.pinned_bytes, 0);
+}
+
+/* A chunk with a piece out is not freed when the shares outgrow the cap; it goes once whole. */
+static void test_shrinks_only_whole_chunks(void** state) {
+  (void)state;
+  agoq_gpu_pool_config cfg = {.chunk = 1u << 20, .cap = (2u << 20) + (128u << 10), .share = 64u << 10};
+  agoq_gpu_pool *a, *b, *c;
+  assert_int_equal(agoq_gpu_pool_join(3, -1, &cfg, NULL, &a), ncclSuccess);
+  assert_int_equal(agoq_gpu_pool_join(3, -1, &cfg, NULL, &b), ncclSuccess);
+  agoq_gpu_pool_stats s;
+  agoq_gpu_pool_stats_get(3, &s);
+  assert_int_equal(s.chunks, 2); /* 2 MiB + 128 KiB of shares: at the cap */
+  agoq_gpu_pool_piece x, y;
+  assert_true(agoq_gpu_pool_get(a, 1u << 20, &x));
+  assert_true(agoq_gpu_pool_get(a, 1u << 20, &y));
+  assert_int_equal(y.chunk, 1);
+  assert_int_equal(agoq_gpu_pool_join(3, -1, &cfg, NULL, &c), ncclSuccess); /* past the cap, chunk 1 busy */
+  agoq_gpu_pool_stats_get(3, &s);
+  assert_int_equal(s.chunks, 2);
+  agoq_gpu_pool_put(a, &y);
+  agoq_gpu_pool_leave(c, -1, 64u << 10);
+  assert_int_equal(agoq_gpu_pool_join(3, -1, &cfg, NULL, &c), ncclSuccess); /* now it goes */
+  agoq_gpu_pool_stats_get(3, &s);
+  assert_int_equal(s.chunks, 1);
+  assert_true(s.pinned_bytes <= cfg.cap);
+  agoq_gpu_pool_put(a, &x);
+  agoq_gpu_pool_leave(c, -1, 64u << 10);
+  agoq_gpu_pool_leave(b, -1, 64u << 10);
+  agoq_gpu_pool_leave(a, -1, 64u << 10);
 }
 
 static void test_pieces_borrow_refuse_and_return(void** state) {
@@ -89,9 +125,9 @@ static void test_pieces_borrow_refuse_and_return(void** state) {
   agoq_gpu_pool_stats_get(1, &s);
   assert_int_equal(s.borrowed_bytes, 0);
   assert_false(agoq_gpu_pool_contains(a, &s, sizeof s));
-  agoq_gpu_pool_leave(c, -1);
-  agoq_gpu_pool_leave(b, -1);
-  agoq_gpu_pool_leave(a, -1);
+  agoq_gpu_pool_leave(c, -1, 0);
+  agoq_gpu_pool_leave(b, -1, 0);
+  agoq_gpu_pool_leave(a, -1, 0);
 }
 
 static void test_registered_once_per_nic(void** state) {
@@ -117,16 +153,17 @@ static void test_registered_once_per_nic(void** state) {
     assert_int_equal(held[i].chunk, i);
   }
   for (int i = 0; i < 3; i++) agoq_gpu_pool_put(a, &held[i]);
-  agoq_gpu_pool_leave(a, 0);
-  agoq_gpu_pool_leave(b, 0);
+  agoq_gpu_pool_leave(a, 0, 0);
+  agoq_gpu_pool_leave(b, 0, 0);
   assert_int_equal(deregs, 0);
-  agoq_gpu_pool_leave(c, 3);
+  agoq_gpu_pool_leave(c, 3, 0);
   assert_int_equal(deregs, regs);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grows_with_links_up_to_the_cap),
+      cmocka_unit_test(test_shrinks_only_whole_chunks),
       cmocka_unit_test(test_pieces_borrow_refuse_and_return),
       cmocka_unit_test(test_registered_once_per_nic),
   };
