@@ -84,6 +84,12 @@ static void agoq_gpu_setup_end(const agoq_gpu_setup_scope* sc) {
 
 static void agoq_gpu_link_teardown(agoq_gpu_link* l);
 
+/* Pinned bytes of the link's own: its ring (the staging, or its share of it) and its codec
+ * results. */
+static size_t agoq_gpu_link_own_pinned(const agoq_gpu_link* l) {
+  return l->ring.size + (size_t)l->slots * l->parts * sizeof *l->results;
+}
+
 /* agoq_gpu_link_create's work, on `device`, in Relaxed capture mode. */
 static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   ncclResult_t res = ncclSuccess;
@@ -134,8 +140,9 @@ static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* 
   }
   l->pool_net_dev = cfg->pool_net_dev;
   if (cfg->pool.chunk > 0) {
+    /* Against the pool's cap: everything the link pins, its ring and its codec results. */
     agoq_gpu_pool_config pc = cfg->pool;
-    pc.share = l->ring.size;
+    pc.share = agoq_gpu_link_own_pinned(l);
     AGOQ_CHECK_GOTO(agoq_gpu_pool_join(device, cfg->pool_net_dev, &pc, cfg->pool_ops, &l->pool), res, fail);
   }
   *out = l;
@@ -190,7 +197,7 @@ static void agoq_gpu_link_teardown(agoq_gpu_link* l) {
     if (l->tend != NULL && l->tend[i] != NULL) (void)agoq_gpu_cuda_error(cudaEventDestroy(l->tend[i]), "cudaEventDestroy");
   }
   if (l->stream != NULL) (void)agoq_gpu_cuda_error(cudaStreamDestroy(l->stream), "cudaStreamDestroy");
-  agoq_gpu_pool_leave(l->pool, l->pool_net_dev, l->ring.size); /* the last link out frees the chunks */
+  agoq_gpu_pool_leave(l->pool, l->pool_net_dev, agoq_gpu_link_own_pinned(l)); /* the last frees the chunks */
   if (l->staging != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->staging), "cudaFreeHost");
   if (l->results != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->results), "cudaFreeHost");
   if (l->workspace != NULL) (void)agoq_gpu_cuda_error(cudaFree(l->workspace), "cudaFree");

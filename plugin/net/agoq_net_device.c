@@ -27,6 +27,48 @@
 #include "core/agoq_params.h"
 #include "net/agoq_net_comm.h"
 
+/* Staged device messages larger than the staging can pass in pieces through a host bounce
+ * buffer (below) only where the transport moves unregistered host memory. */
+static bool agoq_dev_can_bounce(void) { return agoq_net_host_unregistered_ok(); }
+
+/* A pooled connection's own pinned bytes: AGOQ_GPU_STAGING/32 (256 KiB by default, 32 MiB on
+ * 128 connections), at least 64 KiB (or the staging itself when smaller). */
+static size_t agoq_dev_share(size_t staging) {
+  size_t floor = staging < 65536 ? staging : 65536;
+  size_t share = staging / 32;
+  return share > floor ? share : floor;
+}
+
+/* The largest staged message one allocation can hold: the share, or a chunk of the pool. */
+static size_t agoq_dev_stage_max(agoq_comm* comm) {
+  size_t ring = agoq_gpu_link_ring(comm->gpu)->size, chunk = agoq_gpu_pool_chunk_size(agoq_gpu_link_pool(comm->gpu));
+  return ring > chunk ? ring : chunk;
+}
+
+/* size bytes of staging: the connection's share when it holds them now, else a piece of the
+ * GPU's pool; never waits. */
+static bool agoq_dev_stage_get(agoq_comm* comm, size_t size, uint8_t** p, int* ring_id, agoq_gpu_pool_piece* piece) {
+  agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
+  *ring_id = -1;
+  piece->chunk = -1;
+  if (agoq_gpu_ring_fits(ring, size)) {
+    *ring_id = agoq_gpu_ring_get(ring, size, p);
+    if (*ring_id >= 0) return true;
+  }
+  return agoq_gpu_pool_get(agoq_gpu_link_pool(comm->gpu), size, piece) && (*p = piece->ptr) != NULL;
+}
+
+static void agoq_dev_stage_put(agoq_comm* comm, int* ring_id, agoq_gpu_pool_piece* piece) {
+  if (*ring_id >= 0) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), *ring_id);
+  *ring_id = -1;
+  if (piece->chunk >= 0) agoq_gpu_pool_put(agoq_gpu_link_pool(comm->gpu), piece);
+}
+
+/* The transport's registration of a staging allocation: the share's, or its pool chunk's. */
+static void* agoq_dev_stage_key(const agoq_comm* comm, const agoq_gpu_pool_piece* piece) {
+  return piece->chunk >= 0 ? agoq_gpu_pool_key(agoq_gpu_link_pool(comm->gpu), piece, comm->dev) : comm->gpu_key;
+}
+
 ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr) {
   char why[224];
   int device = -1;
@@ -36,20 +78,39 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
   }
   if (comm->gpu == NULL) {
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
+    size_t pinned_max = (size_t)agoq_param_int(AGOQ_PARAM_GPU_PINNED_MAX);
+    /* Pinned memory per GPU, not per connection (agoq_gpu_pool.h): a share of its own, and
+     * the GPU's pool for what the share cannot hold. Only where a message neither can hold
+     * still passes, in pieces through the share: a transport that moves unregistered host
+     * memory (TCP). Over verbs a staged message must lie whole in registered memory, and a
+     * connection waiting for a pool other connections hold could deadlock across nodes:
+     * there each keeps its whole staging. */
+    bool pooled = pinned_max > 0 && agoq_dev_can_bounce();
     /* A request's codec calls: one encode, or a decode per buffer of a grouped receive.
      * Their GPU time (statistics only) is measured for as many calls as NCCL keeps requests
      * in flight, twice over; calls beyond that go untimed (counted). Sized by the requests,
      * 256 x 8 pairs took 4,096 events per connection, 0.5 million on a node's 128 links. */
-    agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_REQUESTS_PER_COMM, .parts = AGOQ_GPU_PARTS_PER_SLOT,
-                               .timed = 2 * NCCL_NET_MAX_REQUESTS};
+    agoq_gpu_link_config lc = {.staging = pooled ? agoq_dev_share(staging) : staging,
+                               .slots = AGOQ_REQUESTS_PER_COMM,
+                               .parts = AGOQ_GPU_PARTS_PER_SLOT,
+                               .timed = 2 * NCCL_NET_MAX_REQUESTS,
+                               .pool = {.chunk = pooled ? staging : 0, .cap = pinned_max},
+                               .pool_net_dev = -1};
     /* Also loads every codec kernel on this device (agoq_gpu_codec_load), whatever format a
      * peer sends: none is first launched on the data path. */
     AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
     /* The staging is what the transport reads and writes: registered once, here. */
     const agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
     if (agoq_net_tp->reg != NULL) AGOQ_CHECK(agoq_net_tp->reg(comm->dev, ring->base, ring->size, &comm->gpu_key));
-    AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
-              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
+    if (pooled)
+      AGOQ_INFO(NCCL_NET | NCCL_REG,
+                "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory of its own, and pieces "
+                "of GPU %d's pinned pool (chunks of AGOQ_GPU_STAGING=%zu, AGOQ_GPU_PINNED_MAX=%zu with the shares)",
+                comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, ring->size, device,
+                staging, pinned_max);
+    else
+      AGOQ_INFO(NCCL_NET | NCCL_REG, "%s %s: device buffers of GPU %d staged through %zu bytes of pinned memory",
+                comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), device, staging);
   } else if (agoq_gpu_link_device(comm->gpu) != device) {
     AGOQ_WARN("regMr: device memory of GPU %d on a connection that carries GPU %d's", device,
               agoq_gpu_link_device(comm->gpu));
@@ -123,7 +184,7 @@ ncclResult_t agoq_dev_is_device(const void* mhandle, const void* data, size_t si
 
 /* A request whose bytes can never fit is an error now rather than a retry forever. */
 static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
-  if (agoq_gpu_ring_fits(agoq_gpu_link_ring(comm->gpu), need)) return ncclSuccess;
+  if (need <= agoq_dev_stage_max(comm)) return ncclSuccess;
   AGOQ_WARN("%s %s: a device message of %zu bytes exceeds the connection's staging (AGOQ_GPU_STAGING=%lld): raise it",
             comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), need,
             (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
@@ -143,13 +204,12 @@ static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
  * have to register each bounce buffer on the data path, which it never does (every
  * registration happens at setup); there, without DMA-BUF, the staging bounds a message
  * (an error naming AGOQ_GPU_STAGING). */
-static bool agoq_dev_can_bounce(void) { return agoq_net_host_unregistered_ok(); }
-
-/* The staging a bounce request takes for its pieces: half the ring, so that the requests
- * around it keep moving, or what the other buffers of its grouped receive leave. */
-static size_t agoq_dev_piece_cap(const agoq_gpu_ring* ring, size_t others) {
-  size_t half = agoq_gpu_ring_piece(ring);
-  size_t left = others < ring->size ? (ring->size - others) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN : 0;
+/* The staging a bounce request takes for its pieces, out of an allocation of at most `area`
+ * bytes (the share's ring or a pool chunk): half of it, so that the requests around it keep
+ * moving, or what the other buffers of its grouped receive leave. */
+static size_t agoq_dev_piece_cap(size_t area, size_t others) {
+  size_t half = area / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+  size_t left = others < area ? (area - others) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN : 0;
   return left < half ? left : half;
 }
 
@@ -188,8 +248,7 @@ static ncclResult_t agoq_dev_send_piece_done(agoq_comm* comm, agoq_request* req,
   req->piece_len = 0;
   *more = req->piece_off < size;
   if (!*more) {
-    agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->ring_id);
-    req->ring_id = -1;
+    agoq_dev_stage_put(comm, &req->ring_id, &req->pool_piece);
     return ncclSuccess;
   }
   size_t len = size - req->piece_off < req->piece_cap ? size - req->piece_off : req->piece_cap;
@@ -241,23 +300,43 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
    * an error naming AGOQ_GPU_STAGING. */
   uint8_t* host = NULL;
   int id = -1;
-  /* Staged and larger than the staging: through a bounce buffer, in pieces. */
-  const bool bounce = !direct && !agoq_gpu_ring_fits(ring, size) && agoq_dev_can_bounce();
-  const size_t piece_cap = bounce ? agoq_dev_piece_cap(ring, 0) : 0;
-  if (bounce) {
-    id = comm->bounce_reqs == 0 ? agoq_gpu_ring_get(ring, piece_cap, &host) : -1;
-    if (id < 0) {
-      *again = true;
-      return ncclSuccess;
-    }
-  } else if (!direct || agoq_gpu_ring_fits(ring, size)) {
-    AGOQ_CHECK(agoq_dev_fits(comm, size));
-    id = agoq_gpu_ring_get(ring, size, &host);
-    if (id < 0) {
-      *again = true;
-      return ncclSuccess;
+  agoq_gpu_pool_piece piece = {.chunk = -1};
+  /* Staged and larger than any staging: through a bounce buffer, in pieces. */
+  bool bounce = !direct && size > agoq_dev_stage_max(comm) && agoq_dev_can_bounce();
+  if (!bounce && (!direct || size <= agoq_dev_stage_max(comm))) {
+    if (!direct) AGOQ_CHECK(agoq_dev_fits(comm, size));
+    if (!agoq_dev_stage_get(comm, size, &host, &id, &piece)) {
+      /* Neither the share nor the pool has room now. One the share can hold waits for it
+       * (this connection's own requests give it back); one it cannot passes in pieces
+       * through it rather than wait for the pool, which other connections hold. A GPUDirect
+       * one waits too: whether it goes as a frame must not depend on what the staging
+       * holds at that moment. */
+      if (direct || agoq_gpu_ring_fits(ring, size) || !agoq_dev_can_bounce()) {
+        *again = true;
+        return ncclSuccess;
+      }
+      bounce = true;
     }
   }
+  size_t piece_cap = 0;
+  if (bounce) {
+    /* Pieces as large as the pool gives (fewer copies and events for a 1 GiB message),
+     * else as the share does. */
+    if (comm->bounce_reqs > 0) {
+      *again = true;
+      return ncclSuccess;
+    }
+    piece_cap = agoq_dev_piece_cap(agoq_dev_stage_max(comm), 0);
+    if (!agoq_dev_stage_get(comm, piece_cap, &host, &id, &piece)) {
+      piece_cap = agoq_dev_piece_cap(ring->size, 0);
+      id = agoq_gpu_ring_get(ring, piece_cap, &host);
+      if (id < 0) {
+        *again = true;
+        return ncclSuccess;
+      }
+    }
+  }
+  const bool staged = id >= 0 || piece.chunk >= 0;
   agoq_codec_params p;
   size_t n = 0, cap = 0;
   agoq_exact_reason why = AGOQ_EXACT_UNKNOWN; /* no profiler handle: no datatype */
@@ -278,7 +357,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
     req->dev_frame = false;
     why = AGOQ_EXACT_UNALIGNED;
   }
-  if (req->dev_frame && (id < 0 || bounce)) {
+  if (req->dev_frame && (!staged || bounce)) {
     /* Larger than the staging, which a frame's slot needs (it must hold the payload's copy
      * too, should the frame be no smaller): exact instead, by GPUDirect or bounced. */
     comm->typed_stats.not_eligible++;
@@ -287,7 +366,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   }
   if (!req->dev_frame && direct) {
     /* GPUDirect RDMA: the NIC reads NCCL's buffer; the staging taken above goes back. */
-    if (id >= 0) agoq_gpu_ring_put(ring, id);
+    agoq_dev_stage_put(comm, &id, &piece);
     agoq_send_exact(comm, req, data, size, why);
     req->xfer.flags |= AGOQ_XFER_DEVICE;
     req->xfer.reg[0] = ((const agoq_mr*)mhandle)->tp_key;
@@ -312,6 +391,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   }
   AGOQ_CHECK_GOTO(agoq_gpu_mark(comm->gpu, req->pool_index), res, fail);
   req->ring_id = id;
+  req->pool_piece = piece;
   req->dev_mask = 1;
   req->host[0] = host;
   req->phase = AGOQ_DEV_COPY_IN;
@@ -320,7 +400,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   return ncclSuccess;
 fail:
   agoq_dev_bounce_free(comm, req);
-  agoq_gpu_ring_put(ring, id);
+  agoq_dev_stage_put(comm, &id, &piece);
   return res;
 }
 
@@ -393,7 +473,7 @@ ncclResult_t agoq_dev_advance(agoq_comm* comm) {
       agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
       /* Frame or copy, it lies in the pinned staging, or whole in the bounce buffer (the
        * transport registers nothing). */
-      req->xfer.reg[0] = req->bounce_mask != 0 ? NULL : comm->gpu_key;
+      req->xfer.reg[0] = req->bounce_mask != 0 ? NULL : agoq_dev_stage_key(comm, &req->pool_piece);
     }
     comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
     comm->dev_count--;
@@ -412,49 +492,66 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
     return ncclInternalError;
   }
   /* One allocation for all device buffers of a grouped receive, each on the ring's
-   * alignment. */
+   * alignment. A second layout bounces every staged buffer, when neither the share nor the
+   * pool has room for the first and the share cannot hold it (agoq_dev_send_start). */
   agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
-  size_t off[AGOQ_NET_MAX_RECVS] = {0}, total = 0;
+  size_t most = agoq_dev_stage_max(comm);
+  size_t off[AGOQ_NET_MAX_RECVS] = {0}, total = 0, piece_off = 0, piece_cap = 0;
   uint8_t staged = 0, bounced = 0;
-  for (int i = 0; i < req->n_bufs; i++) {
-    if (!(req->dev_mask & (1u << i))) continue;
-    if (!agoq_gpu_ring_fits(ring, req->posted[i])) {
-      /* A GPUDirect buffer too large for the staging takes none now (agoq_dev_recv_late);
-       * a staged one comes through a bounce buffer. */
-      if (req->direct_ok & (1u << i)) continue;
-      if (agoq_dev_can_bounce()) {
-        bounced |= (uint8_t)(1u << i);
-        continue;
+  uint8_t* base = NULL;
+  int id = -1;
+  agoq_gpu_pool_piece piece = {.chunk = -1};
+  /* Layouts in turn: as posted; every staged buffer bounced, pieces out of the larger of
+   * share and pool chunk; the same with pieces out of the share. */
+  for (int layout = 0; layout < 3; layout++) {
+    bool bounce_all = layout >= 1;
+    size_t area = layout < 2 ? most : ring->size;
+    staged = bounced = 0;
+    total = 0;
+    for (int i = 0; i < req->n_bufs; i++) {
+      if (!(req->dev_mask & (1u << i))) continue;
+      if (req->posted[i] > most || bounce_all) {
+        /* A GPUDirect buffer too large for the staging takes none now (agoq_dev_recv_late);
+         * a staged one comes through a bounce buffer. */
+        if (req->direct_ok & (1u << i)) continue;
+        if (agoq_dev_can_bounce()) {
+          bounced |= (uint8_t)(1u << i);
+          continue;
+        }
       }
+      staged |= (uint8_t)(1u << i);
+      off[i] = total;
+      total += agoq_gpu_ring_align(req->posted[i]);
     }
-    staged |= (uint8_t)(1u << i);
-    off[i] = total;
-    total += agoq_gpu_ring_align(req->posted[i]);
-  }
-  if (staged == 0 && bounced == 0) return ncclSuccess;
-  size_t piece_off = total, piece_cap = 0;
-  if (bounced != 0) {
-    if (comm->bounce_reqs > 0) {
+    if (staged == 0 && bounced == 0) return ncclSuccess;
+    piece_off = total;
+    piece_cap = 0;
+    if (bounced != 0) {
+      if (comm->bounce_reqs > 0) {
+        *again = true;
+        return ncclSuccess;
+      }
+      piece_cap = agoq_dev_piece_cap(area, total);
+      if (piece_cap == 0) {
+        AGOQ_WARN("receive from %s: a grouped receive of device buffers larger than the staging "
+                  "(AGOQ_GPU_STAGING=%lld) leaves it no room for their pieces: raise it",
+                  agoq_comm_peer(comm), (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+        return ncclInvalidUsage;
+      }
+      total += piece_cap;
+    }
+    AGOQ_CHECK(agoq_dev_fits(comm, total));
+    if (agoq_dev_stage_get(comm, total, &base, &id, &piece)) break;
+    /* Nothing free now: one the share can hold waits for it (this connection's own
+     * requests give it back); else the next layout, over TCP, rather than wait for the
+     * pool, which other connections hold. */
+    if (layout == 2 || agoq_gpu_ring_fits(ring, total) || !agoq_dev_can_bounce()) {
       *again = true;
       return ncclSuccess;
     }
-    piece_cap = agoq_dev_piece_cap(ring, total);
-    if (piece_cap == 0) {
-      AGOQ_WARN("receive from %s: a grouped receive of device buffers larger than the staging (AGOQ_GPU_STAGING=%lld) "
-                "leaves it no room for their pieces: raise it",
-                agoq_comm_peer(comm), (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
-      return ncclInvalidUsage;
-    }
-    total += piece_cap;
-  }
-  AGOQ_CHECK(agoq_dev_fits(comm, total));
-  uint8_t* base = NULL;
-  int id = agoq_gpu_ring_get(ring, total, &base);
-  if (id < 0) {
-    *again = true;
-    return ncclSuccess;
   }
   req->ring_id = id;
+  req->pool_piece = piece;
   for (int i = 0; i < req->n_bufs; i++)
     if (staged & (1u << i)) req->host[i] = base + off[i];
   if (bounced == 0) return ncclSuccess;
@@ -490,25 +587,27 @@ ncclResult_t agoq_dev_recv_frame_place(agoq_comm* comm, agoq_request* req, int s
 }
 
 void* agoq_dev_recv_key(const agoq_comm* comm, const agoq_request* req, int slot) {
-  return (req->bounce_mask & (1u << slot)) ? NULL : comm->gpu_key;
+  if (req->bounce_mask & (1u << slot)) return NULL;
+  return agoq_dev_stage_key(comm, req->late_piece[slot].chunk >= 0 ? &req->late_piece[slot] : &req->pool_piece);
 }
 
 ncclResult_t agoq_dev_recv_late(agoq_comm* comm, agoq_request* req, int slot, size_t size) {
   if (req->host[slot] != NULL) return ncclSuccess;
-  agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
   uint8_t* p = NULL;
-  int id = agoq_gpu_ring_fits(ring, size) ? agoq_gpu_ring_get(ring, size, &p) : -1;
-  if (id < 0) {
+  int id = -1;
+  agoq_gpu_pool_piece piece = {.chunk = -1};
+  if (!agoq_dev_stage_get(comm, size, &p, &id, &piece)) {
     /* The message is already arriving: it cannot wait for the staging to drain. A sender
      * with a larger AGOQ_GPU_STAGING sends frames this receiver's staging cannot hold. */
     AGOQ_WARN("receive from %s: a %zu-byte message for GPU buffer %p (posted %zu bytes, GPUDirect) came as a "
               "frame or CPU copy, and the staging (AGOQ_GPU_STAGING=%lld) %s: set AGOQ_GPU_STAGING alike on every rank",
               agoq_comm_peer(comm), size, (void*)req->data[slot], req->posted[slot],
               (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING),
-              agoq_gpu_ring_fits(ring, size) ? "is full" : "cannot hold it");
+              size <= agoq_dev_stage_max(comm) ? "is full" : "cannot hold it");
     return ncclInvalidUsage;
   }
   req->late_ring[slot] = id;
+  req->late_piece[slot] = piece;
   req->host[slot] = p;
   return ncclSuccess;
 }
@@ -610,12 +709,15 @@ ncclResult_t agoq_dev_copied(agoq_comm* comm, agoq_request* req, bool* done) {
 
 void agoq_dev_release(agoq_comm* comm, agoq_request* req) {
   if (comm->gpu != NULL) {
-    if (req->ring_id >= 0) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->ring_id);
-    for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++)
-      if (req->late_ring[i] >= 0) agoq_gpu_ring_put(agoq_gpu_link_ring(comm->gpu), req->late_ring[i]);
+    agoq_dev_stage_put(comm, &req->ring_id, &req->pool_piece);
+    for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) agoq_dev_stage_put(comm, &req->late_ring[i], &req->late_piece[i]);
   }
   req->ring_id = -1;
-  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->late_ring[i] = -1;
+  req->pool_piece.chunk = -1;
+  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) {
+    req->late_ring[i] = -1;
+    req->late_piece[i].chunk = -1;
+  }
   agoq_dev_bounce_free(comm, req);
 }
 
@@ -626,6 +728,14 @@ void agoq_dev_log(agoq_comm* comm) {
             comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), (unsigned long long)st->d2h_bytes,
             (unsigned long long)st->d2h_copies, (unsigned long long)st->h2d_bytes,
             (unsigned long long)st->h2d_copies);
+  if (agoq_gpu_link_pool(comm->gpu) != NULL) {
+    agoq_gpu_pool_stats ps;
+    agoq_gpu_pool_stats_get(agoq_gpu_link_device(comm->gpu), &ps);
+    AGOQ_INFO(NCCL_NET, "GPU %d's pinned pool: %llu bytes pinned for %u connections (%u chunks and their own shares), "
+              "%llu pieces borrowed, %llu times none free (through a share instead)",
+              agoq_gpu_link_device(comm->gpu), (unsigned long long)ps.pinned_bytes, ps.links, ps.chunks,
+              (unsigned long long)ps.borrows, (unsigned long long)ps.refusals);
+  }
 }
 
 void agoq_dev_close(agoq_comm* comm) {

@@ -36,8 +36,12 @@ agoq_request* agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind
   req->kind = kind;
   req->comm = comm;
   req->xfer.index = index;
-  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) req->stage[i] = req->late_ring[i] = -1;
+  for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) {
+    req->stage[i] = req->late_ring[i] = -1;
+    req->late_piece[i].chunk = -1;
+  }
   req->ring_id = -1;
+  req->pool_piece.chunk = -1;
   req->piece_buf = -1;
   return req;
 }

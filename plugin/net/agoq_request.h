@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "abi/agoq_nccl_common.h"
+#include "gpu/agoq_gpu_pool.h"
 #include "net/agoq_net.h"
 #include "transport/agoq_transport.h"
 
@@ -49,10 +50,12 @@ typedef struct agoq_request {
   uint8_t dev_mask;
   uint8_t frame_mask;                  /* receive: buffer i's message is a frame in host[i] */
   uint8_t* host[AGOQ_NET_MAX_RECVS];
-  int ring_id;                         /* the staging allocation, -1 none */
+  int ring_id;                         /* the staging allocation in the link's share, -1 none */
+  agoq_gpu_pool_piece pool_piece;      /* or in the GPU's pinned pool (chunk -1: none) */
   /* receive: buffer i's staging taken when its message arrived (a GPUDirect buffer larger
    * than the staging, whose message did not come by RDMA), -1 none */
   int late_ring[AGOQ_NET_MAX_RECVS];
+  agoq_gpu_pool_piece late_piece[AGOQ_NET_MAX_RECVS];
   /* Staged device messages larger than the staging (registered buffers: NCCL sends up to
    * NCCL_MAX_NET_SIZE, 1 GiB, per isend) pass through a host bounce buffer per NCCL buffer
    * (bounce[i], malloc'd), copied across PCIe in pieces through piece_host, piece_cap bytes

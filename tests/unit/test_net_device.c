@@ -966,6 +966,100 @@ static void test_link_resources(void** state) {
   assert_int_equal(c2.pinned_allocs, c0.pinned_allocs);
 }
 
+/* An 8-GPU node's worth of connections on one GPU: 128 links (64 pairs) in one process. The
+ * pinned memory the emulation counts stays within 128 MiB (AGOQ_GPU_PINNED_MAX; a whole
+ * AGOQ_GPU_STAGING per link pinned 1 GiB), every link still moves messages larger than its
+ * own share with more of them in flight than the pool holds (the rest pass in pieces through
+ * the shares), bit-exact, and closing the last link frees it all. Over TCP only: verbs keeps a
+ * whole staging per link (net_device.ib skips it). */
+static void test_pinned_memory_with_128_links(void** state) {
+  (void)state;
+  enum { PAIRS = 64 };
+  const char* tp = getenv("AGOQ_TRANSPORT");
+  if (tp != NULL && strcmp(tp, "ib") == 0) return;
+  const size_t msg = 1u << 20; /* above a share (256 KiB), within a chunk (8 MiB) */
+  agoq_emu_counters c0, c1, c2;
+  agoq_emu_counters_get(&c0);
+  pair* p = calloc(PAIRS, sizeof *p);
+  endpoint* s = calloc(PAIRS, sizeof *s);
+  endpoint* r = calloc(PAIRS, sizeof *r);
+  uint8_t* src = malloc(msg);
+  uint8_t* got = malloc(msg);
+  fill(src, msg, 128);
+  void* sbuf = dev_from(src, msg);
+  for (int i = 0; i < PAIRS; i++) {
+    pair_open_ex(&p[i], COMM_ID + 100 + (uint64_t)i, NULL);
+    s[i] = (endpoint){.buf = sbuf, .size = msg, .device = true};
+    r[i] = (endpoint){.size = msg, .device = true};
+    assert_int_equal(cudaMalloc(&r[i].buf, msg), cudaSuccess);
+    ep_reg(p[i].send, &s[i]);
+    ep_reg(p[i].recv, &r[i]);
+  }
+  agoq_emu_counters_get(&c1);
+  agoq_gpu_pool_stats ps;
+  agoq_gpu_pool_stats_get(0, &ps);
+  unsigned long long pinned = c1.pinned_bytes - c0.pinned_bytes;
+  assert_int_equal(ps.links, 2 * PAIRS);
+  assert_int_equal(pinned, ps.pinned_bytes); /* the pool's count is the emulation's */
+  assert_true(pinned <= (unsigned long long)agoq_param_int(AGOQ_PARAM_GPU_PINNED_MAX));
+  assert_true(ps.chunks >= 8);
+  print_message("128 links on one GPU: %llu bytes pinned (%u pool chunks of AGOQ_GPU_STAGING and the links' own)\n",
+                pinned, ps.chunks);
+  /* Every receive, then every send, posted before any completes: 128 MiB asked of a pool of
+   * about 88 MiB. */
+  void *sreq[PAIRS] = {0}, *rreq[PAIRS] = {0};
+  int tag = 9;
+  double deadline = now_s() + 120;
+  for (int i = 0; i < PAIRS; i++)
+    while (rreq[i] == NULL && now_s() < deadline)
+      assert_int_equal(agoq_net_irecv(p[i].recv, 1, &r[i].buf, &r[i].size, &tag, &r[i].mh, NULL, &rreq[i]),
+                       ncclSuccess);
+  for (int i = 0; i < PAIRS; i++)
+    while (sreq[i] == NULL && now_s() < deadline)
+      assert_int_equal(agoq_net_isend(p[i].send, sbuf, msg, tag, s[i].mh, NULL, &sreq[i]), ncclSuccess);
+  agoq_gpu_pool_stats_get(0, &ps);
+  assert_true(ps.refusals > 0); /* the pool ran out: some went through their shares */
+  int left = 2 * PAIRS;
+  int sdone[PAIRS] = {0}, rdone[PAIRS] = {0};
+  while (left > 0 && now_s() < deadline) {
+    for (int i = 0; i < PAIRS; i++) {
+      int size = -1;
+      if (!sdone[i]) {
+        assert_int_equal(agoq_net_test(sreq[i], &sdone[i], NULL), ncclSuccess);
+        left -= sdone[i];
+      }
+      if (!rdone[i]) {
+        assert_int_equal(agoq_net_test(rreq[i], &rdone[i], &size), ncclSuccess);
+        if (rdone[i]) assert_int_equal(size, (int)msg);
+        left -= rdone[i];
+      }
+    }
+  }
+  assert_int_equal(left, 0);
+  for (int i = 0; i < PAIRS; i++) {
+    dev_to(got, r[i].buf, msg);
+    assert_memory_equal(got, src, msg);
+  }
+  agoq_gpu_pool_stats_get(0, &ps);
+  assert_int_equal(ps.borrowed_bytes, 0);
+  for (int i = 0; i < PAIRS; i++) {
+    assert_int_equal(agoq_net_dereg_mr(p[i].send, s[i].mh), ncclSuccess);
+    assert_int_equal(agoq_net_dereg_mr(p[i].recv, r[i].mh), ncclSuccess);
+    pair_close(&p[i]);
+    cudaFree(r[i].buf);
+  }
+  cudaFree(sbuf);
+  agoq_emu_counters_get(&c2);
+  assert_int_equal(c2.pinned_bytes, c0.pinned_bytes);
+  agoq_gpu_pool_stats_get(0, &ps);
+  assert_int_equal(ps.links, 0);
+  free(p);
+  free(s);
+  free(r);
+  free(src);
+  free(got);
+}
+
 /* One message into a device buffer NCCL's kernel polls (LL/LL128: irecv's *request preset to
  * NCCL_NET_OPTIONAL_RECV_COMPLETION) or does not (SIMPLE). The emulation watches the buffer as
  * LL128 lines and counts each line one copy wrote both the data and the flag word of (its
@@ -1060,6 +1154,7 @@ int main(void) {
       cmocka_unit_test(test_staged_beyond_the_staging),
       cmocka_unit_test(test_polled_receive_lands_flags_last),
       cmocka_unit_test(test_link_resources),
+      cmocka_unit_test(test_pinned_memory_with_128_links),
   };
   /* net_device.ib runs only the tests about a verbs transport (tests/ib/CMakeLists.txt); not an
    * AGOQ_* name, which the plugin would warn about as an unknown setting. */

@@ -1248,7 +1248,10 @@ void agoq_emu_counters_get(agoq_emu_counters* c) {
   c->kernels_refused = n_refused;
   c->deadlocks = n_deadlocks;
   c->capture_refused = n_capture_refused;
-  for (const auto& kv : allocs) (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
+  for (const auto& kv : allocs) {
+    (kv.second.device ? c->device_allocs : c->pinned_allocs)++;
+    if (!kv.second.device) c->pinned_bytes += kv.second.size;
+  }
 }
 
 int agoq_emu_peek(void* host, const void* dev, size_t bytes) {

@@ -220,6 +220,7 @@ typedef struct {
    * so the flag may land first and NCCL's LL128 poller read the line before its data. */
   unsigned long long ll128_flag_early;
   unsigned long long live_events; /* events created and not destroyed */
+  unsigned long long pinned_bytes; /* bytes of the live pinned allocations */
 } agoq_emu_counters;
 void agoq_emu_counters_get(agoq_emu_counters* c);
 /* Not CUDA: marks device range [dev, dev + bytes) as an LL128 receive buffer (NCCL's: 128-byte
