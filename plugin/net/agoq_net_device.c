@@ -84,8 +84,10 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
      * still passes, in pieces through the share: a transport that moves unregistered host
      * memory (TCP). Over verbs a staged message must lie whole in registered memory, and a
      * connection waiting for a pool other connections hold could deadlock across nodes:
-     * there each keeps its whole staging. */
-    bool pooled = pinned_max > 0 && agoq_dev_can_bounce();
+     * there each keeps its whole staging. So does every connection with typed p2p on: whether
+     * a message goes as a frame must not depend on what the pool holds at that moment (the
+     * numbers would change from run to run), and a frame cannot pass in pieces. */
+    bool pooled = pinned_max > 0 && agoq_dev_can_bounce() && agoq_typed.format == AGOQ_FORMAT_NONE;
     /* A request's codec calls: one encode, or a decode per buffer of a grouped receive.
      * Their GPU time (statistics only) is measured for as many calls as NCCL keeps requests
      * in flight, twice over; calls beyond that go untimed (counted). Sized by the requests,
