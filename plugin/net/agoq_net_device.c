@@ -577,7 +577,7 @@ ncclResult_t agoq_dev_recv_frame_place(agoq_comm* comm, agoq_request* req, int s
    * area, free until the exact buffers' pieces start (after the decodes). */
   if (req->piece_frame || size > req->piece_cap) {
     AGOQ_WARN("receive from %s: a %zu-byte frame for GPU buffer %p (posted %zu bytes) %s: set AGOQ_GPU_STAGING "
-              "alike on every rank",
+              "and AGOQ_P2P_FORMAT alike on every rank (a connection that may receive frames keeps a whole staging)",
               agoq_comm_peer(comm), size, (void*)req->data[slot], req->posted[slot],
               req->piece_frame ? "finds the staging taken by another frame" : "exceeds the staging left for it");
     return ncclInvalidUsage;
