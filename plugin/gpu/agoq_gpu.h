@@ -82,6 +82,9 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
 /* Waits for the link's queued work (close only: NCCL's buffers may be gone after it), then
  * frees everything, the memory allocated through it included. NULL is a no-op. */
 void agoq_gpu_link_destroy(agoq_gpu_link* l);
+/* Close only: waits for the link's queued work, so that the pinned memory its copies use can
+ * be handed on (pool pieces of requests NCCL never saw complete). */
+void agoq_gpu_link_quiesce(agoq_gpu_link* l);
 int agoq_gpu_link_device(const agoq_gpu_link* l);
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l);
 /* The GPU's pinned pool the link joined, NULL for none. */

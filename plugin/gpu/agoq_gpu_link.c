@@ -175,6 +175,14 @@ out:
   return res;
 }
 
+void agoq_gpu_link_quiesce(agoq_gpu_link* l) {
+  if (l == NULL || l->stream == NULL) return;
+  agoq_gpu_setup_scope sc;
+  (void)agoq_gpu_setup_begin(l->device, &sc);
+  (void)agoq_gpu_cuda_error(cudaStreamSynchronize(l->stream), "cudaStreamSynchronize");
+  agoq_gpu_setup_end(&sc);
+}
+
 void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   if (l == NULL) return;
   agoq_gpu_setup_scope sc;

@@ -43,6 +43,7 @@ ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, a
   return agoq_gpu_none_call("agoq_gpu_link_create");
 }
 void agoq_gpu_link_destroy(agoq_gpu_link* l) { (void)l; }
+void agoq_gpu_link_quiesce(agoq_gpu_link* l) { (void)l; }
 int agoq_gpu_link_device(const agoq_gpu_link* l) { (void)l; return -1; }
 agoq_gpu_ring* agoq_gpu_link_ring(agoq_gpu_link* l) { (void)l; return NULL; }
 agoq_gpu_pool* agoq_gpu_link_pool(agoq_gpu_link* l) { (void)l; return NULL; }

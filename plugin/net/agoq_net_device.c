@@ -747,6 +747,15 @@ void agoq_dev_close(agoq_comm* comm) {
     agoq_request* req = &comm->pool.slots[i];
     if (req->magic == AGOQ_REQUEST_MAGIC && req->bounce_held) agoq_dev_bounce_free(comm, req);
   }
+  /* And their pieces of the GPU's pool, which other connections borrow next: once this
+   * link's queued copies are done with them. */
+  if (comm->gpu != NULL && agoq_gpu_link_pool(comm->gpu) != NULL) {
+    agoq_gpu_link_quiesce(comm->gpu);
+    for (uint32_t i = 0; i < comm->pool.capacity; i++) {
+      agoq_request* req = &comm->pool.slots[i];
+      if (req->magic == AGOQ_REQUEST_MAGIC) agoq_dev_release(comm, req);
+    }
+  }
   if (comm->gpu_key != NULL) agoq_net_tp->dereg(comm->gpu_key);
   comm->gpu_key = NULL;
   agoq_gpu_link_destroy(comm->gpu);
