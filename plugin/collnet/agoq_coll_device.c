@@ -184,7 +184,7 @@ static void agoq_dev_piece_landed(agoq_coll_req* r, bool in) {
 static ncclResult_t agoq_dev_bounce_locked(agoq_coll_comm* g, agoq_coll_req* r, size_t in_bytes, size_t out_bytes,
                                            bool alias, size_t total, bool* busy) {
   agoq_gpu_ring* ring = agoq_gpu_link_ring(g->gpu);
-  size_t cap = agoq_gpu_ring_piece(ring);
+  size_t cap = agoq_gpu_ring_piece(ring->size);
   uint8_t* piece = NULL;
   int id = g->bounce_reqs == 0 ? agoq_gpu_ring_get(ring, cap, &piece) : -1;
   if (id < 0) {

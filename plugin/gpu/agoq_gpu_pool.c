@@ -106,6 +106,14 @@ static void agoq_gpu_pool_shrink(agoq_gpu_pool* p) {
   }
 }
 
+/* Its last link gone (or its first join failed): every chunk, the pool itself. Under setup_mu. */
+static void agoq_gpu_pool_free(agoq_gpu_pool* p) {
+  for (uint32_t i = 0; i < p->nchunks; i++) agoq_gpu_pool_chunk_free(p, &p->chunks[i]);
+  pthread_mutex_destroy(&p->mu);
+  agoq_gpu_pools[p->device] = NULL;
+  free(p);
+}
+
 ncclResult_t agoq_gpu_pool_join(int device, int net_dev, const agoq_gpu_pool_config* cfg, const agoq_gpu_pool_ops* ops,
                                 agoq_gpu_pool** out) {
   ncclResult_t res = ncclSuccess;
@@ -147,12 +155,7 @@ ncclResult_t agoq_gpu_pool_join(int device, int net_dev, const agoq_gpu_pool_con
   *out = p;
   goto out;
 undo:
-  if (p->links == 0) {
-    for (uint32_t i = 0; i < p->nchunks; i++) agoq_gpu_pool_chunk_free(p, &p->chunks[i]);
-    pthread_mutex_destroy(&p->mu);
-    agoq_gpu_pools[device] = NULL;
-    free(p);
-  }
+  if (p->links == 0) agoq_gpu_pool_free(p);
 out:
   pthread_mutex_unlock(&agoq_gpu_pool_setup_mu);
   return res;
@@ -168,10 +171,7 @@ void agoq_gpu_pool_leave(agoq_gpu_pool* p, int net_dev, size_t share) {
     if (p->borrowed_bytes != 0)
       AGOQ_WARN("GPU %d's pinned pool: %llu bytes still borrowed when its last link closed", p->device,
                 (unsigned long long)p->borrowed_bytes);
-    for (uint32_t i = 0; i < p->nchunks; i++) agoq_gpu_pool_chunk_free(p, &p->chunks[i]);
-    pthread_mutex_destroy(&p->mu);
-    agoq_gpu_pools[p->device] = NULL;
-    free(p);
+    agoq_gpu_pool_free(p);
   }
   pthread_mutex_unlock(&agoq_gpu_pool_setup_mu);
 }

@@ -40,10 +40,11 @@ bool agoq_gpu_ring_init(agoq_gpu_ring* r, uint8_t* base, size_t size, uint32_t m
 void agoq_gpu_ring_fini(agoq_gpu_ring* r);
 /* True when `size` bytes can ever be had (the ring is large enough). */
 bool agoq_gpu_ring_fits(const agoq_gpu_ring* r, size_t size);
-/* The pieces of a message larger than the ring (net and CollNet bounce buffers): half of
- * it, on the ring's alignment, so that the requests around one keep moving. */
-static inline size_t agoq_gpu_ring_piece(const agoq_gpu_ring* r) {
-  return r->size / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+/* The pieces of a message larger than any staging (net and CollNet bounce buffers), out of
+ * an area of `area` bytes (a ring, or a chunk of the GPU's pinned pool): half of it, on the
+ * ring's alignment, so that the requests around one keep moving. */
+static inline size_t agoq_gpu_ring_piece(size_t area) {
+  return area / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
 }
 /* Hands out `size` bytes (0 is allowed: a minimal piece) at *ptr and returns the
  * allocation's id; -1 when they do not fit now (older allocations still out). */

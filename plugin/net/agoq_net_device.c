@@ -210,7 +210,7 @@ static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
  * bytes (the share's ring or a pool chunk): half of it, so that the requests around it keep
  * moving, or what the other buffers of its grouped receive leave. */
 static size_t agoq_dev_piece_cap(size_t area, size_t others) {
-  size_t half = area / 2 / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN;
+  size_t half = agoq_gpu_ring_piece(area);
   size_t left = others < area ? (area - others) / AGOQ_GPU_RING_ALIGN * AGOQ_GPU_RING_ALIGN : 0;
   return left < half ? left : half;
 }

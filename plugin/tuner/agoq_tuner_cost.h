@@ -13,7 +13,9 @@
  *
  * The one cost model of agoq: the tuner applies it to NCCL's cost table, and agoq-plan
  * (tools/plan) to its modelled times, through agoq_tuner_cost_compare, so that the plan
- * shows compressed exactly what the tuner would let NCCL compress. No NCCL-process state.
+ * shows compressed exactly what the tuner would let NCCL compress. No NCCL-process state;
+ * the one reader of settings is agoq_tuner_codec_setting, so that both take the codec speed
+ * from the same parameters by the same rule.
  */
 #ifndef AGOQ_TUNER_COST_H
 #define AGOQ_TUNER_COST_H
