@@ -21,9 +21,8 @@
  * on the GPU.
  * A call larger than the staging (CollNetDirect calls reach NCCL_BUFFSIZE, 16 MiB is a common
  * setting; registered windows need input plus output) runs from and into a host bounce
- * buffer of its size instead, over a transport that needs no registration (TCP; verbs would
- * register it on the data path, so there it stays an error naming AGOQ_GPU_STAGING): the
- * input comes across PCIe in pieces of half the staging, one behind the request's event at
+ * buffer of its size instead (over verbs registered for the call: slow on hardware, said
+ * once per group): the input comes across PCIe in pieces of half the staging, one behind the request's event at
  * a time, the CPU moving each into the bounce buffer, before the first chunk is admitted;
  * the result goes back the same way before test() says done. One such request per group at
  * a time (the next is a NULL request): host memory grows with the groups, not the calls. */
@@ -198,8 +197,27 @@ static ncclResult_t agoq_dev_bounce_locked(agoq_coll_comm* g, agoq_coll_req* r, 
               "AGOQ_GPU_STAGING=%lld)", g->rank, total, (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
     return ncclSystemError;
   }
+  /* Over verbs the engine's messages from and into it need a registration: one for the
+   * call, made here on the data path (slow on hardware: its pages are pinned), found by
+   * every chunk's message. */
+  void* key = NULL;
+  ncclResult_t res = agoq_net_reg_host(g->dev, b, total, &key);
+  if (res != ncclSuccess) {
+    free(b);
+    agoq_gpu_ring_put(ring, id);
+    AGOQ_WARN("CollNet rank %d: the host bounce buffer of a %zu-byte device call could not be registered with the "
+              "NIC (logged above); a larger AGOQ_GPU_STAGING (%lld) avoids it",
+              g->rank, total, (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+    return res;
+  }
+  if (key != NULL && g->bounce_regs++ == 0)
+    AGOQ_INFO(NCCL_NET | NCCL_REG,
+              "CollNet rank %d: a %zu-byte device call larger than the pinned staging runs from and into a host "
+              "buffer registered for it (slow on hardware; a larger AGOQ_GPU_STAGING=%lld avoids it)",
+              g->rank, total, (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
   g->bounce_reqs++;
   r->bounce = b;
+  r->bounce_key = key;
   r->ring_id = id;
   r->piece_host = piece;
   r->piece_cap = cap;
@@ -253,7 +271,7 @@ static ncclResult_t agoq_dev_stage_locked(agoq_coll_comm* g, agoq_coll_req* r, s
     return ncclInternalError;
   }
   size_t total = agoq_gpu_ring_align(in_bytes) + (alias ? 0 : out_bytes);
-  if (!agoq_gpu_ring_fits(agoq_gpu_link_ring(g->gpu), total) && agoq_net_host_unregistered_ok()) {
+  if (!agoq_gpu_ring_fits(agoq_gpu_link_ring(g->gpu), total)) {
     ncclResult_t res = agoq_dev_bounce_locked(g, r, in_bytes, out_bytes, alias, total, busy);
     if (res != ncclSuccess && agoq_coll_fail(g, res))
       AGOQ_WARN("CollNet rank %d: the device path failed (%s); the group fails", g->rank, agoq_result_str(res));
@@ -388,6 +406,8 @@ void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r) {
   pthread_mutex_lock(&g->gpu_mu);
   agoq_gpu_ring_put(agoq_gpu_link_ring(g->gpu), r->ring_id);
   if (r->bounce != NULL && !r->pieces_in && !r->pieces_out) {
+    agoq_net_dereg_host(r->bounce_key);
+    r->bounce_key = NULL;
     free(r->bounce);
     r->bounce = NULL;
     g->bounce_reqs--;

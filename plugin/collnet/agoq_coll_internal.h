@@ -100,10 +100,12 @@ typedef struct agoq_coll_req {
   bool in_copy;           /* the input's D2H copy is queued and not yet seen complete */
   uint8_t* dev_dst;       /* allreduce/reducescatter: NCCL's receive buffer, in device memory */
   uint32_t dev_parts;     /* bit i: parts[i] is in device memory */
-  /* A call larger than the staging (TCP only): src/dst point into `bounce` (malloc'd, the
-   * call's size), filled and emptied across PCIe in pieces through piece_host, piece_cap
-   * bytes of the staging (ring_id), one piece behind the request's event at a time. */
+  /* A call larger than the staging: src/dst point into `bounce` (malloc'd, the call's
+   * size; registered with a transport that moves only registered memory, bounce_key),
+   * filled and emptied across PCIe in pieces through piece_host, piece_cap bytes of the
+   * staging (ring_id), one piece behind the request's event at a time. */
   uint8_t* bounce;
+  void* bounce_key;
   uint8_t* piece_host;
   size_t piece_cap;
   const uint8_t* dev_src; /* allreduce/allgather: NCCL's device input */
@@ -256,6 +258,7 @@ typedef struct agoq_coll_comm {
   /* The link's staging ring and gslots' pinned frames, registered with the transport. */
   void* gpu_keys[2];
   uint32_t bounce_reqs; /* requests holding a bounce buffer (at most one at a time) */
+  uint64_t bounce_regs; /* bounce buffers registered with the transport for their call */
   struct agoq_coll_comm* reg_next; /* registry of open groups */
 } agoq_coll_comm;
 

@@ -30,6 +30,7 @@ void agoq_coll_pool_fini(agoq_coll_comm* g) {
   /* After the link's destruction: a bounce buffer a failed request kept is no longer read. */
   for (int i = 0; i < AGOQ_COLL_MAX_REQUESTS; i++) {
     free(g->reqs[i].flat);
+    agoq_net_dereg_host(g->reqs[i].bounce_key);
     free(g->reqs[i].bounce);
   }
   free(g->reqs);

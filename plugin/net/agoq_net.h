@@ -77,10 +77,6 @@ ncclResult_t agoq_net_dereg_mr(void* comm, void* mhandle);
  * transport registers nothing. Setup only. */
 ncclResult_t agoq_net_reg_host(int dev, void* data, size_t size, void** key);
 void agoq_net_dereg_host(void* key); /* NULL is a no-op */
-/* The transport moves host memory without a registration (TCP): a buffer made on the data
- * path may be sent or received as it is. A verbs transport would register it there, which it
- * never does on the data path. */
-bool agoq_net_host_unregistered_ok(void);
 ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                             void* phandle, void** request);
 ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags,

@@ -80,6 +80,9 @@ typedef struct agoq_comm {
    * that host memory grows with the connections, not with NCCL's requests in flight; the
    * next such request waits (NCCL retries), in the order the connection keeps anyway. */
   uint32_t bounce_reqs;
+  /* Bounce buffers registered with the transport for their message (verbs: a registration
+   * on the data path, slow on hardware; said once per connection at INFO). */
+  uint64_t bounce_regs;
 } agoq_comm;
 
 /* Wraps a new transport connection (takes it over; closes it on failure). */

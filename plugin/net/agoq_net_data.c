@@ -62,8 +62,6 @@ ncclResult_t agoq_net_reg_host(int dev, void* data, size_t size, void** key) {
   return agoq_net_tp->reg(dev, data, size, key);
 }
 
-bool agoq_net_host_unregistered_ok(void) { return agoq_net_tp != NULL && agoq_net_tp->reg == NULL; }
-
 void agoq_net_dereg_host(void* key) {
   if (key != NULL && agoq_net_tp != NULL && agoq_net_tp->dereg != NULL) agoq_net_tp->dereg(key);
 }
@@ -232,7 +230,7 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
       if (late != ncclSuccess) return late;
       req->frame_mask |= (uint8_t)(1u << slot);
       *dst = req->host[slot];
-      x->reg[slot] = comm->gpu_key;
+      x->reg[slot] = agoq_dev_recv_key(comm, req, slot);
       *slot_out = slot;
       return ncclSuccess;
     }

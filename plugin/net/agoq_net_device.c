@@ -27,9 +27,9 @@
 #include "core/agoq_params.h"
 #include "net/agoq_net_comm.h"
 
-/* Staged device messages larger than the staging can pass in pieces through a host bounce
- * buffer (below) only where the transport moves unregistered host memory. */
-static bool agoq_dev_can_bounce(void) { return agoq_net_host_unregistered_ok(); }
+/* Pool chunks registered with the connection's NIC at link setup, where the transport
+ * moves only registered memory (verbs): a piece is then never registered on the data path. */
+static const agoq_gpu_pool_ops agoq_dev_pool_ops = {.reg = agoq_net_reg_host, .dereg = agoq_net_dereg_host};
 
 /* A pooled connection's own pinned bytes: AGOQ_GPU_STAGING/32 (256 KiB by default, 32 MiB on
  * 128 connections), at least 64 KiB (or the staging itself when smaller). */
@@ -80,14 +80,14 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
     size_t pinned_max = (size_t)agoq_param_int(AGOQ_PARAM_GPU_PINNED_MAX);
     /* Pinned memory per GPU, not per connection (agoq_gpu_pool.h): a share of its own, and
-     * the GPU's pool for what the share cannot hold. Only where a message neither can hold
-     * still passes, in pieces through the share: a transport that moves unregistered host
-     * memory (TCP). Over verbs a staged message must lie whole in registered memory, and a
-     * connection waiting for a pool other connections hold could deadlock across nodes:
-     * there each keeps its whole staging. So does every connection with typed p2p on: whether
-     * a message goes as a frame must not depend on what the pool holds at that moment (the
-     * numbers would change from run to run), and a frame cannot pass in pieces. */
-    bool pooled = pinned_max > 0 && agoq_dev_can_bounce() && agoq_typed.format == AGOQ_FORMAT_NONE;
+     * the GPU's pool for what the share cannot hold. A message neither has room for now
+     * passes in pieces through the share and a host bounce buffer (below), never waiting
+     * for the pool, which other connections hold (waiting could deadlock across nodes).
+     * Every connection with typed p2p on keeps a whole staging instead: whether a message
+     * goes as a frame must not depend on what the pool holds at that moment (the numbers
+     * would change from run to run), and a frame cannot pass in pieces. */
+    bool pooled = pinned_max > 0 && agoq_typed.format == AGOQ_FORMAT_NONE;
+    bool registers = agoq_net_tp->reg != NULL;
     /* A request's codec calls: one encode, or a decode per buffer of a grouped receive.
      * Their GPU time (statistics only) is measured for as many calls as NCCL keeps requests
      * in flight, twice over; calls beyond that go untimed (counted). Sized by the requests,
@@ -97,7 +97,8 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
                                .parts = AGOQ_GPU_PARTS_PER_SLOT,
                                .timed = 2 * NCCL_NET_MAX_REQUESTS,
                                .pool = {.chunk = pooled ? staging : 0, .cap = pinned_max},
-                               .pool_net_dev = -1};
+                               .pool_net_dev = registers ? comm->dev : -1,
+                               .pool_ops = registers ? &agoq_dev_pool_ops : NULL};
     /* Also loads every codec kernel on this device (agoq_gpu_codec_load), whatever format a
      * peer sends: none is first launched on the data path. */
     AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
@@ -196,16 +197,17 @@ static ncclResult_t agoq_dev_fits(agoq_comm* comm, size_t need) {
 /* ---- messages larger than the staging, through a host bounce buffer ----
  * A staged message must lie whole in host memory the transport reads or writes, and the
  * pinned staging (AGOQ_GPU_STAGING) is smaller than what NCCL sends from registered
- * buffers (up to NCCL_MAX_NET_SIZE, 1 GiB, per isend). Such a message goes through a
- * malloc'd bounce buffer, filled (send) or emptied (receive) across PCIe in pieces through
- * a part of the request's staging, one piece at a time behind an event: no CUDA allocation
- * on the data path (a cudaHostAlloc there can block behind another thread's work), no wait
- * for the device, and pinned memory stays as configured. One such request per connection
- * at a time (agoq_comm.bounce_reqs).
- * Only with a transport that moves host memory unregistered (TCP): a verbs transport would
- * have to register each bounce buffer on the data path, which it never does (every
- * registration happens at setup); there, without DMA-BUF, the staging bounds a message
- * (an error naming AGOQ_GPU_STAGING). */
+ * buffers (up to NCCL_MAX_NET_SIZE, 1 GiB, per isend). Such a message, or one neither the
+ * share nor the pool has room for now, goes through a malloc'd bounce buffer, filled (send)
+ * or emptied (receive) across PCIe in pieces through a part of the request's staging, one
+ * piece at a time behind an event: no CUDA allocation on the data path (a cudaHostAlloc
+ * there can block behind another thread's work), no wait for the device, and pinned memory
+ * stays as configured. One such request per connection at a time (agoq_comm.bounce_reqs).
+ * A transport that moves only registered memory (verbs) gets the bounce buffer registered
+ * for its message: the one registration agoq makes on the data path, slow on hardware
+ * (pinning its pages) and said once per connection; it never waits for another connection.
+ * GPUDirect RDMA (DMA-BUF) avoids it for exact messages, a larger AGOQ_GPU_STAGING for the
+ * others. */
 /* The staging a bounce request takes for its pieces, out of an allocation of at most `area`
  * bytes (the share's ring or a pool chunk): half of it, so that the requests around it keep
  * moving, or what the other buffers of its grouped receive leave. */
@@ -224,15 +226,35 @@ static ncclResult_t agoq_dev_bounce_alloc(agoq_comm* comm, agoq_request* req, in
               (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
     return ncclSystemError;
   }
+  void* key = NULL;
+  ncclResult_t res = agoq_net_reg_host(comm->dev, p, size, &key);
+  if (res != ncclSuccess) {
+    free(p);
+    AGOQ_WARN("%s %s: the host bounce buffer of a %zu-byte device message could not be registered with the NIC "
+              "(logged above); GPUDirect RDMA (DMA-BUF) or a larger AGOQ_GPU_STAGING (%lld) avoids it",
+              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), size,
+              (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
+    return res;
+  }
+  if (key != NULL && comm->bounce_regs++ == 0)
+    AGOQ_INFO(NCCL_NET | NCCL_REG,
+              "%s %s: a %zu-byte device message without room in the pinned staging passes through a host buffer "
+              "registered for it (slow on hardware; GPUDirect RDMA by DMA-BUF, or a larger AGOQ_GPU_STAGING=%lld, "
+              "avoids it); counted in this connection's closing line",
+              comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), size,
+              (long long)agoq_param_int(AGOQ_PARAM_GPU_STAGING));
   if (!req->bounce_held) comm->bounce_reqs++;
   req->bounce_held = true;
   req->bounce[i] = p;
+  req->bounce_key[i] = key;
   req->bounce_mask |= (uint8_t)(1u << i);
   return ncclSuccess;
 }
 
 static void agoq_dev_bounce_free(agoq_comm* comm, agoq_request* req) {
   for (int i = 0; i < AGOQ_NET_MAX_RECVS; i++) {
+    agoq_net_dereg_host(req->bounce_key[i]);
+    req->bounce_key[i] = NULL;
     free(req->bounce[i]);
     req->bounce[i] = NULL;
   }
@@ -304,7 +326,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
   int id = -1;
   agoq_gpu_pool_piece piece = {.chunk = -1};
   /* Staged and larger than any staging: through a bounce buffer, in pieces. */
-  bool bounce = !direct && size > agoq_dev_stage_max(comm) && agoq_dev_can_bounce();
+  bool bounce = !direct && size > agoq_dev_stage_max(comm);
   if (!bounce && (!direct || size <= agoq_dev_stage_max(comm))) {
     if (!direct) AGOQ_CHECK(agoq_dev_fits(comm, size));
     if (!agoq_dev_stage_get(comm, size, &host, &id, &piece)) {
@@ -313,7 +335,7 @@ ncclResult_t agoq_dev_send_start(agoq_comm* comm, agoq_request* req, void* data,
        * through it rather than wait for the pool, which other connections hold. A GPUDirect
        * one waits too: whether it goes as a frame must not depend on what the staging
        * holds at that moment. */
-      if (direct || agoq_gpu_ring_fits(ring, size) || !agoq_dev_can_bounce()) {
+      if (direct || agoq_gpu_ring_fits(ring, size)) {
         *again = true;
         return ncclSuccess;
       }
@@ -473,9 +495,8 @@ ncclResult_t agoq_dev_advance(agoq_comm* comm) {
       }
       /* Across PCIe: the frame the GPU wrote, or the payload's copy. */
       agoq_stats_device(comm->st, req->dev_frame ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, req->xfer.size[0], 0);
-      /* Frame or copy, it lies in the pinned staging, or whole in the bounce buffer (the
-       * transport registers nothing). */
-      req->xfer.reg[0] = req->bounce_mask != 0 ? NULL : agoq_dev_stage_key(comm, &req->pool_piece);
+      /* Frame or copy, it lies in the pinned staging, or whole in the bounce buffer. */
+      req->xfer.reg[0] = req->bounce_mask != 0 ? req->bounce_key[0] : agoq_dev_stage_key(comm, &req->pool_piece);
     }
     comm->dev_first = (comm->dev_first + 1) % AGOQ_REQUESTS_PER_COMM;
     comm->dev_count--;
@@ -516,10 +537,8 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
         /* A GPUDirect buffer too large for the staging takes none now (agoq_dev_recv_late);
          * a staged one comes through a bounce buffer. */
         if (req->direct_ok & (1u << i)) continue;
-        if (agoq_dev_can_bounce()) {
-          bounced |= (uint8_t)(1u << i);
-          continue;
-        }
+        bounced |= (uint8_t)(1u << i);
+        continue;
       }
       staged |= (uint8_t)(1u << i);
       off[i] = total;
@@ -547,7 +566,7 @@ ncclResult_t agoq_dev_recv_start(agoq_comm* comm, agoq_request* req, bool* again
     /* Nothing free now: one the share can hold waits for it (this connection's own
      * requests give it back); else the next layout, over TCP, rather than wait for the
      * pool, which other connections hold. */
-    if (layout == 2 || agoq_gpu_ring_fits(ring, total) || !agoq_dev_can_bounce()) {
+    if (layout == 2 || agoq_gpu_ring_fits(ring, total)) {
       *again = true;
       return ncclSuccess;
     }
@@ -589,7 +608,7 @@ ncclResult_t agoq_dev_recv_frame_place(agoq_comm* comm, agoq_request* req, int s
 }
 
 void* agoq_dev_recv_key(const agoq_comm* comm, const agoq_request* req, int slot) {
-  if (req->bounce_mask & (1u << slot)) return NULL;
+  if (req->bounce_mask & (1u << slot)) return req->bounce_key[slot];
   return agoq_dev_stage_key(comm, req->late_piece[slot].chunk >= 0 ? &req->late_piece[slot] : &req->pool_piece);
 }
 
@@ -726,10 +745,11 @@ void agoq_dev_release(agoq_comm* comm, agoq_request* req) {
 void agoq_dev_log(agoq_comm* comm) {
   if (comm->gpu == NULL) return;
   const agoq_gpu_link_stats* st = agoq_gpu_link_stats_get(comm->gpu);
-  AGOQ_INFO(NCCL_NET, "%s %s: device path copied %llu bytes D2H in %llu copies, %llu bytes H2D in %llu copies",
+  AGOQ_INFO(NCCL_NET, "%s %s: device path copied %llu bytes D2H in %llu copies, %llu bytes H2D in %llu copies; %llu "
+            "bounce buffers registered for their message",
             comm->is_send ? "send to" : "receive from", agoq_comm_peer(comm), (unsigned long long)st->d2h_bytes,
             (unsigned long long)st->d2h_copies, (unsigned long long)st->h2d_bytes,
-            (unsigned long long)st->h2d_copies);
+            (unsigned long long)st->h2d_copies, (unsigned long long)comm->bounce_regs);
   if (agoq_gpu_link_pool(comm->gpu) != NULL) {
     agoq_gpu_pool_stats ps;
     agoq_gpu_pool_stats_get(agoq_gpu_link_device(comm->gpu), &ps);

@@ -130,18 +130,12 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
   AGOQ_CHECK(agoq_net_tp->get_properties(dev, p));
   if (agoq_gpu_active()) {
     /* NCCL may now hand over device buffers (with GPUDirect allowed by NCCL_NET_GDR_LEVEL
-     * for this GPU and NIC). Over TCP a message or CollNet call of any size passes: through
-     * the staging, or in pieces through a host bounce buffer (agoq_net_device.c,
-     * agoq_coll_device.c). Over verbs that buffer would be registered on the data path, so
-     * the staging bounds a staged p2p message (but by GPUDirect RDMA, DMA-BUF) and every
-     * CollNet device call (CollNet stages DMA-BUF buffers too). NCCL 2.28.9 range-checks
-     * these and never applies them: a larger message is still refused by name
-     * (AGOQ_GPU_STAGING), but the properties say what holds. */
-    size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
+     * for this GPU and NIC), and a p2p message or CollNet call of any size passes (NCCL
+     * 2.28.9 range-checks maxP2pBytes/maxCollBytes and never applies them, sending up to
+     * NCCL_MAX_NET_SIZE, 1 GiB): by GPUDirect RDMA, through the pinned staging, or in pieces
+     * through a host bounce buffer (agoq_net_device.c, agoq_coll_device.c; over verbs
+     * registered for its message), so the transport's figures stand. */
     p->ptr_support |= NCCL_PTR_CUDA;
-    bool any = agoq_net_host_unregistered_ok();
-    if (!any && !(p->ptr_support & NCCL_PTR_DMABUF) && p->max_p2p_bytes > staging) p->max_p2p_bytes = staging;
-    if (!any && p->max_coll_bytes > staging) p->max_coll_bytes = staging;
   } else {
     /* A transport's DMA-BUF support is of no use without the GPU path behind it. */
     p->ptr_support &= ~NCCL_PTR_DMABUF;

@@ -60,10 +60,12 @@ typedef struct agoq_request {
    * NCCL_MAX_NET_SIZE, 1 GiB, per isend) pass through a host bounce buffer per NCCL buffer
    * (bounce[i], malloc'd), copied across PCIe in pieces through piece_host, piece_cap bytes
    * of this request's staging (agoq_net_device.c). The transport moves the bounce buffer as
-   * one message. */
+   * one message; one that moves only registered memory (verbs) has it registered for the
+   * message (bounce_key[i]). */
   uint8_t bounce_mask;                 /* buffer i's bytes are in bounce[i] */
   bool bounce_held;                    /* counted in agoq_comm.bounce_reqs */
   uint8_t* bounce[AGOQ_NET_MAX_RECVS];
+  void* bounce_key[AGOQ_NET_MAX_RECVS]; /* its registration with the transport, NULL none */
   uint8_t* piece_host;
   size_t piece_cap;
   int piece_buf;                       /* the buffer whose pieces are moving, -1 none yet */

@@ -55,22 +55,17 @@ int abi_sc_props(abi_worker* w) {
     ABI_REQUIRE(w, want == ((p.ptr_support & NCCL_PTR_DMABUF) != 0), "dev %d: ptrSupport 0x%x %s DMA-BUF", dev,
                 p.ptr_support, want ? "lacks" : "claims");
     if (abi_device_mode()) {
-      /* With a device, device buffers are advertised; p2p messages and CollNet calls of any
-       * size NCCL sends (1 GiB, NCCL_MAX_NET_SIZE) are taken, but over verbs (staged whole:
-       * no registration on the data path), where the staging bounds CollNet calls and, without
-       * DMA-BUF, p2p messages. */
+      /* With a device, device buffers are advertised, and p2p messages and CollNet calls
+       * of any size NCCL sends (1 GiB, NCCL_MAX_NET_SIZE) are taken on every transport: by
+       * GPUDirect RDMA, staged, or in pieces through a bounce buffer (over verbs registered
+       * for its message). */
       ABI_REQUIRE(w, (p.ptr_support & NCCL_PTR_CUDA) != 0, "dev %d: ptrSupport 0x%x lacks CUDA with a device",
                   dev, p.ptr_support);
-      const char* tp = getenv("AGOQ_TRANSPORT");
-      bool ib = tp != NULL && strcmp(tp, "ib") == 0;
-      bool bounded = ib && !(p.ptr_support & NCCL_PTR_DMABUF);
       if (w->view.version >= 9) {
-        ABI_REQUIRE(w, bounded ? p.max_p2p_bytes <= abi_device_max_coll() : p.max_p2p_bytes >= ((size_t)1 << 30),
-                    "dev %d: maxP2pBytes %zu (%s)", dev, (size_t)p.max_p2p_bytes,
-                    bounded ? "the staging bounds it over verbs without DMA-BUF" : "NCCL sends 1 GiB");
-        ABI_REQUIRE(w, ib ? p.max_coll_bytes <= abi_device_max_coll() : p.max_coll_bytes > abi_device_max_coll(),
-                    "dev %d: maxCollBytes %zu (%s the staging %zu)", dev, (size_t)p.max_coll_bytes,
-                    ib ? "over verbs at most" : "over TCP beyond", abi_device_max_coll());
+        ABI_REQUIRE(w, p.max_p2p_bytes >= ((size_t)1 << 30), "dev %d: maxP2pBytes %zu (NCCL sends 1 GiB)", dev,
+                    (size_t)p.max_p2p_bytes);
+        ABI_REQUIRE(w, p.max_coll_bytes > abi_device_max_coll(), "dev %d: maxCollBytes %zu (beyond the staging %zu)",
+                    dev, (size_t)p.max_coll_bytes, abi_device_max_coll());
       }
     }
     ABI_REQUIRE(w, p.max_recvs >= 1, "dev %d: maxRecvs %d", dev, p.max_recvs);
@@ -118,10 +113,6 @@ static size_t abi_size_cases(const abi_worker* w, abi_size_case* c, size_t cap) 
    * through a bounce buffer); 1 GiB is left out (the emulated device memory is the
    * machine's). */
   size_t most = abi_device_max_message();
-  /* Over verbs without DMA-BUF the staging still bounds a device message. */
-  const char* tp = getenv("AGOQ_TRANSPORT");
-  if (abi_device_mode() && tp != NULL && strcmp(tp, "ib") == 0 && getenv("AGOQ_ABI_EXPECT_DMABUF") == NULL)
-    most = abi_device_max_coll();
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && n + 2 <= cap; i++) {
     size_t larger = sizes[i] + 1013 + sizes[i] / 8;
     if (larger > most) continue;

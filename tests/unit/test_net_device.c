@@ -858,8 +858,8 @@ static void test_gpudirect_beyond_the_staging(void** state) {
  * pieces of half the staging: exact and bit-equal at any size, a typed one that large goes
  * exact, a frame into a large receive is decoded from the staging, a shorter message than
  * posted reports its size, and a second such send on the connection waits for the first.
- * Over verbs (net_device.ib) a bounce buffer would need a registration on the data path,
- * which that transport never makes: there the message stays refused, naming the setting. */
+ * Over verbs without DMA-BUF (net_device.ib) the same, the bounce buffer registered with the
+ * NIC for its message (it was refused there, naming AGOQ_GPU_STAGING). */
 static void test_staged_beyond_the_staging(void** state) {
   (void)state;
   size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
@@ -871,16 +871,7 @@ static void test_staged_beyond_the_staging(void** state) {
   uint8_t* got = b.got;
   endpoint s = b.s, r = b.r;
   const char* tp = getenv("AGOQ_TRANSPORT");
-  if (tp != NULL && strcmp(tp, "ib") == 0) {
-    void* req = NULL;
-    int tag = 3;
-    assert_int_equal(agoq_net_isend(p.send, s.buf, big, tag, s.mh, NULL, &req), ncclInvalidUsage);
-    assert_null(req);
-    assert_int_equal(agoq_net_irecv(p.recv, 1, &r.buf, &r.size, &tag, &r.mh, NULL, &req), ncclInvalidUsage);
-    assert_null(req);
-    big_close(&b);
-    return;
-  }
+  const bool ib = tp != NULL && strcmp(tp, "ib") == 0;
   agoq_comm* sc = (agoq_comm*)p.send;
   agoq_comm* rc = (agoq_comm*)p.recv;
   const agoq_gpu_link_stats* sst = agoq_gpu_link_stats_get(sc->gpu);
@@ -895,6 +886,9 @@ static void test_staged_beyond_the_staging(void** state) {
   assert_int_equal(rst->h2d_bytes - h2d0, big);
   assert_int_equal(sst->d2h_copies - d2hc0, 7); /* pieces of staging/2: 3 * 2 + 1 */
   assert_int_equal(rst->h2d_copies - h2dc0, 7);
+  /* A bounce buffer each side, registered for the message over verbs only. */
+  assert_int_equal(sc->bounce_regs, ib ? 1 : 0);
+  assert_int_equal(rc->bounce_regs, ib ? 1 : 0);
   assert_int_equal(sc->bounce_reqs, 0);
   assert_int_equal(rc->bounce_reqs, 0);
   assert_int_equal(agoq_gpu_ring_live(agoq_gpu_link_ring(sc->gpu)), 0);
@@ -970,13 +964,14 @@ static void test_link_resources(void** state) {
  * pinned memory the emulation counts stays within 128 MiB (AGOQ_GPU_PINNED_MAX; a whole
  * AGOQ_GPU_STAGING per link pinned 1 GiB), every link still moves messages larger than its
  * own share with more of them in flight than the pool holds (the rest pass in pieces through
- * the shares), bit-exact, and closing the last link frees it all. Over TCP only: verbs keeps a
- * whole staging per link (net_device.ib skips it). */
+ * the shares and a host bounce buffer, over verbs registered for its message), bit-exact, and
+ * closing the last link frees it all. Over TCP and verbs (net_device.ib): there the pool's
+ * chunks are registered with the NIC at setup. */
 static void test_pinned_memory_with_128_links(void** state) {
   (void)state;
   enum { PAIRS = 64 };
   const char* tp = getenv("AGOQ_TRANSPORT");
-  if (tp != NULL && strcmp(tp, "ib") == 0) return;
+  const bool ib = tp != NULL && strcmp(tp, "ib") == 0;
   const size_t msg = 1u << 20; /* above a share (256 KiB), within a chunk (8 MiB) */
   /* The pool serves connections without typed p2p (this binary turns it on in main; a net
    * init loads it again, so it is turned off after each). */
@@ -1016,6 +1011,15 @@ static void test_pinned_memory_with_128_links(void** state) {
   }
   print_message("128 links on one GPU: %llu bytes pinned (%u pool chunks of AGOQ_GPU_STAGING and the links' own)\n",
                 pinned, ps.chunks);
+  if (pooled) {
+    /* Over verbs a piece is registered with the connection's NIC already (at setup). */
+    agoq_comm* c = (agoq_comm*)p[0].send;
+    agoq_gpu_pool* pool = agoq_gpu_link_pool(c->gpu);
+    agoq_gpu_pool_piece piece = {.chunk = -1};
+    assert_true(agoq_gpu_pool_get(pool, msg, &piece));
+    assert_true((agoq_gpu_pool_key(pool, &piece, c->dev) != NULL) == ib);
+    agoq_gpu_pool_put(pool, &piece);
+  }
   /* Every receive, then every send, posted before any completes: 128 MiB asked of a pool of
    * about 88 MiB. */
   void *sreq[PAIRS] = {0}, *rreq[PAIRS] = {0};
@@ -1029,8 +1033,16 @@ static void test_pinned_memory_with_128_links(void** state) {
     while (sreq[i] == NULL && now_s() < deadline)
       assert_int_equal(agoq_net_isend(p[i].send, sbuf, msg, tag, s[i].mh, NULL, &sreq[i]), ncclSuccess);
   agoq_gpu_pool_stats_get(0, &ps);
-  /* The pool ran out (it holds less than the 128 MiB asked): some went through their shares. */
-  if (pooled && ps.chunks * staging < 2 * PAIRS * msg) assert_true(ps.refusals > 0);
+  /* The pool ran out (it holds less than the 128 MiB asked): some went through their shares
+   * and a bounce buffer each, registered for the message over verbs, never over TCP. */
+  uint64_t bounce_regs = 0;
+  for (int i = 0; i < PAIRS; i++)
+    bounce_regs += ((agoq_comm*)p[i].send)->bounce_regs + ((agoq_comm*)p[i].recv)->bounce_regs;
+  if (pooled && ps.chunks * staging < 2 * PAIRS * msg) {
+    assert_true(ps.refusals > 0);
+    if (ib) assert_true(bounce_regs > 0);
+  }
+  if (!ib) assert_int_equal(bounce_regs, 0);
   int left = 2 * PAIRS;
   int sdone[PAIRS] = {0}, rdone[PAIRS] = {0};
   while (left > 0 && now_s() < deadline) {
