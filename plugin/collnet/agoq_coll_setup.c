@@ -10,6 +10,7 @@
 #include "collnet/agoq_coll_internal.h"
 #include "collnet/agoq_coll_wire.h"
 #include "core/agoq_check.h"
+#include "core/agoq_fdlimit.h"
 #include "transport/agoq_transport.h"
 
 /* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
@@ -32,7 +33,10 @@ ncclResult_t agoq_coll_listen(void* ctx, int dev, void* handle, void** listen_co
   lc->ctx = c;
   lc->dev = dev;
   uint8_t net_handle[NCCL_NET_HANDLE_MAXSIZE];
-  AGOQ_CHECK_GOTO(agoq_net_listen(c->net_ctx, dev, net_handle, &lc->net_listen), res, fail);
+  /* Every CollNet message is a slice of one chunk: inline, no data sockets (a group holds
+   * 4(n-1) connections; with AGOQ_SOCKET_NSOCKS=4 they took 5 descriptors each). */
+  AGOQ_CHECK_GOTO(agoq_net_listen_flags(c->net_ctx, dev, AGOQ_TP_LISTEN_INLINE, net_handle, &lc->net_listen), res,
+                  fail);
   memset(lc->handle, 0, sizeof lc->handle);
   memcpy(lc->handle, net_handle, AGOQ_COLL_HANDLE_OFFSET);
   agoq_coll_settings_encode(&c->cfg, lc->handle + AGOQ_COLL_HANDLE_OFFSET);
@@ -457,6 +461,14 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
     goto fail;
   }
   AGOQ_CHECK_GOTO(agoq_coll_check_handles(handles, nranks, rank, lc), res, fail);
+  {
+    /* 4(n-1) connections: room for their descriptors now, or an error that names the limit
+     * (where the group would otherwise fail on some rank as a handshake timeout). */
+    size_t conns = 4 * (size_t)(nranks - 1);
+    char what[96];
+    snprintf(what, sizeof what, "a CollNet group of %d ranks (%zu connections)", nranks, conns);
+    AGOQ_CHECK_GOTO(agoq_fd_reserve(conns * agoq_net_conn_fds(AGOQ_TP_LISTEN_INLINE), what), res, fail);
+  }
   AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, lc, &s.g), res, fail);
   s.lc = lc;
   s.deadline_ns = agoq_coll_now_ns() + (int64_t)lc->ctx->cfg.timeout_s * 1000000000;

@@ -54,8 +54,12 @@ ncclResult_t agoq_net_legacy_init(ncclDebugLogger_t log_fn, ncclProfilerCallback
 bool agoq_net_placement_cpus(int dev, cpu_set_t* out);
 /* Threads the transport keeps for itself (its progress threads); 0 before init. */
 int agoq_net_helper_threads(void);
+/* File descriptors one connection of a listen with these flags holds at each end. */
+unsigned agoq_net_conn_fds(unsigned listen_flags);
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
+/* The same with the transport's listen flags (AGOQ_TP_LISTEN_INLINE: CollNet). */
+ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* handle, void** listen_comm);
 /* The comm's traffic is not p2p (CollNet's own connections): keep it off the net
  * context's p2p statistics lines. */
 void agoq_net_stats_detach(void* comm);

@@ -59,6 +59,10 @@ void agoq_net_stats_detach(void* p) {
 static bool agoq_ctx_ok(const agoq_ctx* c) { return c != NULL && c->magic == AGOQ_CTX_MAGIC && agoq_net_tp != NULL; }
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm) {
+  return agoq_net_listen_flags(ctx, dev, 0, handle, listen_comm);
+}
+
+ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* handle, void** listen_comm) {
   ncclResult_t res = ncclSuccess;
   agoq_ctx* c = ctx;
   agoq_listen_comm* l = NULL;
@@ -70,7 +74,7 @@ ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_com
   l->magic = AGOQ_NLISTEN_MAGIC;
   l->dev = dev;
   l->st_recv = c->st_recv;
-  res = agoq_net_tp->listen(dev, c->comm_id, handle, &l->tp);
+  res = agoq_net_tp->listen(dev, c->comm_id, flags, handle, &l->tp);
   if (res != ncclSuccess) {
     free(l);
     goto out;

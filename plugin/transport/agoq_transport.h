@@ -100,6 +100,11 @@ typedef ncclResult_t (*agoq_tp_match_fn)(void* arg, agoq_xfer* x, int tag, uint6
 typedef struct agoq_tp_listen agoq_tp_listen;
 typedef struct agoq_tp_conn agoq_tp_conn;
 
+/* listen flags. INLINE: every message on the listen's connections is small and moves with
+ * its header (CollNet frames, the verbs bootstrap): TCP opens no data sockets for them, so a
+ * connection costs one descriptor (a CollNet group holds 4(n-1) connections). */
+#define AGOQ_TP_LISTEN_INLINE 1u
+
 typedef struct {
   const char* name;
   /* Resolves devices and settings once per process (parameters already loaded); an invalid
@@ -118,7 +123,9 @@ typedef struct {
   /* Setup. The net core checks NCCL's arguments (context, handle and result pointers, dev
    * below ndevs()) before it calls these, and hands back only the objects they returned:
    * a transport does not check them again. */
-  ncclResult_t (*listen)(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out);
+  ncclResult_t (*listen)(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_listen** out);
+  /* File descriptors one connection of a listen with these flags holds at each end. */
+  unsigned (*conn_fds)(unsigned listen_flags);
   ncclResult_t (*accept)(agoq_tp_listen* l, agoq_tp_conn** out);
   ncclResult_t (*close_listen)(agoq_tp_listen* l);
   ncclResult_t (*connect)(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);

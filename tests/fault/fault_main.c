@@ -66,6 +66,16 @@ int main(int argc, char** argv) {
     fprintf(stderr, "agoq-fault: --path does not apply to flood (no payload)\n");
     return 2;
   }
+  /* CollNet connections have no data sockets (AGOQ_TP_LISTEN_INLINE): every slice goes
+   * inline whatever AGOQ_SOCKET_INLINE says, so a pieces run would claim coverage of a path
+   * that no longer exists. */
+  bool coll = strcmp(sc, "kill_coll") == 0 || strcmp(sc, "bitflip_coll") == 0;
+  if (coll && path_given && path == FAULT_PATH_PIECES) {
+    fprintf(stderr, "agoq-fault: --path pieces does not apply to %s: CollNet connections carry every message inline "
+            "on the control socket (no data sockets)\n", sc);
+    return 2;
+  }
+  if (coll) path = FAULT_PATH_INLINE;
   /* Before any worker is forked: they all inherit it. Set even for the default, so an
    * AGOQ_SOCKET_INLINE in the caller's environment cannot move the payloads elsewhere. */
   if (payload) fault_path_set(path);

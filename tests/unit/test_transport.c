@@ -29,6 +29,10 @@ static int setup_env(void** state) {
   setenv("AGOQ_SOCKET_IFNAME", "lo", 1);
   setenv("AGOQ_SOCKET_FAMILY", "ipv4", 1);
   setenv("AGOQ_HANDSHAKE_TIMEOUT_MS", "300", 1);
+  /* The fewest unidentified connections a listener holds (test_dropped_handshake_retried),
+   * and retries 1 ms apart rather than 100 (speed only: no assertion counts time). */
+  setenv("AGOQ_MAX_PENDING_CONNECTIONS", "16", 1);
+  setenv("NCCL_SOCKET_RETRY_SLEEP_MSEC", "1", 1);
   return 0;
 }
 
@@ -344,6 +348,83 @@ static void test_finalize_before_close(void** state) {
   assert_int_equal(agoq_net_close_listen(p.listen), ncclSuccess);
 }
 
+/* A listener holding AGOQ_MAX_PENDING_CONNECTIONS (16) unidentified connections drops the
+ * oldest for a newcomer (issue 28: 4(n-1) CollNet connections arrive at once). 17 connectors
+ * whose hellos are all in before the listener looks: the first is dropped without an answer.
+ * It tries again (NCCL_SOCKET_RETRY_CNT) and every one of the 17 gets through; before, the
+ * first failed with "closed the connection during the handshake" and with it the group. An
+ * explicit rejection is never retried (test_wrong_comm_handle_refused: at once). */
+static void test_dropped_handshake_retried(void** state) {
+  (void)state;
+  enum { N = 17 };
+  void* ctx = NULL;
+  void* l = NULL;
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  assert_int_equal(agoq_net_init(&ctx, COMM_ID, -1, NULL, NULL), ncclSuccess);
+  /* Inline-only: one socket per connection, so 17 connections are 17 pending sockets. */
+  assert_int_equal(agoq_net_listen_flags(ctx, 0, AGOQ_TP_LISTEN_INLINE, handle, &l), ncclSuccess);
+  uint8_t handles[N][NCCL_NET_HANDLE_MAXSIZE];
+  void* send[N] = {0};
+  void* recv[N] = {0};
+  for (int i = 0; i < N; i++) {
+    memcpy(handles[i], handle, sizeof handle);
+    /* Twice: the socket connects (loopback: at once) and its hello goes out. */
+    for (int k = 0; k < 2; k++) assert_int_equal(agoq_net_connect(ctx, 0, handles[i], &send[i]), ncclSuccess);
+    assert_null(send[i]);
+  }
+  int nsend = 0, nrecv = 0;
+  double deadline = now_s() + 30;
+  while ((nsend < N || nrecv < N) && now_s() < deadline) {
+    void* r = NULL;
+    assert_int_equal(agoq_net_accept(l, &r), ncclSuccess);
+    if (r != NULL) recv[nrecv++] = r;
+    for (int i = 0; i < N; i++) {
+      if (send[i] != NULL) continue;
+      assert_int_equal(agoq_net_connect(ctx, 0, handles[i], &send[i]), ncclSuccess);
+      nsend += send[i] != NULL;
+    }
+  }
+  assert_int_equal(nsend, N);
+  assert_int_equal(nrecv, N);
+  /* Each accepted connection carries exactly one connector's message: a permutation. */
+  void* sreq[N] = {0};
+  for (int i = 0; i < N; i++) {
+    static int v[N];
+    v[i] = 1000 + i;
+    assert_int_equal(agoq_net_isend(send[i], &v[i], sizeof v[i], 0, NULL, NULL, &sreq[i]), ncclSuccess);
+    assert_non_null(sreq[i]);
+  }
+  int seen[N] = {0};
+  for (int j = 0; j < N; j++) {
+    int got = -1, tag = 0, size = -1;
+    void* d = &got;
+    size_t sz = sizeof got;
+    void* rreq = NULL;
+    assert_int_equal(agoq_net_irecv(recv[j], 1, &d, &sz, &tag, NULL, NULL, &rreq), ncclSuccess);
+    assert_non_null(rreq);
+    int done = 0;
+    double until = now_s() + 10;
+    while (!done && now_s() < until) {
+      assert_int_equal(agoq_net_test(rreq, &done, &size), ncclSuccess);
+      for (int i = 0; i < N; i++) {
+        int sdone = 0;
+        if (sreq[i] != NULL) assert_int_equal(agoq_net_test(sreq[i], &sdone, NULL), ncclSuccess);
+        if (sdone) sreq[i] = NULL;
+      }
+    }
+    assert_true(done);
+    assert_int_equal(size, (int)sizeof got);
+    assert_true(got >= 1000 && got < 1000 + N);
+    assert_int_equal(seen[got - 1000]++, 0);
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(agoq_net_close_send(send[i]), ncclSuccess);
+    assert_int_equal(agoq_net_close_recv(recv[i]), ncclSuccess);
+  }
+  assert_int_equal(agoq_net_close_listen(l), ncclSuccess);
+  assert_int_equal(agoq_net_finalize(ctx), ncclSuccess);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -356,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_peer_loss_fails_pending),
       cmocka_unit_test(test_close_with_requests_in_flight),
       cmocka_unit_test(test_finalize_before_close),
+      cmocka_unit_test(test_dropped_handshake_retried),
   };
   return cmocka_run_group_tests(tests, setup_env, NULL);
 }

@@ -82,8 +82,9 @@ static void test_handle_rejects_bad_input(void** state) {
   bad[6] = 5; /* family */
   assert_int_equal(agoq_handle_decode(bad, sizeof bad, &out), AGOQ_WIRE_BAD_FIELD);
   memcpy(bad, buf, sizeof bad);
-  bad[10] = 0; /* nsocks 0 */
-  assert_int_equal(agoq_handle_decode(bad, sizeof bad, &out), AGOQ_WIRE_BAD_FIELD);
+  bad[10] = 0; /* nsocks 0: an inline-only listen (CollNet, the verbs bootstrap) */
+  assert_int_equal(agoq_handle_decode(bad, sizeof bad, &out), AGOQ_WIRE_OK);
+  assert_int_equal(out.nsocks, 0);
   bad[10] = 65;
   assert_int_equal(agoq_handle_decode(bad, sizeof bad, &out), AGOQ_WIRE_BAD_FIELD);
   memcpy(bad, buf, sizeof bad);
@@ -119,9 +120,12 @@ static void test_hello_rejects_inconsistent_fields(void** state) {
   agoq_hello_encode(&h, buf);
   buf[35] = 1; /* reserved bytes must be zero */
   assert_int_equal(agoq_hello_decode(buf, sizeof buf, &out), AGOQ_WIRE_BAD_FIELD);
-  h.nsocks = 0;
+  h.nsocks = 0; /* inline-only: the control socket alone */
   agoq_hello_encode(&h, buf);
-  assert_int_equal(agoq_hello_decode(buf, sizeof buf, &out), AGOQ_WIRE_BAD_FIELD);
+  assert_int_equal(agoq_hello_decode(buf, sizeof buf, &out), AGOQ_WIRE_OK);
+  h.sock_index = 1;
+  agoq_hello_encode(&h, buf);
+  assert_int_equal(agoq_hello_decode(buf, sizeof buf, &out), AGOQ_WIRE_BAD_FIELD); /* no data socket 1 */
   agoq_hello_encode(&(agoq_hello){.nsocks = 1}, buf);
   buf[5] = 2; /* version */
   assert_int_equal(agoq_hello_decode(buf, sizeof buf, &out), AGOQ_WIRE_BAD_VERSION);
@@ -142,6 +146,19 @@ static void test_ack(void** state) {
 
 static void test_msg_plan_covers_size(void** state) {
   (void)state;
+  /* Without data sockets every size goes inline, and a header that names a data socket is
+   * refused there. */
+  {
+    agoq_msg_hdr m, out;
+    uint8_t buf[AGOQ_MSG_HDR_SIZE];
+    agoq_msg_plan((uint64_t)1 << 30, 4096, 65536, 0, &m);
+    assert_true(m.flags & AGOQ_MSG_FLAG_INLINE);
+    assert_int_equal(m.nchunks, 0);
+    agoq_msg_plan((uint64_t)1 << 20, 4096, 65536, 4, &m);
+    assert_false(m.flags & AGOQ_MSG_FLAG_INLINE);
+    agoq_msg_hdr_encode(&m, buf);
+    assert_int_equal(agoq_msg_hdr_decode(buf, sizeof buf, 0, &out), AGOQ_WIRE_BAD_FIELD);
+  }
   const uint64_t sizes[] = {0, 1, 4096, 4097, 65536, 65537, 1000003, 1u << 20, (1ull << 30) + 5};
   for (unsigned nsocks = 1; nsocks <= 8; nsocks++) {
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {

@@ -210,7 +210,9 @@ typedef struct agoq_ib_conn {
 #define AGOQ_IB_CONN_MAGIC 0x4e434241u /* "ABCN" */
 
 /* Setup (agoq_ib_setup.c). */
-ncclResult_t agoq_ib_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out);
+ncclResult_t agoq_ib_listen(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_listen** out);
+/* Its TCP bootstrap's, inline-only: one (queue pairs and completion queues are not files). */
+unsigned agoq_ib_conn_fds(unsigned listen_flags);
 ncclResult_t agoq_ib_accept(agoq_tp_listen* l, agoq_tp_conn** out);
 ncclResult_t agoq_ib_close_listen(agoq_tp_listen* l);
 ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);

@@ -393,6 +393,7 @@ const agoq_transport agoq_transport_ib = {
     .close_listen = agoq_ib_close_listen,
     .connect = agoq_ib_connect,
     .connect_abort = agoq_ib_connect_abort,
+    .conn_fds = agoq_ib_conn_fds,
     .set_match = agoq_ib_set_match,
     .post_send = agoq_ib_post_send,
     .post_recv = agoq_ib_post_recv,

@@ -187,14 +187,23 @@ static ncclResult_t agoq_ib_setup_step(agoq_ib_setup* s, bool is_send, bool* don
 
 /* ---- listen ------------------------------------------------------------------------ */
 
-ncclResult_t agoq_ib_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out) {
+unsigned agoq_ib_conn_fds(unsigned listen_flags) {
+  (void)listen_flags;
+  return agoq_transport_tcp.conn_fds(AGOQ_TP_LISTEN_INLINE);
+}
+
+ncclResult_t agoq_ib_listen(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_listen** out) {
   ncclResult_t res = ncclSuccess;
   agoq_ib_listen_comm* l = NULL;
   *out = NULL;
   AGOQ_CALLOC_GOTO(l, 1, res, fail);
   l->magic = AGOQ_IB_LISTEN_MAGIC;
   l->dev = dev;
-  AGOQ_CHECK_GOTO(agoq_transport_tcp.listen(AGOQ_IB_BOOT_DEV, comm_id, handle, &l->boot), res, fail);
+  (void)flags; /* the rings do not depend on it yet */
+  /* The bootstrap moves a few small messages and then only watches the peer's liveness:
+   * inline, one descriptor per connection. */
+  AGOQ_CHECK_GOTO(agoq_transport_tcp.listen(AGOQ_IB_BOOT_DEV, comm_id, AGOQ_TP_LISTEN_INLINE, handle, &l->boot), res,
+                  fail);
   *out = (agoq_tp_listen*)l;
   return ncclSuccess;
 fail:

@@ -35,6 +35,9 @@ typedef struct {
   int timeout_s;
   int64_t handshake_timeout_ms;
   int max_pending;
+  /* A refused, unreachable or dropped connect is tried again (NCCL_SOCKET_RETRY_CNT times,
+   * waiting attempt x NCCL_SOCKET_RETRY_SLEEP_MSEC before each, as NCCL's own sockets do). */
+  int64_t connect_retries, connect_retry_ms;
 } agoq_transport_config;
 
 extern agoq_transport_config agoq_config;
@@ -101,6 +104,7 @@ struct agoq_tp_listen {
   agoq_conn_group* groups;
   int ngroups;
   unsigned accepted;
+  bool said_emfile; /* accept ran out of descriptors: warned once */
   char addr[64];
 };
 
@@ -183,7 +187,8 @@ bool agoq_tcp_done(agoq_tp_conn* c, const agoq_xfer* x);
 int agoq_tcp_wait_fds(agoq_tp_conn* c, struct pollfd* out, int max, bool* hidden);
 
 /* Setup (agoq_tcp_setup.c). */
-ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** out);
+ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_listen** out);
+unsigned agoq_tcp_conn_fds(unsigned listen_flags);
 ncclResult_t agoq_tcp_accept(agoq_tp_listen* l, agoq_tp_conn** out);
 ncclResult_t agoq_tcp_close_listen(agoq_tp_listen* l);
 ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/agoq_check.h"
+#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
 #include "transport/tcp/agoq_tcp.h"
 #include "agoq_topo.h"
@@ -75,6 +76,10 @@ ncclResult_t agoq_tcp_config_resolve(agoq_transport_config* c) {
   c->timeout_s = (int)agoq_param_int(AGOQ_PARAM_TIMEOUT_S);
   c->handshake_timeout_ms = agoq_param_int(AGOQ_PARAM_HANDSHAKE_TIMEOUT_MS);
   c->max_pending = (int)agoq_param_int(AGOQ_PARAM_MAX_PENDING_CONNECTIONS);
+  c->connect_retries = agoq_nccl_param("NCCL_SOCKET_RETRY_CNT", 34);
+  c->connect_retry_ms = agoq_nccl_param("NCCL_SOCKET_RETRY_SLEEP_MSEC", 100);
+  if (c->connect_retries < 0) c->connect_retries = 0;
+  if (c->connect_retry_ms < 0) c->connect_retry_ms = 0;
   return ncclSuccess;
 }
 
@@ -138,6 +143,7 @@ const agoq_transport agoq_transport_tcp = {
     .close_listen = agoq_tcp_close_listen,
     .connect = agoq_tcp_connect,
     .connect_abort = agoq_tcp_connect_abort,
+    .conn_fds = agoq_tcp_conn_fds,
     .set_match = agoq_tcp_set_match,
     .post_send = agoq_tcp_post_send,
     .post_recv = agoq_tcp_post_recv,

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/agoq_check.h"
+#include "core/agoq_fdlimit.h"
 #include "transport/tcp/agoq_tcp.h"
 
 #define AGOQ_CONNECT_MAGIC 0x4e4e4341u /* "ACNN" */
@@ -220,13 +221,14 @@ ncclResult_t agoq_tcp_conn_create(bool is_send, int dev, int ctrl_fd, const int*
   atomic_init(&comm->error, ncclSuccess);
   snprintf(comm->peer, sizeof comm->peer, "%s", peer);
   if (!is_send) AGOQ_CALLOC_GOTO(comm->rx_buf, AGOQ_RX_BUF_SIZE, res, fail);
-  AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
+  if (nsocks > 0) AGOQ_CALLOC_GOTO(comm->streams, nsocks, res, fail);
   for (unsigned i = 0; i < nsocks; i++) comm->streams[i].fd = -1;
   AGOQ_CHECK_GOTO(agoq_socket_configure(ctrl_fd, dev, peer), res, fail);
   /* The sender's plan follows the algorithm its control socket ended up with. */
   char cc[16];
   agoq_socket_cc(ctrl_fd, cc);
-  comm->inline_max = agoq_tcp_inline_max(&agoq_config, dev, agoq_tcp_cc_paces(cc));
+  /* An inline-only connection (no data sockets) carries every message inline. */
+  comm->inline_max = nsocks == 0 ? UINT64_MAX : agoq_tcp_inline_max(&agoq_config, dev, agoq_tcp_cc_paces(cc));
   for (unsigned i = 0; i < nsocks; i++) {
     agoq_stream* s = &comm->streams[i];
     s->fd = data_fds[i];
@@ -265,9 +267,29 @@ void agoq_tcp_conn_destroy(agoq_tp_conn* comm) {
   free(comm);
 }
 
+/* A stream socket for listen or connect. Out of descriptors (EMFILE), the soft limit is
+ * raised toward the hard one and the call tried again; where it cannot be, the error names
+ * the limit (a CollNet group reserves its descriptors up front: agoq_fd_reserve). */
+static int agoq_tcp_socket(int family, const char* peer) {
+  int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0 && errno == EMFILE && agoq_fd_raise_after_emfile())
+    fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    int err = errno;
+    char hint[256] = "";
+    if (err == EMFILE || err == ENFILE) agoq_fd_exhausted_hint(hint, sizeof hint);
+    AGOQ_WARN("socket for %s failed: %s%s", peer, strerror(err), hint);
+  }
+  return fd;
+}
+
 /* ---- listen ------------------------------------------------------------------------ */
 
-ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_listen** listen_comm) {
+unsigned agoq_tcp_conn_fds(unsigned listen_flags) {
+  return 1 + ((listen_flags & AGOQ_TP_LISTEN_INLINE) ? 0 : agoq_config.nsocks);
+}
+
+ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_listen** listen_comm) {
   ncclResult_t res = ncclSuccess;
   agoq_tp_listen* lc = NULL;
   *listen_comm = NULL;
@@ -281,8 +303,11 @@ ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_li
   const agoq_netif* nif = &agoq_config.ifs[dev];
   struct sockaddr_storage addr = nif->addr;
   socklen_t addr_len = nif->addr_len;
-  lc->fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  AGOQ_SYSCHECK_GOTO(lc->fd, "socket", res, fail);
+  lc->fd = agoq_tcp_socket(addr.ss_family, "a listen");
+  if (lc->fd < 0) {
+    res = ncclSystemError;
+    goto fail;
+  }
   agoq_socket_tune_buffers(lc->fd, dev); /* accepted sockets inherit the buffer sizes */
   /* Listen on the chosen interface's address only, never on all interfaces. */
   AGOQ_SYSCHECK_GOTO(bind(lc->fd, (struct sockaddr*)&addr, addr_len), "bind", res, fail);
@@ -291,7 +316,7 @@ ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, void* handle, agoq_tp_li
   agoq_sockaddr_str((struct sockaddr*)&addr, lc->addr, sizeof lc->addr);
 
   agoq_handle h = {.addr = addr, .addr_len = addr_len, .comm_id = comm_id, .nonce = lc->nonce,
-                   .nsocks = (uint16_t)agoq_config.nsocks};
+                   .nsocks = (uint16_t)(agoq_tcp_conn_fds(flags) - 1)};
   memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
   agoq_handle_encode(&h, handle);
   AGOQ_INFO(NCCL_NET, "listening on %s (dev %d)", lc->addr, dev);
@@ -331,6 +356,7 @@ ncclResult_t agoq_tcp_close_listen(agoq_tp_listen* listen_comm) {
 typedef struct {
   uint32_t magic;
   int dev;
+  uint64_t comm_id;
   agoq_handle target;
   unsigned nsocks;
   int fds[AGOQ_WIRE_MAX_DATA_SOCKS + 1];
@@ -339,6 +365,10 @@ typedef struct {
   size_t sent[AGOQ_WIRE_MAX_DATA_SOCKS + 1];
   uint8_t ack[AGOQ_ACK_SIZE];
   size_t ack_got;
+  /* A transient failure (refused, unreachable, reset, dropped before the acknowledgement)
+   * closes the sockets and tries again from retry_at_ms, up to connect_retries times. */
+  int64_t retries;
+  int64_t retry_at_ms; /* 0: sockets open, the attempt under way */
   char peer[64];
 } agoq_connect_state;
 
@@ -346,11 +376,42 @@ static agoq_connect_state** agoq_handle_state_slot(void* handle) {
   return (agoq_connect_state**)((uint8_t*)handle + AGOQ_HANDLE_STATE_OFFSET);
 }
 
-static void agoq_connect_state_free(agoq_connect_state* st) {
-  for (unsigned i = 0; i <= st->nsocks; i++)
+static void agoq_connect_close_fds(agoq_connect_state* st) {
+  for (unsigned i = 0; i <= st->nsocks; i++) {
     if (st->fds[i] >= 0) close(st->fds[i]);
+    st->fds[i] = -1;
+    st->connected[i] = false;
+    st->sent[i] = 0;
+  }
+  st->ack_got = 0;
+}
+
+static void agoq_connect_state_free(agoq_connect_state* st) {
+  agoq_connect_close_fds(st);
   st->magic = 0;
   free(st);
+}
+
+/* An attempt: nsocks + 1 sockets connecting, each with its hello (a new connection id, so
+ * that nothing of an earlier attempt the listener still holds is mistaken for it). */
+static ncclResult_t agoq_connect_open(agoq_connect_state* st) {
+  const agoq_handle* h = &st->target;
+  uint64_t conn_id = agoq_random_u64();
+  for (unsigned i = 0; i <= st->nsocks; i++) {
+    int fd = agoq_tcp_socket(h->addr.ss_family, st->peer);
+    if (fd < 0) return ncclSystemError;
+    st->fds[i] = fd;
+    agoq_socket_tune_buffers(fd, st->dev); /* before connect, so the window scale is negotiated for it */
+    if (connect(fd, (const struct sockaddr*)&h->addr, h->addr_len) != 0 && errno != EINPROGRESS) {
+      AGOQ_WARN("connect to %s failed: %s", st->peer, strerror(errno));
+      return ncclSystemError;
+    }
+    agoq_hello hello = {.comm_id = st->comm_id, .nonce = h->nonce, .conn_id = conn_id,
+                        .sock_index = (uint8_t)i, .nsocks = (uint8_t)st->nsocks};
+    agoq_hello_encode(&hello, st->hello[i]);
+  }
+  st->retry_at_ms = 0;
+  return ncclSuccess;
 }
 
 static ncclResult_t agoq_connect_start(uint64_t comm_id, int dev, const void* handle, agoq_connect_state** out) {
@@ -370,25 +431,12 @@ static ncclResult_t agoq_connect_start(uint64_t comm_id, int dev, const void* ha
   AGOQ_CALLOC_GOTO(st, 1, res, fail);
   st->magic = AGOQ_CONNECT_MAGIC;
   st->dev = dev;
+  st->comm_id = comm_id;
   st->target = h;
   st->nsocks = h.nsocks;
   for (unsigned i = 0; i <= AGOQ_WIRE_MAX_DATA_SOCKS; i++) st->fds[i] = -1;
   agoq_sockaddr_str((struct sockaddr*)&h.addr, st->peer, sizeof st->peer);
-  uint64_t conn_id = agoq_random_u64();
-  for (unsigned i = 0; i <= st->nsocks; i++) {
-    int fd = socket(h.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    AGOQ_SYSCHECK_GOTO(fd, "socket", res, fail);
-    st->fds[i] = fd;
-    agoq_socket_tune_buffers(fd, dev); /* before connect, so the window scale is negotiated for it */
-    if (connect(fd, (struct sockaddr*)&h.addr, h.addr_len) != 0 && errno != EINPROGRESS) {
-      AGOQ_WARN("connect to %s failed: %s", st->peer, strerror(errno));
-      res = ncclSystemError;
-      goto fail;
-    }
-    agoq_hello hello = {.comm_id = comm_id, .nonce = h.nonce, .conn_id = conn_id,
-                        .sock_index = (uint8_t)i, .nsocks = (uint8_t)st->nsocks};
-    agoq_hello_encode(&hello, st->hello[i]);
-  }
+  AGOQ_CHECK_GOTO(agoq_connect_open(st), res, fail);
   *out = st;
   return ncclSuccess;
 fail:
@@ -396,9 +444,20 @@ fail:
   return res;
 }
 
-/* One non-blocking step of every socket; *ready when the peer acknowledged. */
-static ncclResult_t agoq_connect_step(agoq_connect_state* st, bool* ready) {
-  *ready = false;
+/* What a failed attempt means: worth another one (a dropped or reset handshake: a listener
+ * sheds its oldest unidentified connections under load; a route or SYN lost for a while), or
+ * final (refused: the handle comes from a listen that existed before NCCL handed it over, so
+ * nobody listening means the peer exited or closed it; an explicit rejection, a malformed
+ * answer, a local failure). */
+typedef enum { AGOQ_CONNECT_WAIT, AGOQ_CONNECT_READY, AGOQ_CONNECT_TRANSIENT, AGOQ_CONNECT_FINAL } agoq_connect_status;
+
+static bool agoq_connect_errno_transient(int err) {
+  return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == ECONNRESET || err == EPIPE ||
+         err == ECONNABORTED;
+}
+
+/* One non-blocking step of every socket; why: the failure, for the caller's log line. */
+static agoq_connect_status agoq_connect_step(agoq_connect_state* st, char* why, size_t len) {
   bool all_sent = true;
   for (unsigned i = 0; i <= st->nsocks; i++) {
     if (!st->connected[i]) {
@@ -408,11 +467,11 @@ static ncclResult_t agoq_connect_step(agoq_connect_state* st, bool* ready) {
         continue;
       }
       int err = 0;
-      socklen_t len = sizeof err;
-      if (getsockopt(st->fds[i], SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      socklen_t optlen = sizeof err;
+      if (getsockopt(st->fds[i], SOL_SOCKET, SO_ERROR, &err, &optlen) != 0) err = errno;
       if (err != 0) {
-        AGOQ_WARN("connect to %s failed: %s", st->peer, strerror(err));
-        return ncclSystemError;
+        snprintf(why, len, "connect failed: %s", strerror(err));
+        return agoq_connect_errno_transient(err) ? AGOQ_CONNECT_TRANSIENT : AGOQ_CONNECT_FINAL;
       }
       st->connected[i] = true;
     }
@@ -424,34 +483,40 @@ static ncclResult_t agoq_connect_step(agoq_connect_state* st, bool* ready) {
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         break;
       } else {
-        AGOQ_WARN("handshake with %s failed: %s", st->peer, n < 0 ? strerror(errno) : "connection closed");
-        return ncclRemoteError;
+        int err = n < 0 ? errno : ECONNRESET;
+        snprintf(why, len, "handshake failed: %s", n < 0 ? strerror(err) : "connection closed");
+        return agoq_connect_errno_transient(err) ? AGOQ_CONNECT_TRANSIENT : AGOQ_CONNECT_FINAL;
       }
     }
     all_sent &= st->sent[i] == AGOQ_HELLO_SIZE;
   }
-  if (!all_sent) return ncclSuccess;
+  if (!all_sent) return AGOQ_CONNECT_WAIT;
   while (st->ack_got < AGOQ_ACK_SIZE) {
     ssize_t n = recv(st->fds[0], st->ack + st->ack_got, AGOQ_ACK_SIZE - st->ack_got, MSG_DONTWAIT);
     if (n > 0) {
       st->ack_got += (size_t)n;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      return ncclSuccess;
+      return AGOQ_CONNECT_WAIT;
+    } else if (st->ack_got == 0 && (n == 0 || agoq_connect_errno_transient(errno))) {
+      /* Closed with no answer at all: a listener under load drops its oldest unidentified
+       * connections (AGOQ_MAX_PENDING_CONNECTIONS), and one that rejects us says so first. */
+      snprintf(why, len, "the peer closed the connection during the handshake without an answer (%s)",
+               n == 0 ? "end of stream" : strerror(errno));
+      return AGOQ_CONNECT_TRANSIENT;
     } else {
-      AGOQ_WARN("peer %s closed the connection during the handshake (it rejected us: wrong communicator, "
-                "stale handle, or it is not an agoq listener)", st->peer);
-      return ncclRemoteError;
+      snprintf(why, len, "the peer closed the connection during the handshake after %zu bytes of its answer",
+               st->ack_got);
+      return AGOQ_CONNECT_FINAL;
     }
   }
   agoq_ack_status status;
   agoq_wire_status ws = agoq_ack_decode(st->ack, AGOQ_ACK_SIZE, &status);
   if (ws != AGOQ_WIRE_OK || status != AGOQ_ACK_ACCEPTED) {
-    AGOQ_WARN("peer %s rejected the connection (%s)", st->peer,
-              ws != AGOQ_WIRE_OK ? agoq_wire_status_str(ws) : "handshake refused");
-    return ncclRemoteError;
+    snprintf(why, len, "the peer rejected the connection (%s: wrong communicator, stale handle, or not an agoq "
+             "listener)", ws != AGOQ_WIRE_OK ? agoq_wire_status_str(ws) : "handshake refused");
+    return AGOQ_CONNECT_FINAL;
   }
-  *ready = true;
-  return ncclSuccess;
+  return AGOQ_CONNECT_READY;
 }
 
 ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** send_comm) {
@@ -469,16 +534,41 @@ ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_c
     AGOQ_CHECK_GOTO(agoq_connect_start(comm_id, dev, handle, &st), res, out);
     *slot = st;
   }
-  bool ready;
-  AGOQ_CHECK_GOTO(agoq_connect_step(st, &ready), res, fail);
-  if (!ready) return ncclSuccess;
+  if (st->retry_at_ms > 0) {
+    if (agoq_now_ms() < st->retry_at_ms) return ncclSuccess; /* waiting to try again */
+    AGOQ_CHECK_GOTO(agoq_connect_open(st), res, fail);
+  }
+  char why[192] = "";
+  agoq_connect_status cs = agoq_connect_step(st, why, sizeof why);
+  if (cs == AGOQ_CONNECT_WAIT) return ncclSuccess;
+  if (cs == AGOQ_CONNECT_TRANSIENT && st->retries < agoq_config.connect_retries) {
+    /* As NCCL's own sockets do: attempt k waits k x NCCL_SOCKET_RETRY_SLEEP_MSEC first. */
+    st->retries++;
+    int64_t wait_ms = st->retries * agoq_config.connect_retry_ms;
+    AGOQ_INFO(NCCL_NET | NCCL_INIT, "connect to %s: %s; trying again (%lld of NCCL_SOCKET_RETRY_CNT=%lld) in %lld ms",
+              st->peer, why, (long long)st->retries, (long long)agoq_config.connect_retries, (long long)wait_ms);
+    agoq_connect_close_fds(st);
+    st->retry_at_ms = agoq_now_ms() + (wait_ms > 0 ? wait_ms : 1);
+    return ncclSuccess;
+  }
+  if (cs == AGOQ_CONNECT_TRANSIENT) {
+    AGOQ_WARN("connect to %s: %s, after %lld attempts (NCCL_SOCKET_RETRY_CNT=%lld): is the peer alive and its "
+              "listen reachable?", st->peer, why, (long long)st->retries + 1, (long long)agoq_config.connect_retries);
+    res = ncclRemoteError;
+    goto fail;
+  }
+  if (cs == AGOQ_CONNECT_FINAL) {
+    AGOQ_WARN("connect to %s: %s", st->peer, why);
+    res = ncclRemoteError;
+    goto fail;
+  }
   agoq_tp_conn* comm;
   *slot = NULL;
   res = agoq_tcp_conn_create(true, dev, st->fds[0], st->fds + 1, st->nsocks, st->peer, &comm);
   /* The fds now belong to the comm (or were closed by a failed create). */
   for (unsigned i = 0; i <= st->nsocks; i++) st->fds[i] = -1;
   agoq_connect_state_free(st);
-  if (res != ncclSuccess) return res;
+  if (res != ncclSuccess) goto out;
   AGOQ_INFO(NCCL_NET, "connected to %s with %u data sockets (dev %d)", comm->peer, comm->nsocks, dev);
   *send_comm = comm;
   return ncclSuccess;
@@ -509,9 +599,19 @@ static void agoq_listen_take_new(agoq_tp_listen* lc) {
     struct sockaddr_storage peer;
     socklen_t peer_len = sizeof peer;
     int fd = accept4(lc->fd, (struct sockaddr*)&peer, &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && errno == EMFILE && agoq_fd_raise_after_emfile())
+      fd = accept4(lc->fd, (struct sockaddr*)&peer, &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-        AGOQ_INFO(NCCL_NET, "accept on %s: %s", lc->addr, strerror(errno));
+      int err = errno;
+      if (err == EMFILE || err == ENFILE) {
+        /* The peer waits in the backlog for its handshake: say why, once per listen. */
+        char hint[256];
+        if (!lc->said_emfile)
+          AGOQ_WARN("accept on %s: %s%s", lc->addr, strerror(err), agoq_fd_exhausted_hint(hint, sizeof hint));
+        lc->said_emfile = true;
+      } else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED) {
+        AGOQ_INFO(NCCL_NET, "accept on %s: %s", lc->addr, strerror(err));
+      }
       return;
     }
     if (lc->npending == agoq_config.max_pending) {

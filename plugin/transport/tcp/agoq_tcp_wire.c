@@ -38,7 +38,8 @@ agoq_wire_status agoq_handle_decode(const uint8_t* in, size_t len, agoq_handle* 
   h->nsocks = agoq_get16(in + 10);
   h->comm_id = agoq_get64(in + 16);
   h->nonce = agoq_get64(in + 24);
-  if (port == 0 || h->nsocks == 0 || h->nsocks > AGOQ_WIRE_MAX_DATA_SOCKS) return AGOQ_WIRE_BAD_FIELD;
+  /* 0 data sockets: an inline-only listen (AGOQ_TP_LISTEN_INLINE). */
+  if (port == 0 || h->nsocks > AGOQ_WIRE_MAX_DATA_SOCKS) return AGOQ_WIRE_BAD_FIELD;
   if (family == AGOQ_FAMILY_WIRE_V4) {
     struct sockaddr_in* sin = (struct sockaddr_in*)&h->addr;
     sin->sin_family = AF_INET;
@@ -90,8 +91,7 @@ agoq_wire_status agoq_hello_decode(const uint8_t* in, size_t len, agoq_hello* h)
   h->nonce = agoq_get64(in + 16);
   h->conn_id = agoq_get64(in + 24);
   if (agoq_get64(in + 32) != 0) return AGOQ_WIRE_BAD_FIELD;
-  if (h->nsocks == 0 || h->nsocks > AGOQ_WIRE_MAX_DATA_SOCKS || h->sock_index > h->nsocks)
-    return AGOQ_WIRE_BAD_FIELD;
+  if (h->nsocks > AGOQ_WIRE_MAX_DATA_SOCKS || h->sock_index > h->nsocks) return AGOQ_WIRE_BAD_FIELD;
   return AGOQ_WIRE_OK;
 }
 
@@ -167,7 +167,8 @@ void agoq_msg_plan(uint64_t size, uint64_t inline_max, uint64_t min_chunk, unsig
                    agoq_msg_hdr* m) {
   m->size = size;
   m->first_sock = 0;
-  if (size <= inline_max) {
+  /* Without data sockets (an inline-only connection) every message goes inline. */
+  if (size <= inline_max || nsocks == 0) {
     m->flags = AGOQ_MSG_FLAG_INLINE;
     m->chunk = 0;
     m->nchunks = 0;

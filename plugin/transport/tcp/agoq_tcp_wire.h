@@ -92,7 +92,8 @@ void agoq_msg_hdr_encode(const agoq_msg_hdr* m, uint8_t out[AGOQ_MSG_HDR_SIZE]);
  * and nchunks within nsocks); the caller checks seq and the posted size. */
 agoq_wire_status agoq_msg_hdr_decode(const uint8_t* in, size_t len, unsigned nsocks, agoq_msg_hdr* m);
 
-/* How a sender spreads `size` bytes: inline when size <= inline_max, else pieces of
+/* How a sender spreads `size` bytes: inline when size <= inline_max or there is no data
+ * socket, else pieces of
  * max(min_chunk, ceil(size / nsocks)) bytes. */
 void agoq_msg_plan(uint64_t size, uint64_t inline_max, uint64_t min_chunk, unsigned nsocks,
                    agoq_msg_hdr* m);
