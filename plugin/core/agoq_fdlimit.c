@@ -79,9 +79,9 @@ ncclResult_t agoq_fd_reserve(size_t need, const char* what) {
 bool agoq_fd_raise_after_emfile(void) {
   struct rlimit lim;
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return false;
+  /* At the hard limit the raise answers false; raised meanwhile by another thread, true. */
   pthread_mutex_lock(&agoq_fd_mu);
-  bool ok = lim.rlim_cur < lim.rlim_max &&
-            agoq_fd_raise_locked(lim.rlim_cur + 1, "a socket call ran out of descriptors (EMFILE)");
+  bool ok = agoq_fd_raise_locked(lim.rlim_cur + 1, "a socket call ran out of descriptors (EMFILE)");
   pthread_mutex_unlock(&agoq_fd_mu);
   return ok;
 }

@@ -28,7 +28,8 @@
 #include "net/agoq_net_comm.h"
 
 /* Pool chunks registered with the connection's NIC at link setup, where the transport
- * moves only registered memory (verbs): a piece is then never registered on the data path. */
+ * moves only registered memory (verbs): a piece is then never registered on the data path.
+ * Elsewhere (TCP) agoq_net_reg_host answers "no key" and the pool keeps none. */
 static const agoq_gpu_pool_ops agoq_dev_pool_ops = {.reg = agoq_net_reg_host, .dereg = agoq_net_dereg_host};
 
 /* A pooled connection's own pinned bytes: AGOQ_GPU_STAGING/32 (256 KiB by default, 32 MiB on
@@ -87,7 +88,6 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
      * goes as a frame must not depend on what the pool holds at that moment (the numbers
      * would change from run to run), and a frame cannot pass in pieces. */
     bool pooled = pinned_max > 0 && agoq_typed.format == AGOQ_FORMAT_NONE;
-    bool registers = agoq_net_tp->reg != NULL;
     /* A request's codec calls: one encode, or a decode per buffer of a grouped receive.
      * Their GPU time (statistics only) is measured for as many calls as NCCL keeps requests
      * in flight, twice over; calls beyond that go untimed (counted). Sized by the requests,
@@ -97,8 +97,8 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
                                .parts = AGOQ_GPU_PARTS_PER_SLOT,
                                .timed = 2 * NCCL_NET_MAX_REQUESTS,
                                .pool = {.chunk = pooled ? staging : 0, .cap = pinned_max},
-                               .pool_net_dev = registers ? comm->dev : -1,
-                               .pool_ops = registers ? &agoq_dev_pool_ops : NULL};
+                               .pool_net_dev = comm->dev,
+                               .pool_ops = &agoq_dev_pool_ops};
     /* Also loads every codec kernel on this device (agoq_gpu_codec_load), whatever format a
      * peer sends: none is first launched on the data path. */
     AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
