@@ -114,10 +114,8 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
     }
   }
   /* Every codec kernel (the escaped-block decodes that a NaN or an overflow to Inf brings
-   * included) is loaded on the group's device now, not at a first launch under NCCL's kernel.
-   * Creating the link did it already (once per device and process: this is then a lookup);
-   * asked here too so that the GPU path never rests on how its link was made. */
-  AGOQ_CHECK_GOTO(agoq_gpu_codec_load(agoq_gpu_link_device(g->gpu)), res, out);
+   * included) was loaded in the link's CUDA context when it was made (agoq_gpu_link_create),
+   * not at a first launch under NCCL's kernel. */
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
             "CollNet rank %d: quantized calls on device buffers reduced on GPU %d (AGOQ_COLLNET_GPU=1): %zu bytes of "
             "pinned frames and %zu bytes of device memory for %d chunks of up to %zu elements per slice",

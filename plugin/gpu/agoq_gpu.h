@@ -77,7 +77,13 @@ typedef struct {
 } agoq_gpu_link_config;
 
 /* Creates the stream (non-blocking, the greatest priority), the slots' events, their codec
- * results, the timing events and the pinned ring, on `device`. Setup only. */
+ * results, the timing events and the pinned ring, on `device`, in the caller's CUDA context
+ * where it is on that device (NCCL's proxy threads may run in a private one), else in the
+ * device's primary context; every later call of the link runs in that context, whatever the
+ * caller's. Loads every kernel of the CUDA codec there (agoq_cuda_codec_load_all), launching
+ * none: under CUDA's lazy module loading (the driver's default) a kernel's first launch
+ * loads it, and that load can wait for the kernel NCCL runs meanwhile, which waits for this
+ * codec's work (a deadlock, seen on an H200). Setup only. */
 ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out);
 /* Waits for the link's queued work (close only: NCCL's buffers may be gone after it), then
  * frees everything, the memory allocated through it included. NULL is a no-op. */
@@ -143,14 +149,6 @@ uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l);
 void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint32_t* status, uint64_t* body_len);
 /* Counts a frame the GPU wrote into pinned memory (its length is known only afterwards). */
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes);
-/* Setup only: makes the driver load every kernel of the CUDA codec on `device`
- * (agoq_cuda_codec_load_all), launching none, once per device and process; the calling
- * thread's current device is as it was afterwards. Under CUDA's lazy module loading (the
- * driver's default) a kernel's first launch loads it, and that load can wait for the kernel
- * NCCL runs meanwhile, which waits for this codec's work: a deadlock, seen on an H200. So
- * every link's creation (agoq_gpu_link_create) calls it, and CollNet's GPU path before it
- * sets up its slots. */
-ncclResult_t agoq_gpu_codec_load(int device);
 
 /* Why cudaGetDeviceCount failed, in words that are right: the runtime reports a missing
  * driver as "CUDA driver version is insufficient for CUDA runtime version"

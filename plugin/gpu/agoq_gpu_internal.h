@@ -3,6 +3,7 @@
 #define AGOQ_GPU_INTERNAL_H
 
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 
 #include "abi/agoq_nccl_common.h"
 
@@ -13,6 +14,13 @@
 /* Logs a failed runtime call (what, the error's name and text) and clears the thread's
  * sticky error; ncclSuccess for cudaSuccess. */
 ncclResult_t agoq_gpu_cuda_error(cudaError_t e, const char* what);
+
+/* The calling thread's CUDA context, by the driver's cuCtxGetCurrent and cuCtxSetCurrent
+ * (reached through the runtime, agoq_gpu_runtime.c): supported where the driver has both;
+ * current is NULL where none is bound or the driver lacks them; set(NULL) unbinds. */
+bool agoq_gpu_ctx_supported(void);
+void* agoq_gpu_ctx_current(void);
+ncclResult_t agoq_gpu_ctx_set(void* ctx);
 
 #define AGOQ_CUDA_CHECK_GOTO(call, res, label)                  \
   do {                                                          \

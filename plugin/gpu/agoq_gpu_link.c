@@ -24,6 +24,7 @@ typedef struct agoq_gpu_link_mem {
 
 struct agoq_gpu_link {
   int device;
+  void* ctx; /* the CUDA context it was made in (NULL: the driver cannot say; its device's, by cudaSetDevice) */
   cudaStream_t stream;
   cudaEvent_t* events; /* one per request slot */
   uint32_t slots;
@@ -45,44 +46,75 @@ struct agoq_gpu_link {
   bool rdma_flush; /* the device flushes GPUDirect RDMA writes on request */
 };
 
-/* The runtime's calls act on the calling thread's current device. NCCL's proxy thread has
- * its rank's device current and finds it so after any call of ours, whichever device the
- * link is on (several GPUs in one process: JAX, nccl-tests -g); another caller (a test,
- * CollNet's engine) may have another current. So every call enters its link's device
- * (*prev: the caller's) and leaves the caller's current again. */
-static ncclResult_t agoq_gpu_device_enter(int device, int* prev) {
+/* Where a link's calls run. A stream, an event and a loaded kernel belong to the CUDA
+ * context that made them: NCCL's proxy threads run in their device's primary context, or,
+ * with NCCL_CREATE_THREAD_CONTEXT=1 (NCCL 2.28.9), in a private one they share; another
+ * caller (CollNet's engine thread, a test) may be bound to another context or device, or to
+ * none. So every call of a link enters the context it was made in (the driver's
+ * cuCtxSetCurrent; cudaSetDevice would enter the primary one) and leaves the caller's
+ * current context as it found it. A link's setup enters its device: the caller's context
+ * where it is on that device (a private one stays), else the device's primary one. Where
+ * the driver lacks the context calls, the device is entered and left by cudaSetDevice. */
+typedef struct {
+  void* prev_ctx;
+  int prev_dev;
+  bool restore_ctx, restore_dev;
+} agoq_gpu_scope;
+
+/* Enters ctx, or (NULL) `device` by the runtime. */
+static ncclResult_t agoq_gpu_scope_enter(int device, void* ctx, agoq_gpu_scope* sc) {
   ncclResult_t res = ncclSuccess;
-  *prev = -1;
-  AGOQ_CUDA_CHECK_GOTO(cudaGetDevice(prev), res, out);
-  if (*prev != device) AGOQ_CUDA_CHECK_GOTO(cudaSetDevice(device), res, out);
+  *sc = (agoq_gpu_scope){.prev_dev = -1};
+  bool ctx_api = agoq_gpu_ctx_supported();
+  if (ctx_api) sc->prev_ctx = agoq_gpu_ctx_current();
+  if (ctx != NULL) {
+    if (sc->prev_ctx == ctx) return ncclSuccess;
+    AGOQ_CHECK(agoq_gpu_ctx_set(ctx));
+    sc->restore_ctx = true;
+    return ncclSuccess;
+  }
+  AGOQ_CUDA_CHECK_GOTO(cudaGetDevice(&sc->prev_dev), res, out);
+  if (sc->prev_dev != device) {
+    /* The caller's binding is put back as it was: its context where the driver says which
+     * (a private one, or none), else its device. */
+    if (ctx_api) sc->restore_ctx = true;
+    else sc->restore_dev = true;
+    AGOQ_CUDA_CHECK_GOTO(cudaSetDevice(device), res, out);
+  }
 out:
   return res;
 }
 
-static void agoq_gpu_device_leave(int device, int prev) {
-  if (prev >= 0 && prev != device)
-    (void)agoq_gpu_cuda_error(cudaSetDevice(prev), "cudaSetDevice (the caller's device again)");
+static void agoq_gpu_scope_leave(const agoq_gpu_scope* sc) {
+  if (sc->restore_ctx) (void)agoq_gpu_ctx_set(sc->prev_ctx);
+  else if (sc->restore_dev)
+    (void)agoq_gpu_cuda_error(cudaSetDevice(sc->prev_dev), "cudaSetDevice (the caller's device again)");
 }
 
-/* Setup and teardown (create, alloc, destroy): on the link's device, in Relaxed capture
- * mode (agoq_gpu_capture_relax), the caller's device and mode put back at the end. */
+/* Every data-path call of a link: in its context (or on its device). */
+static ncclResult_t agoq_gpu_link_enter(const agoq_gpu_link* l, agoq_gpu_scope* sc) {
+  return agoq_gpu_scope_enter(l->device, l->ctx, sc);
+}
+
+/* Setup and teardown (create, alloc, destroy): also in Relaxed capture mode
+ * (agoq_gpu_capture_relax), the caller's mode put back at the end. */
 typedef struct {
   enum cudaStreamCaptureMode mode;
-  int device, prev;
+  agoq_gpu_scope scope;
 } agoq_gpu_setup_scope;
 
-static ncclResult_t agoq_gpu_setup_begin(int device, agoq_gpu_setup_scope* sc) {
+static ncclResult_t agoq_gpu_setup_begin(int device, void* ctx, agoq_gpu_setup_scope* sc) {
   sc->mode = agoq_gpu_capture_relax();
-  sc->device = device;
-  return agoq_gpu_device_enter(device, &sc->prev);
+  return agoq_gpu_scope_enter(device, ctx, &sc->scope);
 }
 
 static void agoq_gpu_setup_end(const agoq_gpu_setup_scope* sc) {
-  agoq_gpu_device_leave(sc->device, sc->prev);
+  agoq_gpu_scope_leave(&sc->scope);
   agoq_gpu_capture_restore(sc->mode);
 }
 
 static void agoq_gpu_link_teardown(agoq_gpu_link* l);
+static ncclResult_t agoq_gpu_codec_load(int device);
 
 /* Pinned bytes of the link's own: its ring (the staging, or its share of it) and its codec
  * results. */
@@ -97,10 +129,11 @@ static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* 
   uint32_t slots = cfg->slots;
   size_t staging = cfg->staging;
   *out = NULL;
-  /* Before anything of this link can launch a kernel, with the caller's device restored. */
+  /* Before anything of this link can launch a kernel: in the context it is made in. */
   AGOQ_CHECK(agoq_gpu_codec_load(device));
   AGOQ_CALLOC_GOTO(l, 1, res, fail);
   l->device = device;
+  l->ctx = agoq_gpu_ctx_current();
   l->parts = cfg->parts > 0 ? cfg->parts : 1;
   l->ntimed = cfg->timed;
   if (l->ntimed > 0) {
@@ -155,7 +188,7 @@ fail:
 ncclResult_t agoq_gpu_link_create(int device, const agoq_gpu_link_config* cfg, agoq_gpu_link** out) {
   agoq_gpu_setup_scope sc;
   *out = NULL;
-  ncclResult_t res = agoq_gpu_setup_begin(device, &sc);
+  ncclResult_t res = agoq_gpu_setup_begin(device, NULL, &sc);
   if (res == ncclSuccess) res = agoq_gpu_link_build(device, cfg, out);
   agoq_gpu_setup_end(&sc);
   return res;
@@ -165,20 +198,20 @@ bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l) { return l != NULL && l->r
 
 ncclResult_t agoq_gpu_flush_rdma_writes(agoq_gpu_link* l) {
   ncclResult_t res = ncclSuccess;
-  int prev = -1;
-  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
+  agoq_gpu_scope sc = {0};
+  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l, &sc), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
                                                           cudaFlushGPUDirectRDMAWritesToOwner),
                        res, out);
 out:
-  agoq_gpu_device_leave(l->device, prev);
+  agoq_gpu_scope_leave(&sc);
   return res;
 }
 
 void agoq_gpu_link_quiesce(agoq_gpu_link* l) {
   if (l == NULL || l->stream == NULL) return;
   agoq_gpu_setup_scope sc;
-  (void)agoq_gpu_setup_begin(l->device, &sc);
+  (void)agoq_gpu_setup_begin(l->device, l->ctx, &sc);
   (void)agoq_gpu_cuda_error(cudaStreamSynchronize(l->stream), "cudaStreamSynchronize");
   agoq_gpu_setup_end(&sc);
 }
@@ -186,7 +219,7 @@ void agoq_gpu_link_quiesce(agoq_gpu_link* l) {
 void agoq_gpu_link_destroy(agoq_gpu_link* l) {
   if (l == NULL) return;
   agoq_gpu_setup_scope sc;
-  (void)agoq_gpu_setup_begin(l->device, &sc);
+  (void)agoq_gpu_setup_begin(l->device, l->ctx, &sc);
   agoq_gpu_link_teardown(l);
   agoq_gpu_setup_end(&sc);
 }
@@ -232,7 +265,7 @@ ncclResult_t agoq_gpu_link_alloc(agoq_gpu_link* l, bool device, size_t size, voi
   agoq_gpu_link_mem* m = NULL;
   agoq_gpu_setup_scope sc;
   *p = NULL;
-  AGOQ_CHECK_GOTO(agoq_gpu_setup_begin(l->device, &sc), res, fail);
+  AGOQ_CHECK_GOTO(agoq_gpu_setup_begin(l->device, l->ctx, &sc), res, fail);
   AGOQ_CALLOC_GOTO(m, 1, res, fail);
   m->device = device;
   m->size = size > 0 ? size : 1;
@@ -267,13 +300,13 @@ static ncclResult_t agoq_gpu_copy(agoq_gpu_link* l, void* dst, const void* src, 
                                   uint64_t* bytes, uint64_t* copies) {
   ncclResult_t res = ncclSuccess;
   if (size == 0) return ncclSuccess;
-  int prev = -1;
-  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
+  agoq_gpu_scope sc = {0};
+  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l, &sc), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaMemcpyAsync(dst, src, size, kind, l->stream), res, out);
   *bytes += size;
   (*copies)++;
 out:
-  agoq_gpu_device_leave(l->device, prev);
+  agoq_gpu_scope_leave(&sc);
   return res;
 }
 
@@ -315,8 +348,8 @@ ncclResult_t agoq_gpu_copy_h2d_flags_last(agoq_gpu_link* l, void* dev, const voi
   uintptr_t head_end = l0 < e ? l0 : e;
   bool whole = l1 > l0;
   uintptr_t tail = whole ? l1 : head_end;
-  int prev = -1;
-  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
+  agoq_gpu_scope sc = {0};
+  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l, &sc), res, out);
   for (int flags = 0; flags < 2; flags++) {
     AGOQ_CHECK_GOTO(agoq_gpu_copy_line_part(l, a, head_end, src, a, flags), res, out);
     if (whole) {
@@ -331,7 +364,7 @@ ncclResult_t agoq_gpu_copy_h2d_flags_last(agoq_gpu_link* l, void* dev, const voi
   }
   l->stats.h2d_bytes += size;
 out:
-  agoq_gpu_device_leave(l->device, prev);
+  agoq_gpu_scope_leave(&sc);
   return res;
 }
 
@@ -348,11 +381,11 @@ static agoq_cuda_codec_result* agoq_gpu_result(const agoq_gpu_link* l, uint32_t 
 ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
   ncclResult_t res = ncclSuccess;
   AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
-  int prev = -1;
-  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(l->device, &prev), res, out);
+  agoq_gpu_scope sc = {0};
+  AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l, &sc), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaEventRecord(l->events[slot], l->stream), res, out);
 out:
-  agoq_gpu_device_leave(l->device, prev);
+  agoq_gpu_scope_leave(&sc);
   return res;
 }
 
@@ -415,18 +448,23 @@ uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l) {
 ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   *done = false;
   AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, 0));
-  /* cudaEventQuery needs no current device. */
+  /* cudaEventQuery needs no current device, but its event's context may have to be
+   * current (a private one's: undocumented); only the context is entered. */
+  agoq_gpu_scope sc = {0};
+  ncclResult_t res = ncclSuccess;
+  if (l->ctx != NULL) AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l, &sc), res, out);
   cudaError_t e = cudaEventQuery(l->events[slot]);
-  if (e == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    agoq_gpu_time_collect(l);
-    return ncclSuccess;
+  if (e != cudaSuccess && e != cudaErrorNotReady) {
+    res = agoq_gpu_cuda_error(e, "cudaEventQuery");
+    goto out;
   }
-  if (e != cudaSuccess) return agoq_gpu_cuda_error(e, "cudaEventQuery");
-  *done = true;
-  /* Every codec call queued before the mark is complete: its time is there to collect. */
+  (void)cudaGetLastError();
+  *done = e == cudaSuccess;
+  /* Done: every codec call queued before the mark is complete, its time there to collect. */
   agoq_gpu_time_collect(l);
-  return ncclSuccess;
+out:
+  agoq_gpu_scope_leave(&sc);
+  return res;
 }
 
 /* ---- the codec --------------------------------------------------------------------------- */
@@ -506,10 +544,10 @@ static ncclResult_t agoq_gpu_codec_run(agoq_gpu_link* l, uint32_t slot, int part
   bool with_result = agoq_gpu_op_has_result(op->kind);
   agoq_cuda_codec_result* r = NULL;
   if (with_result) AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
-  int prev = -1;
-  ncclResult_t res = agoq_gpu_device_enter(l->device, &prev);
+  agoq_gpu_scope sc = {0};
+  ncclResult_t res = agoq_gpu_link_enter(l, &sc);
   if (res != ncclSuccess) {
-    agoq_gpu_device_leave(l->device, prev);
+    agoq_gpu_scope_leave(&sc);
     return res;
   }
   if (with_result) {
@@ -517,7 +555,7 @@ static ncclResult_t agoq_gpu_codec_run(agoq_gpu_link* l, uint32_t slot, int part
     *r = (agoq_cuda_codec_result){0};
   }
   res = agoq_gpu_op_launch(l, op, r);
-  agoq_gpu_device_leave(l->device, prev);
+  agoq_gpu_scope_leave(&sc);
   if (!with_result) return res; /* overflow to Inf and narrowing: their failure untraced, as always */
   AGOQ_CHECK(res);
   if (op->kind == AGOQ_GPU_OP_ENCODE) {
@@ -567,20 +605,20 @@ void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint
 
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { l->stats.encoded_bytes += frame_bytes; }
 
-/* Lazy loading is per device: a kernel loaded on one GPU is not loaded on another. Each
- * (process, device) loads the codec once, whichever link or group gets there first; the
- * devices past the bitmap load every time (correct, only slower). This replaces a warm-up
- * that launched some kernels on zeros: it never launched the escaped-block decode (a block
- * with NaN or Inf) nor the NONE decode, warmed only the formats and block sizes of the links
- * made so far, and only once per process, whatever the device. */
+/* Lazy loading is per context: a kernel loaded in one is not loaded in another (another
+ * GPU's, or a private context on the same GPU: NCCL_CREATE_THREAD_CONTEXT=1). So every link
+ * loads the codec in the context it is made in, whoever got there first: cudaFuncGetAttributes
+ * of a kernel already loaded costs little beside a link's allocations, and a cache keyed by
+ * context could be fooled by a destroyed context's handle reused for a new one (NCCL makes
+ * one per communicator). Said at INFO once per device; the devices past the bitmap say it
+ * every time. This replaces a warm-up that launched some kernels on zeros: it never launched
+ * the escaped-block decode (a block with NaN or Inf) nor the NONE decode, warmed only the
+ * formats and block sizes of the links made so far, and only once per process. */
 enum { AGOQ_GPU_LOAD_DEVICES = 256 };
 static pthread_mutex_t agoq_gpu_load_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t agoq_gpu_loaded[AGOQ_GPU_LOAD_DEVICES / 64];
+static uint64_t agoq_gpu_load_said[AGOQ_GPU_LOAD_DEVICES / 64];
 
-static ncclResult_t agoq_gpu_codec_load_locked(int device) {
-  ncclResult_t res = ncclSuccess;
-  int cur = -1;
-  AGOQ_CHECK_GOTO(agoq_gpu_device_enter(device, &cur), res, out);
+static ncclResult_t agoq_gpu_codec_load(int device) {
   size_t loaded = 0;
   const char* failed = NULL;
   if (agoq_cuda_codec_load_all(&loaded, &failed) != AGOQ_CODEC_OK) {
@@ -589,23 +627,16 @@ static ncclResult_t agoq_gpu_codec_load_locked(int device) {
               device, failed != NULL ? failed : "?", agoq_cuda_codec_last_error_string(),
               agoq_cuda_codec_last_error());
     (void)cudaGetLastError();
-    res = ncclUnhandledCudaError;
-  } else {
-    AGOQ_INFO(NCCL_INIT, "GPU %d: the CUDA codec's %zu kernels loaded (cudaFuncGetAttributes), none launched",
-              device, loaded);
+    return ncclUnhandledCudaError;
   }
-out:
-  /* The caller's current device again (NCCL's proxy thread has its rank's). */
-  agoq_gpu_device_leave(device, cur);
-  return res;
-}
-
-ncclResult_t agoq_gpu_codec_load(int device) {
-  if (device < 0 || device >= AGOQ_GPU_LOAD_DEVICES) return agoq_gpu_codec_load_locked(device);
-  const uint64_t bit = 1ull << (device % 64);
+  bool known = device >= 0 && device < AGOQ_GPU_LOAD_DEVICES;
+  const uint64_t bit = known ? 1ull << (device % 64) : 0;
   pthread_mutex_lock(&agoq_gpu_load_mu);
-  ncclResult_t res = (agoq_gpu_loaded[device / 64] & bit) ? ncclSuccess : agoq_gpu_codec_load_locked(device);
-  if (res == ncclSuccess) agoq_gpu_loaded[device / 64] |= bit;
+  bool say = !known || (agoq_gpu_load_said[device / 64] & bit) == 0;
+  if (known) agoq_gpu_load_said[device / 64] |= bit;
   pthread_mutex_unlock(&agoq_gpu_load_mu);
-  return res;
+  if (say)
+    AGOQ_INFO(NCCL_INIT, "GPU %d: the CUDA codec's %zu kernels loaded (cudaFuncGetAttributes) in each link's CUDA "
+              "context at its setup, none launched", device, loaded);
+  return ncclSuccess;
 }

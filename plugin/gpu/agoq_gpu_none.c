@@ -120,10 +120,6 @@ void agoq_gpu_codec_result(const agoq_gpu_link* l, uint32_t slot, int part, uint
 }
 uint64_t agoq_gpu_codec_ns_take(agoq_gpu_link* l) { (void)l; return 0; }
 void agoq_gpu_note_encoded(agoq_gpu_link* l, uint64_t frame_bytes) { (void)l; (void)frame_bytes; }
-ncclResult_t agoq_gpu_codec_load(int device) {
-  (void)device;
-  return agoq_gpu_none_call("agoq_gpu_codec_load");
-}
 
 bool agoq_gpu_link_rdma_flush(const agoq_gpu_link* l) {
   (void)l;

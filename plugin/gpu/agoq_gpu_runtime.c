@@ -79,6 +79,42 @@ static void* agoq_gpu_driver_symbol(const char* name) {
   return NULL;
 }
 
+/* The driver's cuCtxGetCurrent and cuCtxSetCurrent (CUcontext is a pointer, CUDA_SUCCESS 0),
+ * reached through the runtime; NULL both where the driver lacks either. */
+typedef int (*agoq_cu_ctx_get_fn)(void** ctx);
+typedef int (*agoq_cu_ctx_set_fn)(void* ctx);
+static pthread_once_t agoq_gpu_ctx_once = PTHREAD_ONCE_INIT;
+static agoq_cu_ctx_get_fn agoq_gpu_ctx_get_fn;
+static agoq_cu_ctx_set_fn agoq_gpu_ctx_set_fn;
+
+static void agoq_gpu_ctx_resolve(void) {
+  agoq_cu_ctx_get_fn get = (agoq_cu_ctx_get_fn)agoq_gpu_driver_symbol("cuCtxGetCurrent");
+  agoq_cu_ctx_set_fn set = (agoq_cu_ctx_set_fn)agoq_gpu_driver_symbol("cuCtxSetCurrent");
+  if (get != NULL && set != NULL) {
+    agoq_gpu_ctx_get_fn = get;
+    agoq_gpu_ctx_set_fn = set;
+  }
+}
+
+bool agoq_gpu_ctx_supported(void) {
+  (void)pthread_once(&agoq_gpu_ctx_once, agoq_gpu_ctx_resolve);
+  return agoq_gpu_ctx_get_fn != NULL;
+}
+
+void* agoq_gpu_ctx_current(void) {
+  void* ctx = NULL;
+  if (agoq_gpu_ctx_supported() && agoq_gpu_ctx_get_fn(&ctx) != 0) ctx = NULL;
+  return ctx;
+}
+
+ncclResult_t agoq_gpu_ctx_set(void* ctx) {
+  if (!agoq_gpu_ctx_supported()) return ncclInternalError;
+  int rc = agoq_gpu_ctx_set_fn(ctx);
+  if (rc == 0) return ncclSuccess;
+  AGOQ_WARN("GPU: cuCtxSetCurrent(%p) failed: CUresult %d", ctx, rc);
+  return ncclUnhandledCudaError;
+}
+
 /* cuModuleGetLoadingMode (CUmoduleLoadingMode: 1 eager, 2 lazy), reached through the runtime. */
 typedef int (*agoq_cu_loading_mode_fn)(int* mode);
 
@@ -91,10 +127,8 @@ typedef int (*agoq_cu_loading_mode_fn)(int* mode);
  * loading a first load of any kernel, by any thread, holds back the plugin's copy until NCCL's
  * kernel ends (the CollNet GPU reduction hung so in nccl-tests); with one hardware queue
  * (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets) the copy waits behind NCCL's next
- * kernel. Not a hang but a failure: with NCCL_CREATE_THREAD_CONTEXT=1 (NCCL 2.28.9, off by
- * default) NCCL's proxy threads run in a private CUDA context, where the links' streams and
- * events are made, while the CollNet engine thread's cudaSetDevice puts it in the primary one,
- * where its launches into those streams fail. */
+ * kernel. (NCCL_CREATE_THREAD_CONTEXT=1, NCCL's proxy threads in a private CUDA context, is
+ * not a hazard: every call of a link runs in the context that made it, agoq_gpu_link.c.) */
 static void agoq_gpu_hang_hazards(char* out, size_t len) {
   int mode = 0;
   agoq_cu_loading_mode_fn loading_mode = (agoq_cu_loading_mode_fn)agoq_gpu_driver_symbol("cuModuleGetLoadingMode");
@@ -102,12 +136,9 @@ static void agoq_gpu_hang_hazards(char* out, size_t len) {
   /* Read as the driver reads it: a decimal count, 8 when unset. */
   const char* conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   bool one_queue = conn != NULL && atoi(conn) == 1;
-  bool thread_ctx = agoq_nccl_param("NCCL_CREATE_THREAD_CONTEXT", 0) == 1;
-  snprintf(out, len, "another thread's cudaFree blocks its CUDA calls while NCCL's kernel waits for them%s%s%s",
+  snprintf(out, len, "another thread's cudaFree blocks its CUDA calls while NCCL's kernel waits for them%s%s",
            mode == 2 ? "; lazy module loading (the driver's mode)" : mode == 0 ? "; module loading mode unknown" : "",
-           one_queue ? "; CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)" : "",
-           thread_ctx ? "; NCCL_CREATE_THREAD_CONTEXT=1 (NCCL's proxy threads in a private CUDA context, where the "
-                        "CollNet engine's launches fail)" : "");
+           one_queue ? "; CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue)" : "");
 }
 
 static ncclResult_t agoq_gpu_probe_locked(void) {

@@ -604,6 +604,34 @@ static void test_nan_block_on_gpu(void** state) {
   }
 }
 
+/* NCCL_CREATE_THREAD_CONTEXT=1 (NCCL 2.28.9): NCCL's proxy threads, which open the group and
+ * post and test its calls, run in a private CUDA context of their own, so the group's link
+ * (its stream, events and kernels) is made there; the group's engine thread, bound to no
+ * context or the primary one, must launch and query in that context too. The emulation
+ * refuses a private context's streams and events while another context is current, and
+ * loads kernels per context. The NaN block needs the escaped-block decode loaded there. */
+static void test_private_context(void** state) {
+  (void)state;
+  void* priv = agoq_emu_context_create(0);
+  assert_non_null(priv);
+  env_set("int8", "0", "64K");
+  group g;
+  group_open(&g, 2);
+  ccase cs[] = {{.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1,
+                 .out = 1, .gpu = true},
+                {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 50001, .nparts = 1, .in = 1, .out = 1,
+                 .gpu = true, .nan_at = 4000},
+                {.kind = CK_AR, .type = ncclInt32, .op = ncclSum, .count = 4099, .nparts = 1, .in = 1, .out = 1}};
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_compare(&g, &cs[i], 1200 + i);
+  group_close(&g);
+}
+
+/* After a failure too: the other tests run in the primary context. */
+static int primary_context_again(void** state) {
+  (void)state;
+  return cudaSetDevice(0) == cudaSuccess ? 0 : -1;
+}
+
 /* AGOQ_STATS's gpu_ms: every codec call of the GPU reduction is bracketed by timing events
  * and its time lands on the quantized line once it completed: at least a tick per call,
  * all of what the link measured, none left untimed. */
@@ -837,6 +865,7 @@ static const struct CMUnitTest tests_gpu[] = {
     cmocka_unit_test(test_backend_is_the_emulation),
     cmocka_unit_test(test_allreduce),
     cmocka_unit_test(test_nan_block_on_gpu),
+    cmocka_unit_test_teardown(test_private_context, primary_context_again),
     cmocka_unit_test(test_reducescatter),
     cmocka_unit_test(test_allgather),
     cmocka_unit_test(test_in_flight_mixed),

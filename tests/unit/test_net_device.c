@@ -597,10 +597,6 @@ static void test_off_refuses_device_memory(void** state) {
     assert_non_null(strstr(agoq_gpu_describe(), "off (AGOQ_GPU=auto)"));
     assert_non_null(strstr(agoq_gpu_describe(), "cudaFree"));
     assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=on turns it on"));
-    /* NCCL's proxy threads in their own context (net_device.gpu_auto.thread_context). */
-    const char* ctx = getenv("NCCL_CREATE_THREAD_CONTEXT");
-    bool named = strstr(agoq_gpu_describe(), "NCCL_CREATE_THREAD_CONTEXT=1") != NULL;
-    assert_true(named == (ctx != NULL && strcmp(ctx, "1") == 0));
   } else {
     assert_non_null(strstr(agoq_gpu_describe(), "AGOQ_GPU=off"));
   }
@@ -722,6 +718,92 @@ static void test_link_on_another_device_leaves_the_callers(void** state) {
   free(src);
   free(got);
   agoq_emu_devices_set(old);
+}
+
+typedef int (*ctx_get_fn)(void** ctx);
+
+/* fp32 values that came as an int8 frame (block 128) with element `raw` in a raw block: that
+ * block bit-exact, the others changed but within 1% relative L2. */
+static void assert_int8_close_but(const uint8_t* got, const float* src, size_t bytes, size_t raw) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < bytes / 4; i++) {
+    float v;
+    memcpy(&v, got + 4 * i, 4);
+    if (i / 128 == raw / 128) {
+      assert_memory_equal(&v, &src[i], 4);
+      continue;
+    }
+    err += ((double)v - src[i]) * ((double)v - src[i]);
+    ref += (double)src[i] * src[i];
+  }
+  assert_true(err > 0 && sqrt(err / ref) < 0.01);
+}
+
+static void* current_context(void) {
+  ctx_get_fn get = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  assert_int_equal(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", (void**)&get, 12000, cudaEnableDefault, &q),
+                   cudaSuccess);
+  void* ctx = NULL;
+  assert_int_equal(get(&ctx), 0);
+  return ctx;
+}
+
+/* After a failure too: the other tests run in the primary context. */
+static int primary_context_again(void** state) {
+  (void)state;
+  return cudaSetDevice(0) == cudaSuccess ? 0 : -1;
+}
+
+/* NCCL_CREATE_THREAD_CONTEXT=1 (NCCL 2.28.9): NCCL's proxy threads share a private CUDA
+ * context, in which they connect and drive the links. The codec's kernels are loaded there
+ * at the link's setup, whatever was loaded in the device's primary context before (the
+ * emulation loads per context: a NaN block needs the escaped-block decode). Then a caller in
+ * the primary context (as any other thread is): the link's calls still run in the context
+ * that made it, and the caller's context is the same after them. */
+static void test_link_in_a_private_context(void** state) {
+  (void)state;
+  size_t bytes = 256u << 10;
+  uint8_t* src = malloc(bytes);
+  uint8_t* got = malloc(bytes);
+  for (size_t i = 0; i < bytes / 4; i++) ((float*)src)[i] = (float)(i % 97) * 0.25f - 7.0f;
+  memset(src + 4000 * 4, 0xff, 4); /* a NaN: its block travels raw */
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  void* primary = current_context();
+  void* priv = agoq_emu_context_create(0);
+  assert_non_null(priv);
+  endpoint s = {.size = bytes, .device = true}, r = {.size = bytes, .device = true};
+  s.buf = dev_from(src, bytes);
+  assert_int_equal(cudaMalloc(&r.buf, bytes), cudaSuccess);
+  pair p;
+  pair_open_ex(&p, COMM_ID + 40, fake_prof);
+  ep_reg(p.send, &s);
+  ep_reg(p.recv, &r);
+  fake_step step = step_of(AGOQ_XFER_P2P, ncclFloat32, AGOQ_XFER_PROTO_SIMPLE, 1);
+  for (int caller = 0; caller < 2; caller++) {
+    if (caller == 1) assert_int_equal(cudaSetDevice(0), cudaSuccess); /* the primary context */
+    void* before = current_context();
+    assert_ptr_equal(before, caller == 0 ? priv : primary);
+    uint64_t frames0 = ((agoq_comm*)p.send)->typed_stats.frames;
+    unsigned long long raw0 = agoq_emu_kernel_launches("raw_decode_kernel<");
+    memset(got, 0, bytes);
+    assert_int_equal(cudaMemcpy(r.buf, got, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(transfer(&p, &s, &r, bytes, &step), (int)bytes);
+    assert_int_equal(((agoq_comm*)p.send)->typed_stats.frames, frames0 + 1);
+    assert_int_equal(agoq_emu_kernel_launches("raw_decode_kernel<"), raw0 + 1);
+    assert_ptr_equal(current_context(), before);
+    dev_to(got, r.buf, bytes);
+    assert_int8_close_but(got, (const float*)src, bytes, 4000);
+  }
+  assert_int_equal(agoq_emu_context_set(priv), 0);
+  assert_int_equal(agoq_net_dereg_mr(p.send, s.mh), ncclSuccess);
+  assert_int_equal(agoq_net_dereg_mr(p.recv, r.mh), ncclSuccess);
+  pair_close(&p);
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  cudaFree(s.buf);
+  cudaFree(r.buf);
+  free(src);
+  free(got);
 }
 
 /* NCCL's device buffer registered by DMA-BUF, as NCCL registers it. */
@@ -1209,6 +1291,7 @@ int main(void) {
       cmocka_unit_test(test_bad_device_buffers),
       cmocka_unit_test(test_link_setup_during_global_capture),
       cmocka_unit_test(test_link_on_another_device_leaves_the_callers),
+      cmocka_unit_test_teardown(test_link_in_a_private_context, primary_context_again),
       cmocka_unit_test(test_gpudirect_beyond_the_staging),
       cmocka_unit_test(test_staged_beyond_the_staging),
       cmocka_unit_test(test_polled_receive_lands_flags_last),

@@ -60,6 +60,7 @@
 #include <deque>
 #include <string>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -84,6 +85,8 @@ struct Op {
 }  // namespace
 }  // namespace agoq_emu
 
+struct agoq_emu_context;
+
 struct agoq_emu_stream {
   unsigned flags = 0;
   int priority = 0;
@@ -94,6 +97,7 @@ struct agoq_emu_stream {
   bool destroyed = false;       /* freed once its work ran and no wait names it (reap) */
   unsigned queue = 0;           /* its hardware queue (round-robin at creation) */
   int device = 0;               /* the device current at its creation */
+  agoq_emu_context* ctx = nullptr; /* the context current at its creation */
 };
 
 struct agoq_emu_wait {
@@ -118,6 +122,7 @@ struct agoq_emu_event {
   unsigned pending = 0;              /* records queued, not run */
   double t = 0;                      /* when the newest one ran */
   int device = 0;                    /* the device current at its creation */
+  agoq_emu_context* ctx = nullptr;   /* the context current at its creation */
 };
 
 namespace agoq_emu {
@@ -176,13 +181,73 @@ int device_count() {
 struct DeviceKernels {
   std::set<const void*> loaded, launched;
 };
-DeviceKernels dev_kernels[kMaxDevices];
 std::map<std::string, unsigned long long> launches_by_name;
 unsigned long long n_launches = 0, n_refused = 0;
 
 cudaError_t fail(cudaError_t e) {
   last_error = e;
   return e;
+}
+
+}  // namespace
+}  // namespace agoq_emu
+
+/* A CUDA context: its device, and the kernels loaded in it (lazy loading is per context). */
+struct agoq_emu_context {
+  int device = 0;
+  bool primary = false;
+  agoq_emu::DeviceKernels kernels;
+};
+
+namespace agoq_emu {
+namespace {
+
+/* Contexts (the driver API's cuCtxGetCurrent and cuCtxSetCurrent, reached through
+ * cudaGetDriverEntryPointByVersion; agoq_emu_context_create stands in for cuCtxCreate). Each
+ * device has its primary context, which cudaSetDevice makes current; a thread bound to none
+ * gets its current device's primary context at its first runtime call, as cudart does.
+ * Streams and events belong to the context current at their creation; kernels are loaded per
+ * context. Among primary contexts CUDA's documented device rules apply (enqueue,
+ * cudaEventRecord). Between a private context (NCCL_CREATE_THREAD_CONTEXT=1 makes one for
+ * NCCL's proxy threads) and any other, the behaviour is undocumented and emulated as it hurts
+ * most: a stream or event of one is refused while the other is current (ctx_refuses). Under
+ * dev_mu. */
+agoq_emu_context primary_ctx[kMaxDevices];
+std::vector<std::unique_ptr<agoq_emu_context>> private_ctx; /* live as long as the process */
+thread_local agoq_emu_context* bound_ctx = nullptr;
+
+agoq_emu_context* primary_of(int dev) {
+  agoq_emu_context* c = &primary_ctx[dev];
+  c->device = dev;
+  c->primary = true;
+  return c;
+}
+
+agoq_emu_context* cur_ctx() {
+  if (bound_ctx == nullptr) bound_ctx = primary_of(current_device);
+  return bound_ctx;
+}
+
+bool ctx_known(const agoq_emu_context* c) {
+  if (c >= primary_ctx && c < primary_ctx + kMaxDevices) return true;
+  for (const auto& p : private_ctx)
+    if (p.get() == c) return true;
+  return false;
+}
+
+const char* ctx_name(const agoq_emu_context* c) { return c->primary ? "primary" : "private"; }
+
+/* `what` on an object of context `owner` while another is current: refused (with a line)
+ * unless both are primary contexts. */
+bool ctx_refuses(const agoq_emu_context* owner, const char* what) {
+  const agoq_emu_context* cur = cur_ctx();
+  if (owner == nullptr || owner == cur || (owner->primary && cur->primary)) return false;
+  fprintf(stderr,
+          "agoq CUDA emulation: %s on a stream or event of device %d's %s context while device %d's %s context is "
+          "current: refused (a private context's streams and events are used with it current)\n",
+          what, owner->device, ctx_name(owner), cur->device, ctx_name(cur));
+  fail(cudaErrorInvalidResourceHandle);
+  return true;
 }
 
 /* Stream capture (include/cuda_runtime_api.h says which calls are refused, and when). The
@@ -724,17 +789,17 @@ void launch_refused(const void* p) {
 
 bool launch_loaded(const void* fn, const char* name) {
   Session lk;
-  DeviceKernels& dk = dev_kernels[current_device];
+  DeviceKernels& dk = cur_ctx()->kernels;
   n_launches++;
   launches_by_name[name != nullptr ? name : "?"]++;
   dk.launched.insert(fn);
   if (dk.loaded.count(fn) != 0) return true;
   n_refused++;
   fprintf(stderr,
-          "agoq CUDA emulation: kernel %s launched before it was loaded on device %d: under lazy loading this "
+          "agoq CUDA emulation: kernel %s launched before it was loaded in device %d's %s context: under lazy loading this "
           "first launch would load it while NCCL's kernel runs (load it at setup: cudaFuncGetAttributes, "
           "agoq_cuda_codec_load_all); the launch fails with cudaErrorFunctionNotLoaded\n",
-          name != nullptr ? name : "?", current_device);
+          name != nullptr ? name : "?", current_device, ctx_name(cur_ctx()));
   fail(cudaErrorFunctionNotLoaded);
   return false;
 }
@@ -744,6 +809,10 @@ void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*)
   if (!stream_ok(st)) {
     if (drop) drop(ctx);
     fail(cudaErrorInvalidResourceHandle);
+    return;
+  }
+  if (st != nullptr && st->device == current_device && ctx_refuses(st->ctx, "a kernel launch")) {
+    if (drop) drop(ctx);
     return;
   }
   if (st != nullptr && st->device != current_device) {
@@ -774,13 +843,14 @@ cudaError_t cudaSetDevice(int dev) {
   Session lk; /* every runtime call takes the context lock */
   if (dev < 0 || dev >= device_count()) return fail(cudaErrorInvalidDevice);
   current_device = dev;
+  bound_ctx = primary_of(dev); /* cudaSetDevice makes the device's primary context current */
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* dev) {
   Session lk; /* every runtime call takes the context lock */
   if (dev == nullptr) return fail(cudaErrorInvalidValue);
-  *dev = current_device;
+  *dev = cur_ctx()->device; /* a private context's device too */
   return cudaSuccess;
 }
 
@@ -928,6 +998,7 @@ cudaError_t copy_issue(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (sync) n_sync++;
   if (sync && capture_refuses("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (stream != nullptr && ctx_refuses(stream->ctx, "a copy")) return cudaErrorInvalidResourceHandle;
   cudaError_t e = copy_check(dst, src, bytes, kind);
   if (e != cudaSuccess) return fail(e);
   if (bytes == 0) return cudaSuccess;
@@ -945,6 +1016,7 @@ cudaError_t set_issue(void* p, int value, size_t bytes, cudaStream_t stream, boo
   if (sync) n_sync++;
   if (sync && capture_refuses("cudaMemset")) return cudaErrorStreamCaptureUnsupported;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (stream != nullptr && ctx_refuses(stream->ctx, "a memset")) return cudaErrorInvalidResourceHandle;
   if (bytes == 0) return cudaSuccess;
   if (!is_device(p, bytes)) return fail(cudaErrorInvalidValue);
   if (stream != nullptr && closes_cycle(stream, "a memset", reach(p, bytes), bytes))
@@ -963,6 +1035,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t stream) {
   Session lk;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (stream != nullptr && ctx_refuses(stream->ctx, "a 2D copy")) return cudaErrorInvalidResourceHandle;
   if (width == 0 || height == 0) return cudaSuccess;
   if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
   /* The whole spans, first row to the end of the last: one allocation each side. */
@@ -1055,6 +1128,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int pr
   (*s)->flags = flags;
   (*s)->priority = priority;
   (*s)->device = current_device;
+  (*s)->ctx = cur_ctx();
   /* Round-robin over the hardware queues, whatever the priority: on an H200, NCCL's and
    * the plugin's greatest-priority streams shared queues as any others did. */
   (*s)->queue = next_queue++ % (unsigned)queue_count();
@@ -1070,6 +1144,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   Session lk;
   if (capture_refuses("cudaStreamDestroy")) return cudaErrorStreamCaptureUnsupported;
   if (s == nullptr || s->destroyed) return fail(cudaErrorInvalidResourceHandle);
+  if (ctx_refuses(s->ctx, "cudaStreamDestroy")) return cudaErrorInvalidResourceHandle;
   /* As on a GPU: queued work still runs; the object goes once it has (reap). */
   s->destroyed = true;
   return cudaSuccess;
@@ -1079,6 +1154,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   Session lk;
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (s == nullptr) return cudaSuccess; /* legacy work ran when it was issued */
+  if (ctx_refuses(s->ctx, "cudaStreamQuery")) return cudaErrorInvalidResourceHandle;
   if (s->done_seq < s->last_seq) run_one(s);
   return s->done_seq >= s->last_seq ? cudaSuccess : cudaErrorNotReady;
 }
@@ -1088,6 +1164,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (capture_refuses("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (s == nullptr) return cudaSuccess;
+  if (ctx_refuses(s->ctx, "cudaStreamSynchronize")) return cudaErrorInvalidResourceHandle;
   /* A queued wait naming it keeps it from being reaped while the lock is let go. */
   s->waiters++;
   uint64_t seq = s->last_seq;
@@ -1100,6 +1177,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   Session lk;
   if (!stream_ok(s) || e == nullptr || flags != 0) return fail(cudaErrorInvalidValue);
+  if ((s != nullptr && ctx_refuses(s->ctx, "cudaStreamWaitEvent")) || ctx_refuses(e->ctx, "cudaStreamWaitEvent"))
+    return cudaErrorInvalidResourceHandle;
   /* s's later work waits for e's newest record at this call (none: nothing to wait for). */
   if (e->seq == 0 || event_done(e, e->seq)) return cudaSuccess;
   if (s == nullptr) {
@@ -1119,6 +1198,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   n_live_events++;
   (*e)->flags = flags;
   (*e)->device = current_device;
+  (*e)->ctx = cur_ctx();
   return cudaSuccess;
 }
 
@@ -1128,6 +1208,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
   if (capture_refuses("cudaEventDestroy")) return cudaErrorStreamCaptureUnsupported;
+  if (ctx_refuses(e->ctx, "cudaEventDestroy")) return cudaErrorInvalidResourceHandle;
   if (e->pending > 0) /* a queued record still writes into it */
     (void)wait_device("cudaEventDestroy", false, [e] { return e->pending == 0; }, [] { return drain_all(false); });
   delete e;
@@ -1139,6 +1220,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (ctx_refuses(e->ctx, "cudaEventRecord") || (stream != nullptr && ctx_refuses(stream->ctx, "cudaEventRecord")))
+    return cudaErrorInvalidResourceHandle;
   const int stream_device = stream != nullptr ? stream->device : current_device;
   if (e->device != stream_device) {
     /* CUDA: an event and the stream it is recorded on must belong to one device. */
@@ -1157,6 +1240,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
+  if (ctx_refuses(e->ctx, "cudaEventQuery")) return cudaErrorInvalidResourceHandle;
   if (!event_done(e, e->seq)) run_one(e->stream);
   return event_done(e, e->seq) ? cudaSuccess : cudaErrorNotReady;
 }
@@ -1165,6 +1249,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   Session lk;
   if (capture_refuses("cudaEventSynchronize")) return cudaErrorStreamCaptureUnsupported;
+  if (ctx_refuses(e->ctx, "cudaEventSynchronize")) return cudaErrorInvalidResourceHandle;
   uint64_t seq = e->seq;
   agoq_emu_stream* s = e->stream;
   if (s == nullptr || event_done(e, seq)) return cudaSuccess;
@@ -1230,6 +1315,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
   Session lk;
   if ((start->flags | end->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
+  if (ctx_refuses(start->ctx, "cudaEventElapsedTime") || ctx_refuses(end->ctx, "cudaEventElapsedTime"))
+    return cudaErrorInvalidResourceHandle;
   if (!event_done(start, start->seq) || !event_done(end, end->seq)) return fail(cudaErrorNotReady);
   *ms = (float)((end->t - start->t) * 1e3);
   return cudaSuccess;
@@ -1352,11 +1439,41 @@ static int emu_mem_get_handle_for_address_range(void* handle, unsigned long long
   return 1;
 }
 
+/* The driver's cuCtxGetCurrent: the calling thread's context, NULL where it is bound to none. */
+static int emu_ctx_get_current(agoq_emu_context** pctx) {
+  if (pctx == nullptr) return 1; /* CUDA_ERROR_INVALID_VALUE */
+  Session lk;
+  *pctx = bound_ctx;
+  return 0;
+}
+
+/* The driver's cuCtxSetCurrent: binds ctx (NULL: none) to the calling thread. */
+static int emu_ctx_set_current(agoq_emu_context* ctx) {
+  Session lk;
+  if (ctx != nullptr && !ctx_known(ctx)) return 201; /* CUDA_ERROR_INVALID_CONTEXT */
+  bound_ctx = ctx;
+  if (ctx != nullptr) current_device = ctx->device;
+  return 0;
+}
+
+void* agoq_emu_context_create(int device) {
+  Session lk;
+  if (device < 0 || device >= device_count()) return nullptr;
+  private_ctx.push_back(std::make_unique<agoq_emu_context>());
+  agoq_emu_context* c = private_ctx.back().get();
+  c->device = device;
+  bound_ctx = c; /* cuCtxCreate makes it current */
+  current_device = device;
+  return c;
+}
+
+int agoq_emu_context_set(void* ctx) { return emu_ctx_set_current(static_cast<agoq_emu_context*>(ctx)); }
+
 cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func) {
   if (attr == nullptr) return fail(cudaErrorInvalidValue);
   if (func == nullptr) return fail(cudaErrorInvalidDeviceFunction);
   Session lk;
-  dev_kernels[current_device].loaded.insert(func);
+  cur_ctx()->kernels.loaded.insert(func);
   memset(attr, 0, sizeof *attr);
   attr->maxThreadsPerBlock = 1024; /* the fiber scheduler's limit */
   return cudaSuccess;
@@ -1365,8 +1482,9 @@ cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* f
 int agoq_emu_kernels_get(int device, unsigned long long* loaded, unsigned long long* launched) {
   Session lk;
   if (device < 0 || device >= device_count()) return -1;
-  if (loaded != nullptr) *loaded = dev_kernels[device].loaded.size();
-  if (launched != nullptr) *launched = dev_kernels[device].launched.size();
+  const DeviceKernels& dk = primary_of(device)->kernels;
+  if (loaded != nullptr) *loaded = dk.loaded.size();
+  if (launched != nullptr) *launched = dk.launched.size();
   return 0;
 }
 
@@ -1383,13 +1501,17 @@ int agoq_emu_devices_set(int n) {
   Session lk;
   const int old = device_count();
   if (n >= 1 && n <= kMaxDevices) n_devices = n;
-  if (current_device >= n_devices) current_device = 0;
+  if (current_device >= n_devices) {
+    current_device = 0;
+    bound_ctx = nullptr;
+  }
   return old;
 }
 
 void agoq_emu_kernels_forget(void) {
   Session lk;
-  for (DeviceKernels& dk : dev_kernels) dk = DeviceKernels();
+  for (agoq_emu_context& c : primary_ctx) c.kernels = DeviceKernels();
+  for (auto& c : private_ctx) c->kernels = DeviceKernels();
   launches_by_name.clear();
 }
 
@@ -1404,6 +1526,10 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
     *fn = reinterpret_cast<void*>(&emu_mem_get_address_range);
   } else if (strcmp(symbol, "cuMemGetHandleForAddressRange") == 0) {
     *fn = reinterpret_cast<void*>(&emu_mem_get_handle_for_address_range);
+  } else if (strcmp(symbol, "cuCtxGetCurrent") == 0) {
+    *fn = reinterpret_cast<void*>(&emu_ctx_get_current);
+  } else if (strcmp(symbol, "cuCtxSetCurrent") == 0) {
+    *fn = reinterpret_cast<void*>(&emu_ctx_set_current);
   } else {
     if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
     return fail(cudaErrorSymbolNotFound);

@@ -386,6 +386,36 @@ static void test_kernels_reach_only_device_and_pinned_memory(void** state) {
   cudaFreeHost(res);
 }
 
+/* An int8 fp32 encode's buffers: N floats of device memory, its frame, the codec's
+ * workspace, a pinned result. */
+enum { ENC_N = 1024 };
+typedef struct {
+  agoq_codec_params p;
+  size_t cap;
+  agoq_cuda_codec_result* res;
+  void *src, *frame, *ws;
+} enc_bufs;
+
+static void enc_bufs_alloc(enc_bufs* b) {
+  b->p = (agoq_codec_params){.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 128};
+  b->cap = agoq_frame_size_max(&b->p, ENC_N);
+  assert_int_equal(cudaMallocHost((void**)&b->res, sizeof *b->res), cudaSuccess);
+  assert_int_equal(cudaMalloc(&b->src, ENC_N * sizeof(float)), cudaSuccess);
+  assert_int_equal(cudaMalloc(&b->frame, b->cap), cudaSuccess);
+  assert_int_equal(cudaMalloc(&b->ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), cudaSuccess);
+}
+
+static int enc_run(enc_bufs* b, cudaStream_t s) {
+  return agoq_cuda_frame_encode(&b->p, b->src, ENC_N, b->frame, b->cap, b->ws, b->res, s);
+}
+
+static void enc_bufs_free(enc_bufs* b) {
+  assert_int_equal(cudaFree(b->src), cudaSuccess);
+  assert_int_equal(cudaFree(b->frame), cudaSuccess);
+  assert_int_equal(cudaFree(b->ws), cudaSuccess);
+  assert_int_equal(cudaFreeHost(b->res), cudaSuccess);
+}
+
 /* Lazy loading at its worst: a kernel not loaded on the device (cudaFuncGetAttributes) is
  * refused at launch, with cudaErrorFunctionNotLoaded and nothing run, where a GPU would load
  * it then, possibly while NCCL's kernel runs. Once loaded, the same call runs. */
@@ -396,22 +426,16 @@ static void test_unloaded_kernel_launch_is_refused(void** state) {
   assert_int_equal(agoq_emu_kernels_get(0, &loaded, &launched), 0);
   assert_int_equal(loaded, 0);
   assert_int_equal(launched, 0);
-  enum { N = 1024 };
-  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_FP32, .block = 128};
-  size_t cap = agoq_frame_size_max(&p, N);
-  agoq_cuda_codec_result* res = NULL;
-  void *d_src = NULL, *d_frame = NULL, *ws = NULL;
-  assert_int_equal(cudaMallocHost((void**)&res, sizeof *res), cudaSuccess);
-  assert_int_equal(cudaMalloc(&d_src, N * sizeof(float)), cudaSuccess);
-  assert_int_equal(cudaMalloc(&d_frame, cap), cudaSuccess);
-  assert_int_equal(cudaMalloc(&ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), cudaSuccess);
-  assert_int_equal(cudaMemset(d_src, 0, N * sizeof(float)), cudaSuccess);
+  enc_bufs b;
+  enc_bufs_alloc(&b);
+  agoq_cuda_codec_result* res = b.res;
+  assert_int_equal(cudaMemset(b.src, 0, ENC_N * sizeof(float)), cudaSuccess);
   cudaStream_t s;
   assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
 
   agoq_emu_counters c0 = counters();
   memset(res, 0, sizeof *res);
-  assert_int_equal(agoq_cuda_frame_encode(&p, d_src, N, d_frame, cap, ws, res, s), AGOQ_CUDA_CODEC_ECUDA);
+  assert_int_equal(enc_run(&b, s), AGOQ_CUDA_CODEC_ECUDA);
   assert_int_equal(agoq_cuda_codec_last_error(), cudaErrorFunctionNotLoaded);
   assert_string_equal(agoq_cuda_codec_last_error_string(), "cudaErrorFunctionNotLoaded");
   agoq_emu_counters c1 = counters();
@@ -435,15 +459,12 @@ static void test_unloaded_kernel_launch_is_refused(void** state) {
   assert_int_equal(agoq_emu_kernels_get(0, &loaded, NULL), 0);
   assert_int_equal(loaded, n);
   agoq_emu_counters c2 = counters();
-  assert_int_equal(agoq_cuda_frame_encode(&p, d_src, N, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
+  assert_int_equal(enc_run(&b, s), AGOQ_CODEC_OK);
   assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
   assert_int_equal(res->status, AGOQ_CODEC_OK);
   assert_int_equal(counters().kernels_refused, c2.kernels_refused);
   assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
-  cudaFree(d_src);
-  cudaFree(d_frame);
-  cudaFree(ws);
-  cudaFreeHost(res);
+  enc_bufs_free(&b);
 }
 
 /* The emulation has one device: its loaded set is kept per device, but a second device to load
@@ -995,6 +1016,117 @@ static void test_devices_are_separate(void** state) {
   agoq_emu_devices_set(old);
 }
 
+/* ---- contexts -------------------------------------------------------------------------- */
+
+typedef int (*ctx_get_fn)(void** ctx);
+typedef int (*ctx_set_fn)(void* ctx);
+
+static void* driver_fn(const char* name) {
+  void* fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  assert_int_equal(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q), cudaSuccess);
+  assert_int_equal(q, cudaDriverEntryPointSuccess);
+  return fn;
+}
+
+static void* context_on_thread(void* arg) {
+  ctx_get_fn get = (ctx_get_fn)driver_fn("cuCtxGetCurrent");
+  void** out = arg;
+  *out = (void*)1;
+  (void)get(out);
+  return NULL;
+}
+
+/* As NCCL_CREATE_THREAD_CONTEXT=1 has it: a private context on device 0 beside its primary
+ * one. Kernels are loaded per context; a private context's streams and events serve only
+ * while it is current; cudaSetDevice makes the primary one current again; a new thread is
+ * bound to none. */
+static void test_contexts_are_separate(void** state) {
+  (void)state;
+  ctx_get_fn get = (ctx_get_fn)driver_fn("cuCtxGetCurrent");
+  ctx_set_fn set = (ctx_set_fn)driver_fn("cuCtxSetCurrent");
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  void* primary = NULL;
+  assert_int_equal(get(&primary), 0);
+  assert_non_null(primary);
+  void* other = (void*)1;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, context_on_thread, &other), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_null(other);
+  (void)load_codec(); /* in the primary context */
+
+  void* priv = agoq_emu_context_create(0);
+  assert_non_null(priv);
+  assert_null(agoq_emu_context_create(5));
+  void* cur = NULL;
+  assert_int_equal(get(&cur), 0);
+  assert_ptr_equal(cur, priv);
+  int dev = -1;
+  assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+  assert_int_equal(dev, 0);
+  assert_int_equal(set((void*)&dev), 201); /* not a context */
+
+  enc_bufs b;
+  enc_bufs_alloc(&b);
+  agoq_cuda_codec_result* res = b.res;
+  void* d_src = b.src;
+  cudaStream_t s = NULL;
+  cudaEvent_t e = NULL;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaMemsetAsync(d_src, 0, ENC_N * sizeof(float), s), cudaSuccess);
+  /* Loaded in the primary context is not loaded here. */
+  assert_int_equal(enc_run(&b, s), AGOQ_CUDA_CODEC_ECUDA);
+  assert_int_equal(agoq_cuda_codec_last_error(), cudaErrorFunctionNotLoaded);
+  (void)cudaGetLastError();
+  (void)load_codec();
+  memset(res, 0, sizeof *res);
+  assert_int_equal(enc_run(&b, s), AGOQ_CODEC_OK);
+  assert_int_equal(cudaEventRecord(e, s), cudaSuccess);
+
+  /* The primary context current (as cudaSetDevice makes it): the private one's stream and
+   * event are refused, whatever the call. */
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  assert_int_equal(get(&cur), 0);
+  assert_ptr_equal(cur, primary);
+  agoq_emu_counters c0 = counters();
+  assert_int_equal(enc_run(&b, s), AGOQ_CUDA_CODEC_ECUDA);
+  assert_int_equal(agoq_cuda_codec_last_error(), cudaErrorInvalidResourceHandle);
+  assert_int_equal(counters().ops_run, c0.ops_run);
+  assert_int_equal(cudaMemcpyAsync(b.frame, d_src, 64, cudaMemcpyDeviceToDevice, s), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaMemsetAsync(d_src, 0, 64, s), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaEventRecord(e, s), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaEventQuery(e), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaEventSynchronize(e), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaStreamQuery(s), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaStreamSynchronize(s), cudaErrorInvalidResourceHandle);
+  cudaStream_t ps = NULL;
+  assert_int_equal(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventRecord(e, ps), cudaErrorInvalidResourceHandle);
+  assert_int_equal(cudaStreamWaitEvent(ps, e, 0), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+
+  /* Back in the private context, all of it works; and the other way round, the primary
+   * context's stream is refused there. */
+  assert_int_equal(set(priv), 0);
+  assert_int_equal(cudaMemsetAsync(d_src, 0, 64, ps), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  assert_int_equal(cudaEventSynchronize(e), cudaSuccess);
+  assert_int_equal(res->status, AGOQ_CODEC_OK);
+  assert_true(res->body_len > 0);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(cudaEventDestroy(e), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  assert_int_equal(set(NULL), 0);
+  assert_int_equal(get(&cur), 0);
+  assert_null(cur);
+  assert_int_equal(cudaStreamDestroy(ps), cudaSuccess); /* bound to none: device 0's primary again */
+  assert_int_equal(get(&cur), 0);
+  assert_ptr_equal(cur, primary);
+  enc_bufs_free(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_cannot_touch_device_memory),
@@ -1020,6 +1152,7 @@ int main(void) {
       cmocka_unit_test(test_relaxed_mode_allows_setup_during_capture),
       cmocka_unit_test(test_capture_modes_and_threads),
       cmocka_unit_test(test_devices_are_separate),
+      cmocka_unit_test(test_contexts_are_separate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,11 @@
  *    first launch, and that load may wait for every kernel running on the device (NCCL's,
  *    which may be waiting for the plugin: a deadlock); the emulation refuses that launch
  *    instead (cudaErrorFunctionNotLoaded, with a line on stderr naming the kernel). Always
- *    on: there is no permissive mode. The set of loaded kernels is kept per device.
+ *    on: there is no permissive mode. The set of loaded kernels is kept per context;
+ *  - contexts: each device's primary one (cudaSetDevice) and private ones
+ *    (agoq_emu_context_create, as cuCtxCreate; NCCL_CREATE_THREAD_CONTEXT=1 runs NCCL's
+ *    proxy threads in one); a stream or event of a private context is refused while another
+ *    context is current, and the other way round.
  * Only the emulation targets have this directory on their include path.
  */
 #ifndef AGOQ_EMU_CUDA_RUNTIME_API_H
@@ -235,8 +239,9 @@ int agoq_emu_peek(void* host, const void* dev, size_t bytes);
  * (cudaEventElapsedTime's differences); NULL restores CLOCK_MONOTONIC. Tests inject a
  * counter so that GPU times are exact and do not depend on the machine. */
 void agoq_emu_clock_set(double (*clock)(void));
-/* Not CUDA: kernels on `device`: distinct ones loaded (cudaFuncGetAttributes), distinct ones
- * launched (refused launches included). -1 for a device the emulation does not have. */
+/* Not CUDA: kernels in `device`'s primary context: distinct ones loaded (cudaFuncGetAttributes),
+ * distinct ones launched (refused launches included). -1 for a device the emulation does not
+ * have. */
 int agoq_emu_kernels_get(int device, unsigned long long* loaded, unsigned long long* launched);
 /* Not CUDA: launches so far, refused ones included, of the kernels whose name (as the codec
  * gives it, e.g. "raw_decode_kernel<3>") starts with `prefix`, on any device. */
@@ -247,6 +252,17 @@ unsigned long long agoq_emu_kernel_launches(const char* prefix);
  * only to a stream of the current device and reaches only that device's memory (and pinned
  * memory); an event is recorded only on a stream of its own device. */
 int agoq_emu_devices_set(int n);
+/* Not CUDA: a new private context on `device`, made current on the calling thread, as the
+ * driver's cuCtxCreate does (NCCL_CREATE_THREAD_CONTEXT=1 makes one for NCCL's proxy threads);
+ * NULL for a device the emulation does not have. It lives as long as the process. Kernels are
+ * loaded per context; a stream or event of a private context is refused while another
+ * context is current (the driver's cuCtxGetCurrent and cuCtxSetCurrent, through
+ * cudaGetDriverEntryPointByVersion, switch). */
+void* agoq_emu_context_create(int device);
+/* Not CUDA: the driver's cuCtxSetCurrent (ctx NULL: none bound; a thread bound to none gets
+ * its current device's primary context at its next runtime call); 0, or 201 for a context
+ * the emulation never made. */
+int agoq_emu_context_set(void* ctx);
 /* Not CUDA: forgets every kernel loaded and launched on every device, as a new process would
  * start: for a test of the refusal in a process that already loaded the codec. */
 void agoq_emu_kernels_forget(void);
