@@ -1,0 +1,174 @@
+/* The two-level CollNet schedule: agoq_coll_schedule.h says what it is. */
+#include "collnet/agoq_coll_schedule.h"
+
+#include <stdio.h>
+
+const char* agoq_coll_step_name(agoq_coll_step s) {
+  switch (s) {
+    case AGOQ_COLL_ROW_RS: return "row reduce-scatter";
+    case AGOQ_COLL_COL_RS: return "column reduce-scatter";
+    case AGOQ_COLL_COL_AG: return "column all-gather";
+    case AGOQ_COLL_ROW_AG: return "row all-gather";
+    case AGOQ_COLL_STEPS: break;
+  }
+  return "?";
+}
+
+static void agoq_coll_grid_set(agoq_coll_grid* g, int n, int a, int b) {
+  g->n = n;
+  g->a = a;
+  g->b = b;
+  g->last = n - a * (b - 1);
+}
+
+void agoq_coll_grid_auto(int n, agoq_coll_grid* g) {
+  if (n <= AGOQ_COLL_GRID_DIRECT_MAX) {
+    agoq_coll_grid_set(g, n, n > 0 ? n : 1, 1);
+    return;
+  }
+  /* floor(sqrt(n)), in integers (n is at most a few tens of thousands). */
+  int s = 1;
+  while ((long long)(s + 1) * (s + 1) <= n) s++;
+  /* The least divisor from ceil(sqrt(n)) up to 2*sqrt(n): an exact grid, every rank playing
+   * one position, rows (the locality domains) no shorter than columns are tall. */
+  int c = (long long)s * s == n ? s : s + 1;
+  for (int d = c; d <= 2 * s; d++)
+    if (n % d == 0) {
+      agoq_coll_grid_set(g, n, d, n / d);
+      return;
+    }
+  int a = c;
+  agoq_coll_grid_set(g, n, a, (n + a - 1) / a);
+}
+
+int agoq_coll_grid_make(int n, int a, int b, agoq_coll_grid* g, char* why, size_t why_len) {
+  if (n < 1) {
+    snprintf(why, why_len, "a group of %d ranks", n);
+    return -1;
+  }
+  if (a == 0 && b == 0) {
+    agoq_coll_grid_auto(n, g);
+    return 0;
+  }
+  if (a < 1 || b < 1 || (long long)a * b < n || (long long)a * (b - 1) >= n) {
+    snprintf(why, why_len,
+             "a grid of %d x %d does not hold %d ranks with a non-empty last row (it needs a*b >= n > a*(b-1))", a, b,
+             n);
+    return -1;
+  }
+  if (b > 1 && a > AGOQ_COLL_GRID_COLS_MAX) {
+    snprintf(why, why_len, "a grid of %d x %d: at most %d columns with more than one row", a, b,
+             AGOQ_COLL_GRID_COLS_MAX);
+    return -1;
+  }
+  agoq_coll_grid_set(g, n, a, b);
+  return 0;
+}
+
+int agoq_coll_grid_player(const agoq_coll_grid* g, int row, int col) {
+  if (row < g->b - 1 || col < g->last) return row * g->a + col;
+  return row * g->a + col % g->last;
+}
+
+/* The columns `rank` plays, ascending, into cols[]; returns how many. */
+static int agoq_coll_grid_cols_of(const agoq_coll_grid* g, int rank, int* cols) {
+  int row = agoq_coll_grid_row(g, rank), col = agoq_coll_grid_col(g, rank), k = 0;
+  if (row < g->b - 1) {
+    cols[0] = col;
+    return 1;
+  }
+  for (int c = col; c < g->a; c += g->last) cols[k++] = c;
+  return k;
+}
+
+/* Each message as one call: from `rank` to `to`, spans[0..nspans). */
+static void agoq_coll_emit(agoq_coll_step step, int rank, int to, const agoq_coll_span* spans, int nspans,
+                           agoq_coll_msg_fn fn, void* arg) {
+  if (nspans == 0 || to == rank) return;
+  agoq_coll_msg m = {.step = step, .from = rank, .to = to, .nspans = nspans, .spans = spans};
+  fn(arg, &m);
+}
+
+void agoq_coll_schedule_sends(const agoq_coll_grid* g, int rank, agoq_coll_step step, agoq_coll_span* spans,
+                              agoq_coll_msg_fn fn, void* arg) {
+  const int R = agoq_coll_grid_row(g, rank), len = agoq_coll_grid_row_len(g, R), first = R * g->a;
+  int cols[AGOQ_COLL_GRID_COLS_MAX];
+  int k = agoq_coll_grid_cols_of(g, rank, cols);
+  switch (step) {
+    case AGOQ_COLL_ROW_RS:
+      /* To each row peer, every column slice it plays, of this rank's contribution. */
+      for (int q = first; q < first + len; q++) {
+        int ns = 0;
+        for (int c = 0; c < g->a; c++)
+          if (agoq_coll_grid_player(g, R, c) == q) spans[ns++] = (agoq_coll_span){.col = c, .row = 0, .rows = g->b};
+        agoq_coll_emit(step, rank, q, spans, ns, fn, arg);
+      }
+      return;
+    case AGOQ_COLL_COL_RS:
+    case AGOQ_COLL_COL_AG:
+      /* Rows ascending, then columns: the players of full rows are r*a + c, ascending; the
+       * last row's come after them. No two of this rank's spans go to one player. */
+      for (int r = 0; r < g->b; r++) {
+        if (r == R) continue;
+        for (int i = 0; i < k; i++) {
+          /* COL_RS: piece (c, r) of this row's fp32 sum; COL_AG: this rank's final (c, R). */
+          spans[0] = (agoq_coll_span){.col = cols[i], .row = step == AGOQ_COLL_COL_RS ? r : R, .rows = 1};
+          agoq_coll_emit(step, rank, agoq_coll_grid_player(g, r, cols[i]), spans, 1, fn, arg);
+        }
+      }
+      return;
+    case AGOQ_COLL_ROW_AG:
+      /* To each row peer, one message: every column slice this rank holds final. */
+      for (int i = 0; i < k; i++) spans[i] = (agoq_coll_span){.col = cols[i], .row = 0, .rows = g->b};
+      for (int q = first; q < first + len; q++) agoq_coll_emit(step, rank, q, spans, k, fn, arg);
+      return;
+    case AGOQ_COLL_STEPS:
+      return;
+  }
+}
+
+typedef struct {
+  int to;
+  agoq_coll_msg_fn fn;
+  void* arg;
+} agoq_coll_recv_filter;
+
+static void agoq_coll_recv_one(void* arg, const agoq_coll_msg* m) {
+  const agoq_coll_recv_filter* f = arg;
+  if (m->to == f->to) f->fn(f->arg, m);
+}
+
+void agoq_coll_schedule_recvs(const agoq_coll_grid* g, int rank, agoq_coll_step step, agoq_coll_span* spans,
+                              agoq_coll_msg_fn fn, void* arg) {
+  const int R = agoq_coll_grid_row(g, rank), len = agoq_coll_grid_row_len(g, R), first = R * g->a;
+  agoq_coll_recv_filter f = {.to = rank, .fn = fn, .arg = arg};
+  if (step == AGOQ_COLL_ROW_RS || step == AGOQ_COLL_ROW_AG) {
+    for (int q = first; q < first + len; q++)
+      if (q != rank) agoq_coll_schedule_sends(g, q, step, spans, agoq_coll_recv_one, &f);
+    return;
+  }
+  if (step != AGOQ_COLL_COL_RS && step != AGOQ_COLL_COL_AG) return;
+  /* The senders are the players of this rank's columns in the other rows: ascending as in
+   * agoq_coll_schedule_sends. A last-row player of several columns sends to a full-row rank
+   * at most once (the full-row rank plays one column). */
+  int cols[AGOQ_COLL_GRID_COLS_MAX];
+  int k = agoq_coll_grid_cols_of(g, rank, cols);
+  int prev = -1;
+  for (int r = 0; r < g->b; r++) {
+    if (r == R) continue;
+    for (int i = 0; i < k; i++) {
+      int q = agoq_coll_grid_player(g, r, cols[i]);
+      if (q == prev) continue;
+      prev = q;
+      agoq_coll_schedule_sends(g, q, step, spans, agoq_coll_recv_one, &f);
+    }
+  }
+}
+
+int agoq_coll_schedule_peers(const agoq_coll_grid* g, int rank) {
+  int cols[AGOQ_COLL_GRID_COLS_MAX];
+  int k = agoq_coll_grid_cols_of(g, rank, cols);
+  /* Row peers, and the players of its columns in the other rows: distinct (other rows, and
+   * distinct columns in the full rows; a full-row rank has one column). */
+  return agoq_coll_grid_row_len(g, agoq_coll_grid_row(g, rank)) - 1 + k * (g->b - 1);
+}
