@@ -98,10 +98,10 @@ void agoq_coll_schedule_sends(const agoq_coll_grid* g, int rank, agoq_coll_step 
     case AGOQ_COLL_ROW_RS:
       /* To each row peer, every column slice it plays, of this rank's contribution. */
       for (int q = first; q < first + len; q++) {
-        int ns = 0;
-        for (int c = 0; c < g->a; c++)
-          if (agoq_coll_grid_player(g, R, c) == q) spans[ns++] = (agoq_coll_span){.col = c, .row = 0, .rows = g->b};
-        agoq_coll_emit(step, rank, q, spans, ns, fn, arg);
+        if (q == rank) continue;
+        int kq = agoq_coll_grid_cols_of(g, q, cols);
+        for (int i = 0; i < kq; i++) spans[i] = (agoq_coll_span){.col = cols[i], .row = 0, .rows = g->b};
+        agoq_coll_emit(step, rank, q, spans, kq, fn, arg);
       }
       return;
     case AGOQ_COLL_COL_RS:
@@ -148,20 +148,15 @@ void agoq_coll_schedule_recvs(const agoq_coll_grid* g, int rank, agoq_coll_step 
     return;
   }
   if (step != AGOQ_COLL_COL_RS && step != AGOQ_COLL_COL_AG) return;
-  /* The senders are the players of this rank's columns in the other rows: ascending as in
-   * agoq_coll_schedule_sends. A last-row player of several columns sends to a full-row rank
-   * at most once (the full-row rank plays one column). */
+  /* The senders are the players of this rank's columns in the other rows, each once: a
+   * full-row rank plays one column (one player per other row), a last-row rank's columns
+   * have distinct players in the full rows. Ascending as in agoq_coll_schedule_sends. */
   int cols[AGOQ_COLL_GRID_COLS_MAX];
   int k = agoq_coll_grid_cols_of(g, rank, cols);
-  int prev = -1;
   for (int r = 0; r < g->b; r++) {
     if (r == R) continue;
-    for (int i = 0; i < k; i++) {
-      int q = agoq_coll_grid_player(g, r, cols[i]);
-      if (q == prev) continue;
-      prev = q;
-      agoq_coll_schedule_sends(g, q, step, spans, agoq_coll_recv_one, &f);
-    }
+    for (int i = 0; i < k; i++)
+      agoq_coll_schedule_sends(g, agoq_coll_grid_player(g, r, cols[i]), step, spans, agoq_coll_recv_one, &f);
   }
 }
 

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "core/agoq_check.h"
-#include "core/agoq_nccl_env.h"
 #include "core/agoq_params.h"
 #include "gpu/agoq_gpu.h"
 #include "gpu/agoq_gpu_internal.h"
