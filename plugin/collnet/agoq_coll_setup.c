@@ -13,6 +13,13 @@
 #include "core/agoq_fdlimit.h"
 #include "transport/agoq_transport.h"
 
+/* The transport flags of every CollNet connection. INLINE: each message is a slice of one
+ * chunk, inline, no data sockets (a group holds 4(n-1) connections; with
+ * AGOQ_SOCKET_NSOCKS=4 they took 5 descriptors each). FEW: at most one message per pipeline
+ * slot on a connection, so verbs rings of AGOQ_TP_FEW_DEPTH slots, not 256. */
+#define AGOQ_COLL_TP_FLAGS (AGOQ_TP_LISTEN_INLINE | AGOQ_TP_FEW)
+_Static_assert(AGOQ_COLL_SLOTS <= AGOQ_TP_FEW_DEPTH, "a CollNet connection's messages in flight fit its verbs ring");
+
 /* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
 /* The settings block and the setup messages are encoded and decoded in agoq_coll_wire.c. */
 _Static_assert(AGOQ_TP_HANDLE_WIRE_MAX <= AGOQ_COLL_HANDLE_OFFSET, "net handle fits before ours");
@@ -33,10 +40,7 @@ ncclResult_t agoq_coll_listen(void* ctx, int dev, void* handle, void** listen_co
   lc->ctx = c;
   lc->dev = dev;
   uint8_t net_handle[NCCL_NET_HANDLE_MAXSIZE];
-  /* Every CollNet message is a slice of one chunk: inline, no data sockets (a group holds
-   * 4(n-1) connections; with AGOQ_SOCKET_NSOCKS=4 they took 5 descriptors each). */
-  AGOQ_CHECK_GOTO(agoq_net_listen_flags(c->net_ctx, dev, AGOQ_TP_LISTEN_INLINE, net_handle, &lc->net_listen), res,
-                  fail);
+  AGOQ_CHECK_GOTO(agoq_net_listen_flags(c->net_ctx, dev, AGOQ_COLL_TP_FLAGS, net_handle, &lc->net_listen), res, fail);
   memset(lc->handle, 0, sizeof lc->handle);
   memcpy(lc->handle, net_handle, AGOQ_COLL_HANDLE_OFFSET);
   agoq_coll_settings_encode(&c->cfg, lc->handle + AGOQ_COLL_HANDLE_OFFSET);
@@ -186,7 +190,7 @@ static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed
     for (int ph = 0; ph < 2; ph++) {
       int i = p * 2 + ph;
       if (g->send[ph][p] == NULL) {
-        AGOQ_CHECK(agoq_net_connect(net_ctx, g->dev, s->handles[i], &g->send[ph][p]));
+        AGOQ_CHECK(agoq_net_connect_flags(net_ctx, g->dev, AGOQ_COLL_TP_FLAGS, s->handles[i], &g->send[ph][p]));
         if (g->send[ph][p] == NULL) continue;
         agoq_net_stats_detach(g->send[ph][p]); /* counted on the group's CollNet lines */
         *progressed = true;
@@ -467,7 +471,7 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
     size_t conns = 4 * (size_t)(nranks - 1);
     char what[96];
     snprintf(what, sizeof what, "a CollNet group of %d ranks (%zu connections)", nranks, conns);
-    AGOQ_CHECK_GOTO(agoq_fd_reserve(conns * agoq_net_conn_fds(AGOQ_TP_LISTEN_INLINE), what), res, fail);
+    AGOQ_CHECK_GOTO(agoq_fd_reserve(conns * agoq_net_conn_fds(AGOQ_COLL_TP_FLAGS), what), res, fail);
   }
   AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, lc, &s.g), res, fail);
   s.lc = lc;

@@ -64,6 +64,8 @@ ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* han
  * context's p2p statistics lines. */
 void agoq_net_stats_detach(void* comm);
 ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm);
+/* The same with the transport's connect flags (AGOQ_TP_FEW: CollNet). */
+ncclResult_t agoq_net_connect_flags(void* ctx, int dev, unsigned flags, void* handle, void** send_comm);
 /* Abandons a connect still in progress on this handle buffer: closes its sockets and frees
  * its state; a no-op when there is none. For callers that give up waiting (CollNet group
  * creation timeout); NCCL itself never abandons a connect. */

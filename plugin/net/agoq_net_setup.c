@@ -98,6 +98,10 @@ ncclResult_t agoq_net_close_listen(void* listen_comm) {
 }
 
 ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm) {
+  return agoq_net_connect_flags(ctx, dev, 0, handle, send_comm);
+}
+
+ncclResult_t agoq_net_connect_flags(void* ctx, int dev, unsigned flags, void* handle, void** send_comm) {
   ncclResult_t res = ncclSuccess;
   agoq_ctx* c = ctx;
   AGOQ_ARG_CHECK(agoq_ctx_ok(c), res, out);
@@ -105,7 +109,7 @@ ncclResult_t agoq_net_connect(void* ctx, int dev, void* handle, void** send_comm
   AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_net_tp->ndevs(), res, out);
   *send_comm = NULL;
   agoq_tp_conn* tp = NULL;
-  AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, handle, &tp), res, out);
+  AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, flags, handle, &tp), res, out);
   if (tp == NULL) return ncclSuccess; /* the handshake is still under way */
   agoq_comm* comm;
   AGOQ_CHECK_GOTO(agoq_comm_create(true, dev, tp, &comm), res, out);

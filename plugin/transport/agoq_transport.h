@@ -104,6 +104,14 @@ typedef struct agoq_tp_conn agoq_tp_conn;
  * its header (CollNet frames, the verbs bootstrap): TCP opens no data sockets for them, so a
  * connection costs one descriptor (a CollNet group holds 4(n-1) connections). */
 #define AGOQ_TP_LISTEN_INLINE 1u
+/* listen and connect flag. FEW: the owner keeps few messages in flight on each connection
+ * (CollNet: at most AGOQ_COLL_SLOTS per connection), so verbs rings hold AGOQ_TP_FEW_DEPTH
+ * slots instead of one per transfer the net core can post (a receiver's slot holds an
+ * inline message: 8 KiB pinned each, 2.1 MB per connection at 256). More messages than
+ * slots still go: they wait for a slot. The connecting side decides (its metadata carries
+ * the ring's depth to the receiver); a listen passes it for the record. */
+#define AGOQ_TP_FEW 2u
+#define AGOQ_TP_FEW_DEPTH 16u
 
 typedef struct {
   const char* name;
@@ -128,7 +136,7 @@ typedef struct {
   unsigned (*conn_fds)(unsigned listen_flags);
   ncclResult_t (*accept)(agoq_tp_listen* l, agoq_tp_conn** out);
   ncclResult_t (*close_listen)(agoq_tp_listen* l);
-  ncclResult_t (*connect)(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);
+  ncclResult_t (*connect)(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_conn** out);
   /* Abandons a connect in progress on this handle buffer (no-op when none). */
   void (*connect_abort)(void* handle);
   /* Receive side: how the transport asks where a message goes; set before the first post. */

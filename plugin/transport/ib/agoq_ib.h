@@ -169,6 +169,10 @@ typedef struct agoq_ib_conn {
    * composes its own writes in (sender: RTS slots, receiver: CTS entries). */
   uint8_t* ring;
   size_t ring_slot;
+  /* Slots of both rings: AGOQ_IB_RING_SLOTS, or AGOQ_TP_FEW_DEPTH for a connection that keeps
+   * few messages in flight (the connecting side's choice, carried in its metadata). A
+   * power of two: slot = seq % nslots across the sequence's wrap. */
+  uint32_t nslots;
   struct agoq_ibv_mr* ring_mr;
   uint8_t* out;
   size_t out_slot;
@@ -215,11 +219,13 @@ ncclResult_t agoq_ib_listen(int dev, uint64_t comm_id, unsigned flags, void* han
 unsigned agoq_ib_conn_fds(unsigned listen_flags);
 ncclResult_t agoq_ib_accept(agoq_tp_listen* l, agoq_tp_conn** out);
 ncclResult_t agoq_ib_close_listen(agoq_tp_listen* l);
-ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);
+ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_conn** out);
 void agoq_ib_connect_abort(void* handle);
 void agoq_ib_conn_destroy(agoq_ib_conn* c);
 int64_t agoq_ib_now_ms(void);
 
+/* Bytes of the connection's two rings (registered, pinned): what its depth costs. */
+size_t agoq_ib_conn_ring_bytes(const agoq_ib_conn* c);
 /* Queue pairs (agoq_ib_qp.c): the connection's CQ, QPs in INIT with their receives posted,
  * its rings registered; then RTR and RTS against the peer's metadata. */
 ncclResult_t agoq_ib_conn_resources(agoq_ib_conn* c, int nqps);

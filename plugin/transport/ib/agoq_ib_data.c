@@ -73,9 +73,9 @@ static void agoq_ib_fifo_pop(agoq_ib_conn* c) {
 static ncclResult_t agoq_ib_send_issue(agoq_ib_conn* c) {
   for (agoq_xfer* x; (x = agoq_ib_fifo_front(c)) != NULL;) {
     uint32_t seq = c->send_seq;
-    uint32_t slot = seq % AGOQ_IB_RING_SLOTS;
+    uint32_t slot = seq % c->nslots;
     agoq_ib_send_slot* s = &c->sends[slot];
-    if (s->x != NULL) return ncclSuccess; /* the message AGOQ_IB_RING_SLOTS earlier is not done */
+    if (s->x != NULL) return ncclSuccess; /* the message nslots earlier is not done */
     agoq_ib_fifo_pop(c);
     c->send_seq++;
     uint64_t size = x->size[0];
@@ -119,7 +119,7 @@ static ncclResult_t agoq_ib_protocol_error(agoq_ib_conn* c, const char* what, ui
 
 /* The receiver answered message `seq` in our CTS ring. */
 static ncclResult_t agoq_ib_on_cts(agoq_ib_conn* c, uint32_t imm_seq) {
-  uint32_t slot = imm_seq % AGOQ_IB_RING_SLOTS;
+  uint32_t slot = imm_seq % c->nslots;
   agoq_ib_send_slot* s = &c->sends[slot];
   agoq_ib_cts cts;
   agoq_ib_wire_status ws = agoq_ib_cts_decode(c->ring + (size_t)slot * c->ring_slot, c->ring_slot, &cts);
@@ -177,7 +177,7 @@ ncclResult_t agoq_ib_post_send(agoq_tp_conn* cp, agoq_xfer* x) {
 /* ---- receiver ----------------------------------------------------------------------- */
 
 static ncclResult_t agoq_ib_cts_write(agoq_ib_conn* c, const agoq_ib_cts* cts) {
-  uint32_t slot = cts->seq % AGOQ_IB_RING_SLOTS;
+  uint32_t slot = cts->seq % c->nslots;
   uint8_t* out = c->out + (size_t)slot * c->out_slot;
   agoq_ib_cts_encode(cts, out);
   return agoq_ib_write(c, 0, agoq_ib_wr_id(AGOQ_IB_WR_CTS, slot), out, c->out_mr->lkey, AGOQ_IB_CTS_SIZE,
@@ -196,7 +196,7 @@ static ncclResult_t agoq_ib_recv_match(agoq_ib_conn* c) {
     agoq_xfer* x = agoq_ib_fifo_front(c);
     if (x == NULL) return ncclSuccess; /* the message waits in its slot for a receive */
     uint32_t seq = c->rts_matched;
-    uint32_t slot = seq % AGOQ_IB_RING_SLOTS;
+    uint32_t slot = seq % c->nslots;
     const uint8_t* in = c->ring + (size_t)slot * c->ring_slot;
     agoq_ib_rts r;
     agoq_ib_wire_status ws = agoq_ib_rts_decode(in, c->ring_slot, c->eager_max, &r);
@@ -250,7 +250,7 @@ static ncclResult_t agoq_ib_recv_match(agoq_ib_conn* c) {
 }
 
 static ncclResult_t agoq_ib_on_data(agoq_ib_conn* c, uint32_t imm_seq) {
-  agoq_ib_recv_slot* rs = &c->rslots[imm_seq % AGOQ_IB_RING_SLOTS];
+  agoq_ib_recv_slot* rs = &c->rslots[imm_seq % c->nslots];
   if (rs->x == NULL || (rs->seq & AGOQ_IB_IMM_SEQ_MASK) != imm_seq)
     return agoq_ib_protocol_error(c, "payload for no message expected", imm_seq);
   if (++rs->stripes_done < rs->stripes_expected) return ncclSuccess;
@@ -307,7 +307,7 @@ static ncclResult_t agoq_ib_on_completion(agoq_ib_conn* c, const struct agoq_ibv
     case AGOQ_IB_WR_CTS:
       return ncclSuccess; /* the answer (or the next RTS) tells what the peer did with it */
     case AGOQ_IB_WR_DATA: {
-      agoq_ib_send_slot* s = &c->sends[index % AGOQ_IB_RING_SLOTS];
+      agoq_ib_send_slot* s = &c->sends[index % c->nslots];
       if (s->x == NULL || s->writes_pending <= 0) return agoq_ib_protocol_error(c, "a stray payload completion", index);
       if (--s->writes_pending == 0) return agoq_ib_send_finish(c, s);
       return ncclSuccess;

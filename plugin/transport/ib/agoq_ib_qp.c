@@ -100,18 +100,20 @@ ncclResult_t agoq_ib_conn_resources(agoq_ib_conn* c, int nqps) {
   for (int i = 0; i < nqps; i++) AGOQ_CHECK(agoq_ib_qp_create(c, i));
   c->ring_slot = c->is_send ? AGOQ_IB_CTS_SIZE : AGOQ_IB_RTS_SLOT_SIZE;
   c->out_slot = c->is_send ? AGOQ_IB_RTS_SLOT_SIZE : AGOQ_IB_CTS_SIZE;
-  c->ring = agoq_ib_alloc_pages(c->ring_slot * AGOQ_IB_RING_SLOTS);
-  c->out = agoq_ib_alloc_pages(c->out_slot * AGOQ_IB_RING_SLOTS);
+  c->ring = agoq_ib_alloc_pages(c->ring_slot * c->nslots);
+  c->out = agoq_ib_alloc_pages(c->out_slot * c->nslots);
   if (c->ring == NULL || c->out == NULL) {
     AGOQ_WARN("out of memory for a verbs connection's rings");
     return ncclSystemError;
   }
-  AGOQ_CHECK(agoq_ib_reg(c, c->ring, c->ring_slot * AGOQ_IB_RING_SLOTS,
+  AGOQ_CHECK(agoq_ib_reg(c, c->ring, c->ring_slot * c->nslots,
                          AGOQ_IBV_ACCESS_LOCAL_WRITE | AGOQ_IBV_ACCESS_REMOTE_WRITE, &c->ring_mr, "ring"));
-  AGOQ_CHECK(agoq_ib_reg(c, c->out, c->out_slot * AGOQ_IB_RING_SLOTS, AGOQ_IBV_ACCESS_LOCAL_WRITE, &c->out_mr,
+  AGOQ_CHECK(agoq_ib_reg(c, c->out, c->out_slot * c->nslots, AGOQ_IBV_ACCESS_LOCAL_WRITE, &c->out_mr,
                          "outgoing ring entries"));
   return ncclSuccess;
 }
+
+size_t agoq_ib_conn_ring_bytes(const agoq_ib_conn* c) { return (c->ring_slot + c->out_slot) * c->nslots; }
 
 void agoq_ib_meta_fill(const agoq_ib_conn* c, agoq_ib_meta* m) {
   memset(m, 0, sizeof *m);
@@ -126,7 +128,7 @@ void agoq_ib_meta_fill(const agoq_ib_conn* c, agoq_ib_meta* m) {
   for (int i = 0; i < c->nqps; i++) m->qpn[i] = c->qps[i]->qp_num;
   m->ring_addr = (uint64_t)(uintptr_t)c->ring;
   m->ring_rkey = c->ring_mr->rkey;
-  m->ring_slots = AGOQ_IB_RING_SLOTS;
+  m->ring_slots = c->nslots;
   m->slot_size = (uint32_t)c->ring_slot;
   m->eager_max = c->is_send ? 0 : AGOQ_IB_EAGER_MAX;
 }
@@ -157,12 +159,12 @@ ncclResult_t agoq_ib_conn_ready(agoq_ib_conn* c, const agoq_ib_meta* peer) {
   }
   if (peer->nqps != c->nqps || peer->role == (c->is_send ? 0 : 1) ||
       peer->slot_size != (c->is_send ? AGOQ_IB_RTS_SLOT_SIZE : AGOQ_IB_CTS_SIZE) ||
-      peer->ring_slots != AGOQ_IB_RING_SLOTS || (!c->is_send && peer->eager_max != 0) ||
+      peer->ring_slots != c->nslots || (!c->is_send && peer->eager_max != 0) ||
       (c->is_send && peer->eager_max != AGOQ_IB_EAGER_MAX)) {
     AGOQ_WARN("%s: the peer %s offers %u queue pairs, a ring of %u slots of %u bytes and inline messages up to %u "
-              "bytes as %s; this side expects %d, %d, %zu and %u (a different agoq version?)",
+              "bytes as %s; this side expects %d, %u, %zu and %u (a different agoq version?)",
               c->d->describe, c->peer, peer->nqps, peer->ring_slots, peer->slot_size, peer->eager_max,
-              peer->role ? "receiver" : "sender", c->nqps, AGOQ_IB_RING_SLOTS,
+              peer->role ? "receiver" : "sender", c->nqps, c->nslots,
               c->is_send ? (size_t)AGOQ_IB_RTS_SLOT_SIZE : (size_t)AGOQ_IB_CTS_SIZE,
               c->is_send ? AGOQ_IB_EAGER_MAX : 0);
     return ncclInvalidUsage;

@@ -45,7 +45,10 @@ typedef struct {
 typedef struct {
   uint32_t magic;
   int dev;
-  uint8_t boot_handle[NCCL_NET_HANDLE_MAXSIZE]; /* the TCP transport's connect state lives here */
+  unsigned flags; /* the connect's (AGOQ_TP_FEW) */
+  /* The TCP transport's connect state lives here, behind a pointer it reads in place: the
+   * handle must be as aligned as NCCL's. */
+  _Alignas(8) uint8_t boot_handle[NCCL_NET_HANDLE_MAXSIZE];
   agoq_ib_setup s;
 } agoq_ib_connect_state;
 
@@ -150,6 +153,14 @@ static ncclResult_t agoq_ib_setup_step(agoq_ib_setup* s, bool is_send, bool* don
       AGOQ_CHECK(agoq_ib_boot_exchange(s, NULL, 0, s->meta_in, sizeof s->meta_in, &xdone));
       if (!xdone) return ncclSuccess;
       AGOQ_CHECK(agoq_ib_meta_check(s, &peer));
+      /* The connecting side chose the rings' depth (AGOQ_TP_FEW): one this side supports. */
+      if (peer.ring_slots > AGOQ_IB_RING_SLOTS || (peer.ring_slots & (peer.ring_slots - 1)) != 0) {
+        AGOQ_WARN("verbs setup with %s: the peer offers a ring of %u slots; this side supports powers of two up to "
+                  "%d (a different agoq version?)",
+                  s->c->peer, peer.ring_slots, AGOQ_IB_RING_SLOTS);
+        return ncclInvalidUsage;
+      }
+      s->c->nslots = peer.ring_slots;
       AGOQ_CHECK(agoq_ib_conn_resources(s->c, peer.nqps));
       AGOQ_CHECK(agoq_ib_conn_ready(s->c, &peer));
       agoq_ib_meta mine;
@@ -268,8 +279,10 @@ ncclResult_t agoq_ib_accept(agoq_tp_listen* lp, agoq_tp_conn** out) {
         free(s);
         continue;
       }
-      AGOQ_INFO(NCCL_NET, "%s: accepted a verbs connection from %s (%d queue pairs, peer GID %s)",
-                s->c->d->describe, s->c->peer, s->c->nqps, s->c->peer_gid);
+      AGOQ_INFO(NCCL_NET, "%s: accepted a verbs connection from %s (%d queue pairs, rings of %u slots: %zu bytes "
+                "pinned, peer GID %s)",
+                s->c->d->describe, s->c->peer, s->c->nqps, s->c->nslots, agoq_ib_conn_ring_bytes(s->c),
+                s->c->peer_gid);
       *out = (agoq_tp_conn*)s->c;
       free(s);
       return ncclSuccess;
@@ -292,7 +305,7 @@ static void agoq_ib_connect_state_free(agoq_ib_connect_state* st) {
   free(st);
 }
 
-ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out) {
+ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_conn** out) {
   ncclResult_t res = ncclSuccess;
   *out = NULL;
   agoq_ib_connect_state** slot = agoq_ib_state_slot(handle);
@@ -309,14 +322,18 @@ ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_co
     }
     st->magic = AGOQ_IB_CONNECT_MAGIC;
     st->dev = dev;
+    st->flags = flags;
     memcpy(st->boot_handle, handle, AGOQ_TP_HANDLE_STATE_OFFSET);
     *slot = st;
   }
   bool done = false;
   if (st->s.stage == AGOQ_IB_STAGE_BOOT) {
-    AGOQ_CHECK_GOTO(agoq_transport_tcp.connect(AGOQ_IB_BOOT_DEV, comm_id, st->boot_handle, &st->s.boot), res, fail);
+    AGOQ_CHECK_GOTO(agoq_transport_tcp.connect(AGOQ_IB_BOOT_DEV, comm_id, AGOQ_TP_LISTEN_INLINE, st->boot_handle,
+                                               &st->s.boot),
+                    res, fail);
     if (st->s.boot == NULL) return ncclSuccess;
     AGOQ_CHECK_GOTO(agoq_ib_conn_create(true, dev, st->s.boot, &st->s.c), res, fail);
+    st->s.c->nslots = (st->flags & AGOQ_TP_FEW) ? AGOQ_TP_FEW_DEPTH : AGOQ_IB_RING_SLOTS;
     AGOQ_CHECK_GOTO(agoq_ib_conn_resources(st->s.c, agoq_ib.nqps), res, fail);
     agoq_ib_meta mine;
     agoq_ib_meta_fill(st->s.c, &mine);
@@ -329,8 +346,9 @@ ncclResult_t agoq_ib_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_co
   st->s.c = NULL;
   *slot = NULL;
   agoq_ib_connect_state_free(st);
-  AGOQ_INFO(NCCL_NET, "%s: connected to %s over verbs (%d queue pairs, peer GID %s)", c->d->describe, c->peer,
-            c->nqps, c->peer_gid);
+  AGOQ_INFO(NCCL_NET, "%s: connected to %s over verbs (%d queue pairs, rings of %u slots: %zu bytes pinned, peer "
+            "GID %s)",
+            c->d->describe, c->peer, c->nqps, c->nslots, agoq_ib_conn_ring_bytes(c), c->peer_gid);
   *out = (agoq_tp_conn*)c;
   return ncclSuccess;
 fail:

@@ -191,7 +191,7 @@ ncclResult_t agoq_tcp_listen(int dev, uint64_t comm_id, unsigned flags, void* ha
 unsigned agoq_tcp_conn_fds(unsigned listen_flags);
 ncclResult_t agoq_tcp_accept(agoq_tp_listen* l, agoq_tp_conn** out);
 ncclResult_t agoq_tcp_close_listen(agoq_tp_listen* l);
-ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** out);
+ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_conn** out);
 void agoq_tcp_connect_abort(void* handle);
 
 #endif

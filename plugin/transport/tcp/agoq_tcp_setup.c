@@ -519,7 +519,8 @@ static agoq_connect_status agoq_connect_step(agoq_connect_state* st, char* why, 
   return AGOQ_CONNECT_READY;
 }
 
-ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, void* handle, agoq_tp_conn** send_comm) {
+ncclResult_t agoq_tcp_connect(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_conn** send_comm) {
+  (void)flags; /* the number of data sockets comes with the handle (the listen's flags) */
   ncclResult_t res = ncclSuccess;
   *send_comm = NULL;
   /* NCCL calls again with the same handle buffer until we return a comm: our progress
