@@ -89,6 +89,7 @@ static void** agoq_op_req(agoq_coll_slot* s, int kind, int peer) {
 /* ---- slot setup -------------------------------------------------------------------------- */
 
 static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c) {
+  if (agoq_coll_on_grid(g)) return agoq_coll_grid_slot_setup(g, s, r, c);
   int n = g->nranks, me = g->rank;
   s->req = r;
   s->seq = g->next_seq;
@@ -113,8 +114,8 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
 
 /* ---- posting ----------------------------------------------------------------------------- */
 
-static ncclResult_t agoq_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
-                                   bool* posted) {
+ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                 bool* posted) {
   void** reqp = agoq_op_req(s, kind, j);
   int tag = j;
   void* bufs[1] = {data};
@@ -125,8 +126,8 @@ static ncclResult_t agoq_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kin
   return ncclSuccess;
 }
 
-static ncclResult_t agoq_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
-                                   size_t size, size_t raw, bool* posted) {
+ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
+                                 size_t size, size_t raw, bool* posted) {
   void** reqp = agoq_op_req(s, kind, j);
   AGOQ_CHECK(agoq_net_isend(g->send[kind == AGOQ_CQ_P1S ? 0 : 1][j], (void*)data, size, g->rank, NULL, NULL, reqp));
   *posted = *reqp != NULL;
@@ -140,6 +141,7 @@ static ncclResult_t agoq_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kin
 /* Receives for every peer, then the phase-1 sends; returns with the slot still POSTING
  * when the net core is busy (NULL request), to resume at the same operation. */
 static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
+  if (agoq_coll_on_grid(g)) return agoq_coll_grid_post(g, s);
   agoq_coll_req* r = s->req;
   int n = g->nranks, me = g->rank;
   size_t m = s->sl[me];
@@ -149,13 +151,13 @@ static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     bool phase2 = s->post_recvs % 2;
     if (j == me) continue;
     if (!phase2 && p1 && m > 0) {
-      AGOQ_CHECK(agoq_post_recv(g, s, AGOQ_CQ_P1R, j, s->rbuf.p + (size_t)j * s->r_stride, s->r_stride, &posted));
+      AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P1R, j, s->rbuf.p + (size_t)j * s->r_stride, s->r_stride, &posted));
     } else if (phase2 && p2 && s->sl[j] > 0) {
       if (r->quantized) {
-        AGOQ_CHECK(agoq_post_recv(g, s, AGOQ_CQ_P2R, j, s->gbuf.p + s->g_off[j],
+        AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, j, s->gbuf.p + s->g_off[j],
                                   agoq_coll_quant_result_cap(g, s->sl[j]), &posted));
       } else {
-        AGOQ_CHECK(agoq_post_recv(g, s, AGOQ_CQ_P2R, j, agoq_coll_dst_at(r, s->sb[j]), s->sl[j] * r->esz, &posted));
+        AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, j, agoq_coll_dst_at(r, s->sb[j]), s->sl[j] * r->esz, &posted));
       }
     }
     if (!posted) return ncclSuccess;
@@ -174,9 +176,9 @@ static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     if (j == me) continue; /* our own contribution stays here, encoded like the others */
     size_t raw = s->sl[j] * r->esz;
     if (r->quantized)
-      AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P1S, j, s->sbuf.p + s->s_off[j], s->s_len[j], raw, &posted));
+      AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P1S, j, s->sbuf.p + s->s_off[j], s->s_len[j], raw, &posted));
     else
-      AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P1S, j, agoq_coll_src_at(r, s->sb[j]), raw, raw, &posted));
+      AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P1S, j, agoq_coll_src_at(r, s->sb[j]), raw, raw, &posted));
     if (!posted) return ncclSuccess;
   }
   s->stage = AGOQ_SLOT_WAIT_P1;
@@ -287,6 +289,7 @@ static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
 /* ---- completions --------------------------------------------------------------------------- */
 
 static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size) {
+  if (agoq_coll_on_grid(g)) return agoq_coll_grid_complete(g, s, kind, j, size);
   agoq_coll_req* r = s->req;
   switch (kind) {
     case AGOQ_CQ_P1S: s->pend_p1s--; return ncclSuccess;
@@ -309,8 +312,8 @@ static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
 /* Tests the oldest pending operation of each connection, and the next ones while they are
  * done: operations on one connection complete in posting order. */
 static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
-  for (int j = 0; j < g->nranks; j++) {
-    if (j == g->rank) continue;
+  for (int pi = 0; pi < g->npeers; pi++) {
+    int j = g->peers[pi];
     for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
       agoq_coll_connq* q = agoq_cq(g, j, kind);
       while (q->count > 0) {
@@ -359,6 +362,7 @@ static ncclResult_t agoq_slot_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 /* Reduces and sends results strictly in chunk order. */
 static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
+  if (agoq_coll_on_grid(g)) return agoq_coll_grid_advance(g, progressed);
   int n = g->nranks, me = g->rank;
   while (g->reduce_seq < g->next_seq) {
     agoq_coll_slot* s = agoq_slot_of(g, g->reduce_seq);
@@ -382,9 +386,9 @@ static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
         int j = (me + 1 + s->post_sends) % n;
         bool posted;
         if (r->kind == AGOQ_COLL_ALLGATHER)
-          AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P2S, j, agoq_coll_src_at(r, s->sb[me]), m, m, &posted));
+          AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P2S, j, agoq_coll_src_at(r, s->sb[me]), m, m, &posted));
         else
-          AGOQ_CHECK(agoq_post_send(g, s, AGOQ_CQ_P2S, j, s->res.p, s->res_len, m * r->esz, &posted));
+          AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P2S, j, s->res.p, s->res_len, m * r->esz, &posted));
         if (!posted) return ncclSuccess;
       }
     }
@@ -458,8 +462,8 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   /* The pending operations are the step's state: read them as a pass would. */
   pthread_mutex_lock(&g->step_mu);
   g->pfds[np++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
-  for (int j = 0; j < g->nranks; j++) {
-    if (j == g->rank) continue;
+  for (int pi = 0; pi < g->npeers; pi++) {
+    int j = g->peers[pi];
     for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
       if (agoq_cq(g, j, kind)->count == 0) continue;
       void* comm = kind == AGOQ_CQ_P1S ? g->send[0][j]
@@ -653,7 +657,7 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   AGOQ_CALLOC_GOTO(g->cq, (size_t)g->nranks * AGOQ_CQ_COUNT, res, fail);
   AGOQ_CALLOC_GOTO(g->reduce_in, (size_t)g->nranks, res, fail);
   /* Two descriptors at most per connection and kind of operation, and the wake-up. */
-  g->pfds_cap = g->nranks * AGOQ_CQ_COUNT * 2 + 1;
+  g->pfds_cap = g->npeers * AGOQ_CQ_COUNT * 2 + 1;
   AGOQ_CALLOC_GOTO(g->pfds, (size_t)g->pfds_cap, res, fail);
   g->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (g->wake_fd < 0) {
@@ -663,6 +667,7 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   }
   atomic_init(&g->sleeping, false);
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) AGOQ_CHECK_GOTO(agoq_slot_alloc(&g->slots[i], g->nranks), res, fail);
+  if (agoq_coll_on_grid(g)) AGOQ_CHECK_GOTO(agoq_coll_grid_start(g), res, fail);
   /* AGOQ_PLACEMENT=auto: the engine runs on its NIC's NUMA node, and so do the staging
    * buffers it allocates and first touches (frames, fp32 accumulators, gathered results). */
   cpu_set_t cpus;
@@ -725,6 +730,7 @@ void agoq_coll_engine_stop(agoq_coll_comm* g) {
 }
 
 void agoq_coll_engine_free(agoq_coll_comm* g) {
+  agoq_coll_grid_free(g);
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) agoq_slot_release(&g->slots[i]);
   free(g->cq);
   g->cq = NULL;

@@ -59,6 +59,14 @@ static void agoq_gpu_max(size_t* have, size_t v) {
 
 ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   if (!g->cfg.gpu_reduce || g->cfg.format == AGOQ_FORMAT_NONE || g->gslots != NULL) return ncclSuccess;
+  if (agoq_coll_on_grid(g)) {
+    /* The device kernels run the mesh's two phases only: a grid's chunks are staged through
+     * host memory and reduced on the CPU (same bits on every rank). */
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: on a %dx%d grid quantized calls on device buffers are staged "
+              "and reduced on the CPU (AGOQ_COLLNET_GPU's device reduction runs the one-level mesh only)", g->rank,
+              g->grid.a, g->grid.b);
+    return ncclSuccess;
+  }
   ncclResult_t res = ncclSuccess;
   int n = g->nranks;
   size_t* sl = calloc((size_t)n, sizeof *sl);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_schedule.h"
 #include "core/agoq_check.h"
 #include "core/agoq_params.h"
 
@@ -28,6 +29,11 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK); /* 32|64|...|1024 */
   cfg->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
   cfg->chunk_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  char why[192];
+  if (agoq_coll_grid_parse(agoq_param_str(AGOQ_PARAM_COLLNET_GRID), &cfg->grid_a, &cfg->grid_b, why, sizeof why) != 0) {
+    AGOQ_WARN("%s", why);
+    return ncclInvalidUsage;
+  }
   cfg->timeout_s = (int)agoq_param_int(AGOQ_PARAM_COLLNET_TIMEOUT_S);
   cfg->codec_threads = (int)agoq_param_int(AGOQ_PARAM_COLLNET_CODEC_THREADS);
   cfg->assist = agoq_param_int(AGOQ_PARAM_COLLNET_ASSIST) != 0;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "agoq_codec.h"
+#include "collnet/agoq_coll_schedule.h"
 #include "collnet/agoq_collnet.h"
 #include "core/agoq_stats.h"
 #include "gpu/agoq_gpu.h"
@@ -36,6 +37,7 @@ typedef struct {
   uint32_t block;
   uint64_t min_bytes;
   uint64_t chunk_bytes;
+  int grid_a, grid_b; /* AGOQ_COLLNET_GRID: columns and rows; 0 and 0 = automatic */
   int timeout_s;
   int codec_threads; /* AGOQ_COLLNET_CODEC_THREADS; 0 = the engine resolves it */
   bool assist;       /* AGOQ_COLLNET_ASSIST: test() runs passes of the pipeline */
@@ -152,6 +154,10 @@ typedef enum {
   AGOQ_SLOT_POSTING, /* posting receives, encoding and posting phase-1 sends */
   AGOQ_SLOT_WAIT_P1, /* waiting for the contributions to this rank's slice */
   AGOQ_SLOT_POST_P2, /* reduced; posting phase-2 sends */
+  /* A grid chunk's stages between POSTING and WAIT_ALL, in this order (agoq_coll_grid.c). */
+  AGOQ_SLOT_G_ROW,
+  AGOQ_SLOT_G_COL,
+  AGOQ_SLOT_G_AG,
   AGOQ_SLOT_WAIT_ALL /* waiting for every send and the phase-2 receives */
 } agoq_slot_stage;
 
@@ -186,6 +192,7 @@ typedef struct {
   agoq_coll_buf gbuf; /* quantized phase-2 receives, one region per rank */
   size_t* g_off;
   agoq_coll_gpu_step gpu_step; /* GPU requests */
+  struct agoq_coll_gslot* gs;  /* a grid group's chunk state (agoq_coll_grid.c); NULL on the mesh */
 } agoq_coll_slot;
 
 /* A pipeline slot's memory for GPU requests, carved when the group's link is created:
@@ -209,7 +216,12 @@ typedef struct agoq_coll_comm {
   const void* ctx; /* identity only (finalize stops its groups); never dereferenced */
   agoq_coll_config cfg;
   int rank, nranks, dev;
-  void** send[2]; /* [phase][peer] net send comms; NULL for self */
+  /* The schedule's grid (b == 1: the one-level mesh) and the peers it exchanges messages
+   * with, ascending: the only ranks it has connections to. */
+  agoq_coll_grid grid;
+  int* peers;
+  int npeers;
+  void** send[2]; /* [phase][peer] net send comms; NULL for self and non-peers */
   void** recv[2];
   /* Shared between the proxy thread (enqueue, pool) and the engine. */
   pthread_mutex_t mu;
@@ -242,6 +254,10 @@ typedef struct agoq_coll_comm {
   int codec_threads;       /* threads of one slice's codec call, the engine included */
   agoq_coll_slot slots[AGOQ_COLL_SLOTS];
   uint64_t next_seq, reduce_seq;
+  /* A grid group (grid.b > 1): its messages per step, and the chunk each stage (row reduce,
+   * column reduce, row all-gather) works on next, each in chunk order (agoq_coll_grid.c). */
+  struct agoq_coll_gplan* plan;
+  uint64_t grid_seq[3];
   agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind] */
   const void** reduce_in; /* nranks input pointers of the slice being reduced */
   struct pollfd* pfds;    /* the engine's sleep: its connections' descriptors and wake_fd */
@@ -309,6 +325,27 @@ void agoq_coll_engine_free(agoq_coll_comm* comm);
 /* Records the group's first failure; returns true for the caller that set it. */
 bool agoq_coll_fail(agoq_coll_comm* comm, ncclResult_t res);
 
+/* Posts a receive / send of one connection of slot s (kind AGOQ_CQ_*); *posted is false when
+ * the net core is busy (NCCL's NULL request), so the caller retries the same operation. */
+ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                 bool* posted);
+ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
+                                 size_t size, size_t raw, bool* posted);
+
+/* ---- agoq_coll_grid.c: a chunk on a two-level grid (grid.b > 1), host memory ---- */
+static inline bool agoq_coll_on_grid(const agoq_coll_comm* g) { return g->grid.b > 1; }
+/* The plan and every slot's grid state (engine start), and their release (idempotent). */
+ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g);
+void agoq_coll_grid_free(agoq_coll_comm* g);
+/* Chunk c of r in slot s: its pieces, pending counts and buffers. */
+ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c);
+/* POSTING: every receive, then the row reduce-scatter's sends. */
+ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s);
+/* A completed operation (kind AGOQ_CQ_*) with peer j, size bytes. */
+ncclResult_t agoq_coll_grid_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size);
+/* Moves every chunk it can through the row, column and all-gather stages, in chunk order. */
+ncclResult_t agoq_coll_grid_advance(agoq_coll_comm* g, bool* progressed);
+
 /* ---- agoq_coll_request.c ---- */
 ncclResult_t agoq_coll_pool_init(agoq_coll_comm* comm);
 void agoq_coll_pool_fini(agoq_coll_comm* comm);
@@ -374,6 +411,14 @@ ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
  * scratch holds m fp32 values (narrow float types). out must not alias any input. */
 void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, size_t m, void* out,
                             float* scratch);
+/* The two levels of an exact reduction on a grid: partial results are fp32 for the narrow
+ * float types' Sum and Prod (rounded once, at the end, as on the mesh), the type itself
+ * otherwise; agoq_coll_partial_size gives their size. reduce_partial: out (partials) =
+ * in[0] op ... op in[n-1], inputs of the type. reduce_final: inputs are partials; dst gets
+ * the result in the type (scratch: m fp32 values). Neither output may alias an input. */
+size_t agoq_coll_partial_size(int dtype, int op);
+void agoq_coll_reduce_partial(int dtype, int op, const void* const* in, int n, size_t m, void* out);
+void agoq_coll_reduce_final(int dtype, int op, const void* const* in, int n, size_t m, float* scratch, void* dst);
 
 /* ---- agoq_coll_stats.c ---- */
 /* The group's stats entry (before its engine starts); its lines at close / finalize. */

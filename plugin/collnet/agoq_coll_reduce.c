@@ -160,6 +160,58 @@ void agoq_coll_reduce_exact(int dtype, int op, const void* const* in, int n, siz
   }
 }
 
+/* ---- partial results (a grid's two levels) ------------------------------------------------ */
+
+static bool agoq_coll_narrow_float(int dtype) {
+  return dtype == ncclBfloat16 || dtype == ncclFloat16 || dtype == ncclFloat8e4m3 || dtype == ncclFloat8e5m2;
+}
+
+size_t agoq_coll_partial_size(int dtype, int op) {
+  if (agoq_coll_narrow_float(dtype) && (op == ncclSum || op == ncclProd)) return sizeof(float);
+  return agoq_coll_type_size(dtype);
+}
+
+static inline float agoq_coll_widen(int dtype, const void* p, size_t i) {
+  switch (dtype) {
+    case ncclBfloat16: return agoq_bf16_to_fp32(((const uint16_t*)p)[i]);
+    case ncclFloat16: return agoq_fp16_to_fp32(((const uint16_t*)p)[i]);
+    case ncclFloat8e4m3: return agoq_fp8e4m3_to_fp32(((const uint8_t*)p)[i]);
+    default: return agoq_fp8e5m2_to_fp32(((const uint8_t*)p)[i]);
+  }
+}
+
+void agoq_coll_reduce_partial(int dtype, int op, const void* const* in, int n, size_t m, void* out) {
+  if (agoq_coll_partial_size(dtype, op) == agoq_coll_type_size(dtype)) {
+    agoq_coll_reduce_exact(dtype, op, in, n, m, out, NULL);
+    return;
+  }
+  /* Widened exactly, combined in fp32 in input order, not rounded. */
+  float* restrict acc = out;
+  for (size_t i = 0; i < m; i++) acc[i] = agoq_coll_widen(dtype, in[0], i);
+  for (int k = 1; k < n; k++) {
+    if (op == ncclSum)
+      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + agoq_coll_widen(dtype, in[k], i);
+    else
+      for (size_t i = 0; i < m; i++) acc[i] = acc[i] * agoq_coll_widen(dtype, in[k], i);
+  }
+}
+
+void agoq_coll_reduce_final(int dtype, int op, const void* const* in, int n, size_t m, float* scratch, void* dst) {
+  if (agoq_coll_partial_size(dtype, op) == agoq_coll_type_size(dtype)) {
+    agoq_coll_reduce_exact(dtype, op, in, n, m, dst, NULL);
+    return;
+  }
+  agoq_coll_reduce_exact(ncclFloat32, op, in, n, m, scratch, NULL);
+  for (size_t i = 0; i < m; i++) {
+    switch (dtype) {
+      case ncclBfloat16: ((uint16_t*)dst)[i] = agoq_fp32_to_bf16(scratch[i]); break;
+      case ncclFloat16: ((uint16_t*)dst)[i] = agoq_fp32_to_fp16(scratch[i]); break;
+      case ncclFloat8e4m3: ((uint8_t*)dst)[i] = agoq_fp32_to_fp8e4m3(scratch[i]); break;
+      default: ((uint8_t*)dst)[i] = agoq_fp32_to_fp8e5m2(scratch[i]); break;
+    }
+  }
+}
+
 /* ---- the exact path of one pipeline chunk -------------------------------------------------- */
 
 ncclResult_t agoq_coll_exact_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {

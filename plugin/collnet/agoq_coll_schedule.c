@@ -1,7 +1,11 @@
 /* The two-level CollNet schedule: agoq_coll_schedule.h says what it is. */
 #include "collnet/agoq_coll_schedule.h"
 
+#include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 
 const char* agoq_coll_step_name(agoq_coll_step s) {
   switch (s) {
@@ -70,8 +74,7 @@ int agoq_coll_grid_player(const agoq_coll_grid* g, int row, int col) {
   return row * g->a + col % g->last;
 }
 
-/* The columns `rank` plays, ascending, into cols[]; returns how many. */
-static int agoq_coll_grid_cols_of(const agoq_coll_grid* g, int rank, int* cols) {
+int agoq_coll_grid_cols_of(const agoq_coll_grid* g, int rank, int* cols) {
   int row = agoq_coll_grid_row(g, rank), col = agoq_coll_grid_col(g, rank), k = 0;
   if (row < g->b - 1) {
     cols[0] = col;
@@ -166,4 +169,54 @@ int agoq_coll_schedule_peers(const agoq_coll_grid* g, int rank) {
   /* Row peers, and the players of its columns in the other rows: distinct (other rows, and
    * distinct columns in the full rows; a full-row rank has one column). */
   return agoq_coll_grid_row_len(g, agoq_coll_grid_row(g, rank)) - 1 + k * (g->b - 1);
+}
+
+bool agoq_coll_schedule_is_peer(const agoq_coll_grid* g, int rank, int p) {
+  if (p == rank || p < 0 || p >= g->n) return false;
+  int rr = agoq_coll_grid_row(g, rank), rp = agoq_coll_grid_row(g, p);
+  if (rr == rp) return true;
+  /* Other rows: peers when they play a common column. A full-row rank plays only its own
+   * column, and two ranks of other rows are never both in the short last row. */
+  if (rr < g->b - 1 && rp < g->b - 1) return agoq_coll_grid_col(g, rank) == agoq_coll_grid_col(g, p);
+  if (rr < g->b - 1) return agoq_coll_grid_plays(g, p, agoq_coll_grid_col(g, rank));
+  return agoq_coll_grid_plays(g, rank, agoq_coll_grid_col(g, p));
+}
+
+/* One dimension of "AxB": 1..65535 after optional blanks; *end past it. */
+static int agoq_coll_grid_dim(const char* s, const char** end) {
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s)) return -1;
+  long v = 0;
+  while (isdigit((unsigned char)*s) && v <= 65535) v = v * 10 + (*s++ - '0');
+  while (isspace((unsigned char)*s)) s++;
+  *end = s;
+  return v >= 1 && v <= 65535 ? (int)v : -1;
+}
+
+int agoq_coll_grid_parse(const char* text, int* a, int* b, char* why, size_t why_len) {
+  const char* s = text != NULL ? text : "";
+  while (isspace((unsigned char)*s)) s++;
+  size_t len = strlen(s);
+  while (len > 0 && isspace((unsigned char)s[len - 1])) len--;
+  if (len == 4 && strncasecmp(s, "auto", 4) == 0) {
+    *a = *b = 0;
+    return 0;
+  }
+  const char* p = s;
+  int va = agoq_coll_grid_dim(p, &p);
+  int vb = -1;
+  if (va > 0 && (*p == 'x' || *p == 'X')) vb = agoq_coll_grid_dim(p + 1, &p);
+  if (va < 1 || vb < 1 || *p != '\0') {
+    snprintf(why, why_len, "AGOQ_COLLNET_GRID=%.64s: expected auto or AxB (A columns per row, B rows, each 1 to 65535; "
+             "e.g. 32x32)", text != NULL ? text : "");
+    return -1;
+  }
+  *a = va;
+  *b = vb;
+  return 0;
+}
+
+void agoq_coll_grid_text(int a, int b, char* buf, size_t len) {
+  if (a == 0 && b == 0) snprintf(buf, len, "auto");
+  else snprintf(buf, len, "%dx%d", a, b);
 }

@@ -60,6 +60,15 @@ static inline int agoq_coll_grid_row_len(const agoq_coll_grid* g, int row) {
 }
 /* The rank that plays position (row, col). */
 int agoq_coll_grid_player(const agoq_coll_grid* g, int row, int col);
+/* The columns `rank` plays, ascending, into cols[] (room for a entries); returns how many:
+ * one in a full row, ceil((a - j) / last) for rank j of a short last row. */
+int agoq_coll_grid_cols_of(const agoq_coll_grid* g, int rank, int* cols);
+/* AGOQ_COLLNET_GRID's text: "auto" (*a = *b = 0) or "AxB" (A columns, B rows, each 1 to
+ * 65535; 'x' or 'X', blanks around the numbers allowed). 0, or -1 with why filled. Whether
+ * the grid holds the group is agoq_coll_grid_make's question, at group creation. */
+int agoq_coll_grid_parse(const char* text, int* a, int* b, char* why, size_t why_len);
+/* The grid as a user writes it: "AxB", or "auto" for a = b = 0. */
+void agoq_coll_grid_text(int a, int b, char* buf, size_t len);
 /* Whether `rank` plays column `col` in its row. */
 static inline bool agoq_coll_grid_plays(const agoq_coll_grid* g, int rank, int col) {
   return agoq_coll_grid_player(g, agoq_coll_grid_row(g, rank), col) == rank;
@@ -107,5 +116,7 @@ void agoq_coll_schedule_recvs(const agoq_coll_grid* g, int rank, agoq_coll_step 
 /* The peers `rank` exchanges messages with at all (sends or receives, any step), counted
  * once each: the connections it needs. */
 int agoq_coll_schedule_peers(const agoq_coll_grid* g, int rank);
+/* Whether `rank` and `p` exchange messages (symmetric; false for p == rank). */
+bool agoq_coll_schedule_is_peer(const agoq_coll_grid* g, int rank, int p);
 
 #endif

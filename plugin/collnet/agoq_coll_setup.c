@@ -90,7 +90,8 @@ typedef struct {
   uint8_t ready[AGOQ_COLL_MSG_SIZE];
 } agoq_coll_setup;
 
-static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, agoq_coll_listen_comm* lc, agoq_coll_comm** out) {
+static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_grid* grid, agoq_coll_listen_comm* lc,
+                                         agoq_coll_comm** out) {
   ncclResult_t res = ncclSuccess;
   agoq_coll_comm* g = NULL;
   AGOQ_CALLOC_GOTO(g, 1, res, fail);
@@ -100,11 +101,15 @@ static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, agoq_coll_listen_
   g->rank = rank;
   g->nranks = nranks;
   g->dev = lc->dev;
+  g->grid = *grid;
   atomic_init(&g->error, ncclSuccess);
   for (int ph = 0; ph < 2; ph++) {
     AGOQ_CALLOC_GOTO(g->send[ph], nranks, res, fail);
     AGOQ_CALLOC_GOTO(g->recv[ph], nranks, res, fail);
   }
+  AGOQ_CALLOC_GOTO(g->peers, nranks, res, fail);
+  for (int p = 0; p < nranks; p++)
+    if (agoq_coll_schedule_is_peer(grid, rank, p)) g->peers[g->npeers++] = p;
   *out = g;
   return ncclSuccess;
 fail:
@@ -113,6 +118,7 @@ fail:
       free(g->send[ph]);
       free(g->recv[ph]);
     }
+    free(g->peers);
     free(g);
   }
   return res;
@@ -139,6 +145,7 @@ static void agoq_coll_comm_free(agoq_coll_comm* g) {
     free(g->send[ph]);
     free(g->recv[ph]);
   }
+  free(g->peers);
   agoq_stats_release(g->st);
   g->magic = 0;
   free(g);
@@ -185,8 +192,8 @@ static bool agoq_coll_expired(const agoq_coll_setup* s) { return agoq_coll_now_n
 static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed) {
   agoq_coll_comm* g = s->g;
   void* net_ctx = s->lc->ctx->net_ctx;
-  for (int p = 0; p < g->nranks; p++) {
-    if (p == g->rank) continue;
+  for (int pi = 0; pi < g->npeers; pi++) {
+    int p = g->peers[pi];
     for (int ph = 0; ph < 2; ph++) {
       int i = p * 2 + ph;
       if (g->send[ph][p] == NULL) {
@@ -217,16 +224,18 @@ static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed
 /* Identifies an accepted connection by its first message. */
 static ncclResult_t agoq_coll_setup_identify(agoq_coll_setup* s, agoq_coll_accepted* a, int size) {
   agoq_coll_comm* g = s->g;
-  agoq_coll_msg m;
+  agoq_coll_setup_msg m;
   if (size < 0 || !agoq_coll_msg_decode(a->msg, (size_t)size, AGOQ_COLL_MSG_IDENT, &m)) {
     AGOQ_WARN("CollNet group creation: unexpected first message (%d bytes) on an accepted connection", size);
     return ncclRemoteError;
   }
   uint32_t rank = m.rank, nranks = m.nranks, phase = m.phase;
-  if (!agoq_coll_ident_valid(&m, g->rank, g->nranks) || g->recv[phase][rank] != NULL) {
+  bool valid = agoq_coll_ident_valid(&m, g->rank, g->nranks);
+  bool peer = valid && agoq_coll_schedule_is_peer(&g->grid, g->rank, (int)rank);
+  if (!peer || g->recv[phase][rank] != NULL) {
     AGOQ_WARN("CollNet group creation: rank %d got a connection claiming rank %u of %u, phase %u "
               "(this group has %d ranks%s)", g->rank, rank, nranks, phase, g->nranks,
-              rank < (uint32_t)g->nranks && phase <= 1 && g->recv[phase][rank] != NULL ? "; duplicate" : "");
+              !valid ? "" : !peer ? "; not a peer of this rank in the group's grid" : "; duplicate");
     return ncclRemoteError;
   }
   g->recv[phase][rank] = a->comm;
@@ -273,8 +282,8 @@ static void agoq_coll_setup_missing(const agoq_coll_setup* s, char* out, size_t 
   const agoq_coll_comm* g = s->g;
   size_t used = 0;
   out[0] = '\0';
-  for (int p = 0; p < g->nranks && used + 32 < len; p++) {
-    if (p == g->rank) continue;
+  for (int pi = 0; pi < g->npeers && used + 32 < len; pi++) {
+    int p = g->peers[pi];
     bool out_ok = s->ident_done[p * 2] && s->ident_done[p * 2 + 1];
     bool in_ok = g->recv[0][p] != NULL && g->recv[1][p] != NULL;
     if (out_ok && in_ok) continue;
@@ -305,11 +314,13 @@ static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
     res = ncclSystemError;
     goto out;
   }
-  for (int p = 0; p < n; p++) sdone[p] = rdone[p] = p == g->rank;
-  left = 2 * (n - 1);
+  for (int p = 0; p < n; p++) sdone[p] = rdone[p] = true;
+  for (int pi = 0; pi < g->npeers; pi++) sdone[g->peers[pi]] = rdone[g->peers[pi]] = false;
+  left = 2 * g->npeers;
   while (left > 0) {
     bool progressed = false;
-    for (int p = 0; p < n; p++) {
+    for (int pi = 0; pi < g->npeers; pi++) {
+      int p = g->peers[pi];
       int done = 0, size = 0;
       if (!sdone[p]) {
         if (sreq[p] == NULL)
@@ -336,7 +347,7 @@ static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
           AGOQ_CHECK_GOTO(agoq_net_test(rreq[p], &done, &size), res, out);
           if (done) {
             rreq[p] = NULL;
-            agoq_coll_msg m;
+            agoq_coll_setup_msg m;
             if (size < 0 || !agoq_coll_msg_decode(rmsg[p], (size_t)size, AGOQ_COLL_MSG_READY, &m) ||
                 m.rank != (uint32_t)p) {
               AGOQ_WARN("CollNet group creation: rank %d got a malformed ready message from rank %d", g->rank, p);
@@ -434,7 +445,7 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
 
 static ncclResult_t agoq_coll_setup_run(agoq_coll_setup* s) {
   agoq_coll_comm* g = s->g;
-  int want = 2 * (g->nranks - 1);
+  int want = 2 * g->npeers;
   while (s->nsend_done < want || s->nrecv_known < want) {
     bool progressed = false;
     AGOQ_CHECK(agoq_coll_setup_connect(s, &progressed));
@@ -465,19 +476,31 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
     goto fail;
   }
   AGOQ_CHECK_GOTO(agoq_coll_check_handles(handles, nranks, rank, lc), res, fail);
+  agoq_coll_grid grid;
   {
-    /* 4(n-1) connections: room for their descriptors now, or an error that names the limit
-     * (where the group would otherwise fail on some rank as a handshake timeout). */
-    size_t conns = 4 * (size_t)(nranks - 1);
-    char what[96];
-    snprintf(what, sizeof what, "a CollNet group of %d ranks (%zu connections)", nranks, conns);
+    char why[192];
+    if (agoq_coll_grid_make(nranks, lc->ctx->cfg.grid_a, lc->ctx->cfg.grid_b, &grid, why, sizeof why) != 0) {
+      AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%dx%d for a group of %d ranks: %s", lc->ctx->cfg.grid_a,
+                lc->ctx->cfg.grid_b, nranks, why);
+      res = ncclInvalidUsage;
+      goto fail;
+    }
+  }
+  AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, &grid, lc, &s.g), res, fail);
+  {
+    /* Four connections per peer of the schedule: room for their descriptors now, or an
+     * error that names the limit (where the group would otherwise fail on some rank as a
+     * handshake timeout). */
+    size_t conns = 4 * (size_t)s.g->npeers;
+    char what[128];
+    snprintf(what, sizeof what, "a CollNet group of %d ranks (%zu connections to %d peers)", nranks, conns,
+             s.g->npeers);
     AGOQ_CHECK_GOTO(agoq_fd_reserve(conns * agoq_net_conn_fds(AGOQ_COLL_TP_FLAGS), what), res, fail);
   }
-  AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, lc, &s.g), res, fail);
   s.lc = lc;
   s.deadline_ns = agoq_coll_now_ns() + (int64_t)lc->ctx->cfg.timeout_s * 1000000000;
   size_t nconn = 2 * (size_t)nranks;
-  s.acc_cap = 2 * (nranks - 1);
+  s.acc_cap = 2 * s.g->npeers;
   s.handles = calloc(nconn, sizeof *s.handles);
   s.ident_req = calloc(nconn, sizeof *s.ident_req);
   s.ident_done = calloc(nconn, sizeof *s.ident_done);
@@ -496,6 +519,17 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
   AGOQ_CHECK_GOTO(agoq_coll_stats_open(s.g), res, fail);
   AGOQ_CHECK_GOTO(agoq_coll_engine_start(s.g), res, fail);
   agoq_coll_registry_add(s.g);
+  {
+    char text[32];
+    agoq_coll_grid_text(s.g->cfg.grid_a, s.g->cfg.grid_b, text, sizeof text);
+    if (grid.b == 1)
+      AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: one-level mesh of %d ranks (AGOQ_COLLNET_GRID=%s): %d peers, "
+                "%d connections", rank, nranks, text, s.g->npeers, 4 * s.g->npeers);
+    else
+      AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: two-level grid of %d columns x %d rows, last row %d ranks "
+                "(AGOQ_COLLNET_GRID=%s): %d peers, %d connections", rank, grid.a, grid.b, grid.last, text,
+                s.g->npeers, 4 * s.g->npeers);
+  }
   if (s.g->cfg.format == AGOQ_FORMAT_NONE)
     AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet group of %d ranks created (rank %d) in %.1f ms; compression off "
               "(AGOQ_FORMAT=none): every reduction exact", nranks, rank, (double)(agoq_coll_now_ns() - t0) / 1e6);

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "collnet/agoq_coll_schedule.h"
+
 static void agoq_cw_put16(uint8_t* p, uint16_t v) {
   p[0] = (uint8_t)v;
   p[1] = (uint8_t)(v >> 8);
@@ -25,7 +27,7 @@ static uint64_t agoq_cw_get64(const uint8_t* p) {
 }
 
 /* Settings layout: magic 0, version 4, format 5, block 6, min_bytes 8, chunk_bytes 16,
- * zero 24..31. */
+ * grid columns 24 and rows 26 (0 and 0: automatic), zero 28..31. */
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]) {
   memset(out, 0, AGOQ_COLL_SETTINGS_SIZE);
   agoq_cw_put32(out + 0, AGOQ_COLL_HANDLE_MAGIC);
@@ -34,6 +36,8 @@ void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COL
   agoq_cw_put16(out + 6, (uint16_t)cfg->block);
   agoq_cw_put64(out + 8, cfg->min_bytes);
   agoq_cw_put64(out + 16, cfg->chunk_bytes);
+  agoq_cw_put16(out + 24, (uint16_t)cfg->grid_a);
+  agoq_cw_put16(out + 26, (uint16_t)cfg->grid_b);
 }
 
 agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll_settings* out) {
@@ -48,12 +52,16 @@ agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll
   if (in[5] >= AGOQ_FORMAT_COUNT || block < AGOQ_CODEC_BLOCK_MIN || block > AGOQ_CODEC_BLOCK_MAX ||
       (block & (block - 1)) != 0)
     return AGOQ_COLL_SETTINGS_MALFORMED;
-  for (int i = 24; i < AGOQ_COLL_SETTINGS_SIZE; i++)
+  int grid_a = agoq_cw_get16(in + 24), grid_b = agoq_cw_get16(in + 26);
+  if ((grid_a == 0) != (grid_b == 0)) return AGOQ_COLL_SETTINGS_MALFORMED;
+  for (int i = 28; i < AGOQ_COLL_SETTINGS_SIZE; i++)
     if (in[i] != 0) return AGOQ_COLL_SETTINGS_MALFORMED;
   out->format = (agoq_format)in[5];
   out->block = block;
   out->min_bytes = agoq_cw_get64(in + 8);
   out->chunk_bytes = agoq_cw_get64(in + 16);
+  out->grid_a = grid_a;
+  out->grid_b = grid_b;
   return AGOQ_COLL_SETTINGS_OK;
 }
 
@@ -95,13 +103,13 @@ static void agoq_cw_append(char* buf, size_t len, size_t* used, const char* fmt,
   if (n > 0) *used += (size_t)n;
 }
 
-enum { AGOQ_CW_NVARS = 4, AGOQ_CW_VALUE_MAX = 48 };
+enum { AGOQ_CW_NVARS = 5, AGOQ_CW_VALUE_MAX = 48 };
 
 /* The variables one side has, as "AGOQ_X=v and AGOQ_Y=w", for the differing ones only. */
 static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW_NVARS], char* buf, size_t len,
                          size_t* used) {
   static const char* const names[AGOQ_CW_NVARS] = {"AGOQ_FORMAT", "AGOQ_BLOCK", "AGOQ_MIN_BYTES",
-                                                   "AGOQ_COLLNET_CHUNK"};
+                                                   "AGOQ_COLLNET_CHUNK", "AGOQ_COLLNET_GRID"};
   bool first = true;
   for (int v = 0; v < AGOQ_CW_NVARS; v++) {
     if (!differs[v]) continue;
@@ -110,7 +118,8 @@ static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW
       case 0: snprintf(value, sizeof value, "%s", agoq_format_name(s->format)); break;
       case 1: snprintf(value, sizeof value, "%u", (unsigned)s->block); break;
       case 2: agoq_cw_size_text(s->min_bytes, value, sizeof value); break;
-      default: agoq_cw_size_text(s->chunk_bytes, value, sizeof value); break;
+      case 3: agoq_cw_size_text(s->chunk_bytes, value, sizeof value); break;
+      default: agoq_coll_grid_text(s->grid_a, s->grid_b, value, sizeof value); break;
     }
     agoq_cw_append(buf, len, used, "%s%s=%s", first ? "" : " and ", names[v], value);
     first = false;
@@ -121,7 +130,8 @@ int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank
                                 int my_rank, char* buf, size_t len) {
   if (len > 0) buf[0] = '\0';
   bool differs[AGOQ_CW_NVARS] = {theirs->format != mine->format, theirs->block != mine->block,
-                                 theirs->min_bytes != mine->min_bytes, theirs->chunk_bytes != mine->chunk_bytes};
+                                 theirs->min_bytes != mine->min_bytes, theirs->chunk_bytes != mine->chunk_bytes,
+                                 theirs->grid_a != mine->grid_a || theirs->grid_b != mine->grid_b};
   int n = 0;
   for (int v = 0; v < AGOQ_CW_NVARS; v++) n += differs[v];
   if (n == 0 || len == 0) return n;
@@ -144,7 +154,7 @@ void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, 
   agoq_cw_put32(out + 12, (uint32_t)nranks);
 }
 
-bool agoq_coll_msg_decode(const uint8_t* in, size_t size, int kind, agoq_coll_msg* m) {
+bool agoq_coll_msg_decode(const uint8_t* in, size_t size, int kind, agoq_coll_setup_msg* m) {
   if (size != AGOQ_COLL_MSG_SIZE || agoq_cw_get32(in) != AGOQ_COLL_MSG_MAGIC || in[4] != (uint8_t)kind)
     return false;
   m->kind = kind;
@@ -154,7 +164,7 @@ bool agoq_coll_msg_decode(const uint8_t* in, size_t size, int kind, agoq_coll_ms
   return true;
 }
 
-bool agoq_coll_ident_valid(const agoq_coll_msg* m, int my_rank, int nranks) {
+bool agoq_coll_ident_valid(const agoq_coll_setup_msg* m, int my_rank, int nranks) {
   return m->kind == AGOQ_COLL_MSG_IDENT && m->nranks == (uint32_t)nranks && m->rank < m->nranks &&
          m->rank != (uint32_t)my_rank && m->phase <= 1;
 }

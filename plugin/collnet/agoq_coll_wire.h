@@ -20,7 +20,8 @@
 #include "collnet/agoq_coll_internal.h"
 
 #define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
-#define AGOQ_COLL_HANDLE_VERSION 1
+/* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27. A version-1 peer names both versions. */
+#define AGOQ_COLL_HANDLE_VERSION 2
 #define AGOQ_COLL_HANDLE_OFFSET 64
 #define AGOQ_COLL_SETTINGS_SIZE 32
 
@@ -33,7 +34,7 @@ typedef struct {
   uint32_t phase;
   uint32_t rank;
   uint32_t nranks;
-} agoq_coll_msg;
+} agoq_coll_setup_msg;
 
 typedef enum {
   AGOQ_COLL_SETTINGS_OK = 0,
@@ -50,6 +51,7 @@ typedef struct {
   uint32_t block;
   uint64_t min_bytes;
   uint64_t chunk_bytes;
+  int grid_a, grid_b; /* 0 and 0: automatic */
 } agoq_coll_settings;
 
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]);
@@ -70,8 +72,8 @@ int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank
 
 void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks);
 /* True when `in` (size bytes as received) is a well-formed message of `kind`. */
-bool agoq_coll_msg_decode(const uint8_t* in, size_t size, int kind, agoq_coll_msg* m);
+bool agoq_coll_msg_decode(const uint8_t* in, size_t size, int kind, agoq_coll_setup_msg* m);
 /* True when an ident message names a peer of a group of nranks other than my_rank. */
-bool agoq_coll_ident_valid(const agoq_coll_msg* m, int my_rank, int nranks);
+bool agoq_coll_ident_valid(const agoq_coll_setup_msg* m, int my_rank, int nranks);
 
 #endif

@@ -8,8 +8,9 @@
  *    Max/Min: +-(1/16 + |N(0,1)|), never a zero, so no +0/-0 tie makes the order matter.
  * A call goes the quantized way when the plugin's documented rules say so (fp32, bf16 or
  * fp16, Sum, AGOQ_FORMAT not none, the call's bytes at least AGOQ_MIN_BYTES); a case all of
- * whose calls go the exact way must equal the rank-order reduction bit for bit
- * (perf_reduce_exact), a quantized one must be within the format's relative L2 bound of the
+ * whose calls go the exact way must equal the exact reduction in the plugin's order bit for
+ * bit (perf_reduce_exact in rank order; on a grid by rows, then columns: cn_reduce_reference),
+ * a quantized one must be within the format's relative L2 bound of the
  * fp64 reduction. Every result is compared between ranks, and the bytes around every
  * buffer and the input buffers must be untouched.
  */
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "collnet/agoq_coll_schedule.h"
 #include "collnet_harness.h"
 
 #define CN_ALIGN 64
@@ -369,11 +371,57 @@ static int cn_check_exact(cn_worker* w, const cn_case* c, const uint8_t* expect)
   uint64_t got = 0, want = 0;
   memcpy(&got, c->recv + first * elt, elt);
   memcpy(&want, expect + first * elt, elt);
-  CN_FAIL(w, "%s: %zu of %zu elements differ from the rank-order reduction; first at %zu: "
+  CN_FAIL(w, "%s: %zu of %zu elements differ from the exact reduction in the schedule's order; first at %zu: "
           "got 0x%llx (%g) want 0x%llx (%g)", label, bad, n, first, (unsigned long long)got,
           perf_elem_get(c->dtype, c->recv, first), (unsigned long long)want,
           perf_elem_get(c->dtype, expect, first));
   return -1;
+}
+
+/* The exact reduction the plugin's schedule computes: on the one-level mesh every rank's
+ * input in rank order (perf_reduce_exact); on a grid (AGOQ_COLLNET_GRID, as the plugin reads
+ * it) each row's inputs in rank order, then the rows' partial results in row order, the
+ * partials in fp32 for the narrow float types' Sum and Prod (rounded once, at the end). */
+static void cn_reduce_reference(ncclDataType_t t, ncclRedOp_t op, uint8_t* const* in, int n, size_t m,
+                                uint8_t* out) {
+  agoq_coll_grid g;
+  int a = 0, b = 0;
+  char why[200];
+  const char* text = getenv("AGOQ_COLLNET_GRID");
+  if (agoq_coll_grid_parse(text != NULL ? text : "auto", &a, &b, why, sizeof why) != 0 ||
+      agoq_coll_grid_make(n, a, b, &g, why, sizeof why) != 0 || g.b == 1) {
+    perf_reduce_exact(t, op, (const void* const*)in, n, m, out);
+    return;
+  }
+  bool narrow = (t == ncclBfloat16 || t == ncclFloat16 || t == ncclFloat8e4m3 || t == ncclFloat8e5m2) &&
+                (op == ncclSum || op == ncclProd);
+  ncclDataType_t pt = narrow ? ncclFloat32 : t;
+  size_t psz = perf_dtype_size(pt);
+  uint8_t* wide = narrow ? malloc((size_t)n * m * sizeof(float) + 8) : NULL;
+  uint8_t* partial = malloc((size_t)g.b * m * psz + 8);
+  float* fin = malloc(m * sizeof(float) + 8);
+  const void** rin = calloc((size_t)(n > g.b ? n : g.b), sizeof *rin);
+  if ((narrow && wide == NULL) || partial == NULL || fin == NULL || rin == NULL) abort();
+  for (int k = 0; k < n; k++) {
+    rin[k] = in[k];
+    if (!narrow) continue;
+    float* w = (float*)(wide + (size_t)k * m * sizeof(float));
+    for (size_t i = 0; i < m; i++) w[i] = perf_elem_get_f32(t, in[k], i);
+    rin[k] = w;
+  }
+  for (int row = 0; row < g.b; row++)
+    perf_reduce_exact(pt, op, rin + row * g.a, agoq_coll_grid_row_len(&g, row), m, partial + (size_t)row * m * psz);
+  for (int row = 0; row < g.b; row++) rin[row] = partial + (size_t)row * m * psz;
+  if (narrow) {
+    perf_reduce_exact(pt, op, rin, g.b, m, fin);
+    for (size_t i = 0; i < m; i++) perf_elem_set_f32(t, out, i, fin[i]);
+  } else {
+    perf_reduce_exact(pt, op, rin, g.b, m, out);
+  }
+  free(wide);
+  free(partial);
+  free(fin);
+  free(rin);
 }
 
 /* expect: the exact result; inputs: every rank's values for the output's elements. */
@@ -394,7 +442,7 @@ static int cn_check_case(cn_worker* w, cn_batch* b, cn_case* c) {
       CN_REQUIRE(w, in[k] != NULL, "out of memory");
       cn_input_fill(c, n, k, in[k], first, out_n);
     }
-    if (!c->quantized) perf_reduce_exact(c->dtype, c->op, (const void* const*)in, n, out_n, expect);
+    if (!c->quantized) cn_reduce_reference(c->dtype, c->op, in, n, out_n, expect);
   }
   if (c->inject && c->kind == CN_ALLREDUCE && out_n > 300) {
     double inf = perf_elem_get(c->dtype, c->recv, 5), nan = perf_elem_get(c->dtype, c->recv, 300);

@@ -6,18 +6,21 @@
  * (setup indexes arrays with them); settings are accepted only when byte-identical; a block
  * that decodes re-encodes to the same bytes (so the values a mismatch WARN prints are the
  * ones the peer set), and its mismatch text names at least one variable and stays
- * terminated within any buffer length. */
+ * terminated within any buffer length. Also AGOQ_COLLNET_GRID's text (agoq_coll_grid_parse):
+ * an accepted value is auto or two sizes in 1..65535 that print back to a text parsing the
+ * same; a refusal always says why. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "collnet/agoq_coll_schedule.h"
 #include "collnet/agoq_coll_wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  uint8_t which = data[0] % 3;
+  uint8_t which = data[0] % 4;
   int nranks = 1 + data[1] % 16;
   int me = (data[1] >> 4) % nranks;
   data += 2;
@@ -47,6 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       back.block = theirs.block;
       back.min_bytes = theirs.min_bytes;
       back.chunk_bytes = theirs.chunk_bytes;
+      back.grid_a = theirs.grid_a;
+      back.grid_b = theirs.grid_b;
       uint8_t again[AGOQ_COLL_SETTINGS_SIZE];
       agoq_coll_settings_encode(&back, again);
       if (memcmp(again, in, AGOQ_COLL_SETTINGS_SIZE) != 0) abort();
@@ -55,15 +60,32 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       char* msg = malloc(len ? len : 1);
       if (msg == NULL) break;
       int n = agoq_coll_settings_describe(&theirs, nranks - 1, &ours, me, msg, len);
-      if ((n > 0) != (st == AGOQ_COLL_SETTINGS_MISMATCH) || n > 4) abort();
+      if ((n > 0) != (st == AGOQ_COLL_SETTINGS_MISMATCH) || n > 5) abort();
       if (len > 0 && strlen(msg) >= len) abort();
       if (n > 0 && len == 512 && strstr(msg, "AGOQ_") == NULL) abort();
       free(msg);
       break;
     }
+    case 3: {
+      char* text = malloc(size + 1);
+      if (text == NULL) break;
+      memcpy(text, in, size);
+      text[size] = '\0';
+      int a = -1, b = -1, a2 = -1, b2 = -1;
+      char why[192] = "", printed[32];
+      if (agoq_coll_grid_parse(text, &a, &b, why, sizeof why) == 0) {
+        if ((a == 0) != (b == 0) || a < 0 || b < 0 || a > 65535 || b > 65535) abort();
+        agoq_coll_grid_text(a, b, printed, sizeof printed);
+        if (agoq_coll_grid_parse(printed, &a2, &b2, why, sizeof why) != 0 || a2 != a || b2 != b) abort();
+      } else if (strstr(why, "AGOQ_COLLNET_GRID") == NULL) {
+        abort();
+      }
+      free(text);
+      break;
+    }
     default: {
       int kind = which == 1 ? AGOQ_COLL_MSG_IDENT : AGOQ_COLL_MSG_READY;
-      agoq_coll_msg m, m2;
+      agoq_coll_setup_msg m, m2;
       if (!agoq_coll_msg_decode(in, size, kind, &m)) break;
       if (size != AGOQ_COLL_MSG_SIZE || m.kind != kind) abort();
       uint8_t out[AGOQ_COLL_MSG_SIZE];

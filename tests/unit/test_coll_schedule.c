@@ -215,6 +215,12 @@ static void check_grid(const agoq_coll_grid* g) {
     }
     assert_int_equal(ps.distinct, agoq_coll_schedule_peers(g, q));
     if (g->last == a) assert_int_equal(ps.distinct, a + b - 2);
+    /* The peers setup connects (agoq_coll_schedule_is_peer) are exactly the ones messages
+     * flow between: no connection missing, none idle. */
+    for (int p = 0; p < n; p++)
+      if (agoq_coll_schedule_is_peer(g, q, p) != (seen[p] != 0))
+        fail_msg("%d x %d (n %d): is_peer(%d, %d) = %d, but messages say %d", a, b, n, q, p,
+                 agoq_coll_schedule_is_peer(g, q, p), seen[p] != 0);
     memset(seen, 0, (size_t)n);
   }
   free(seen);
@@ -247,10 +253,39 @@ static void test_every_piece_once(void** state) {
   }
 }
 
+/* AGOQ_COLLNET_GRID's text: auto or AxB, anything else refused naming the variable. */
+static void test_grid_parse(void** state) {
+  (void)state;
+  int a = -1, b = -1;
+  char why[200], text[32];
+  static const struct {
+    const char* text;
+    int a, b;
+  } good[] = {{"auto", 0, 0}, {" AUTO ", 0, 0}, {"8x8", 8, 8}, {"32X16", 32, 16}, {" 4 x 2 ", 4, 2},
+              {"65535x1", 65535, 1}, {"1x65535", 1, 65535}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    assert_int_equal(agoq_coll_grid_parse(good[i].text, &a, &b, why, sizeof why), 0);
+    assert_int_equal(a, good[i].a);
+    assert_int_equal(b, good[i].b);
+  }
+  static const char* const bad[] = {"", "8", "8x", "x8", "0x8", "8x0", "65536x2", "8x8x8", "-8x8", "8*8", "autox",
+                                    "8 8", "99999999999x2"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    why[0] = '\0';
+    if (agoq_coll_grid_parse(bad[i], &a, &b, why, sizeof why) == 0) fail_msg("\"%s\" accepted", bad[i]);
+    assert_non_null(strstr(why, "AGOQ_COLLNET_GRID"));
+  }
+  agoq_coll_grid_text(0, 0, text, sizeof text);
+  assert_string_equal(text, "auto");
+  agoq_coll_grid_text(32, 16, text, sizeof text);
+  assert_string_equal(text, "32x16");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grid_choice),
       cmocka_unit_test(test_every_piece_once),
+      cmocka_unit_test(test_grid_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,9 +87,15 @@ static void test_settings_refused_by_kind(void** state) {
     b[7] = (uint8_t)(bad_blocks[i] >> 8);
     assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
   }
-  for (int i = 24; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
+  for (int i = 28; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
     memcpy(b, mine, sizeof b);
     b[i] = 1;
+    assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
+  }
+  /* A grid has both dimensions or neither (automatic). */
+  for (int i = 24; i < 28; i += 2) {
+    memcpy(b, mine, sizeof b);
+    b[i] = 4;
     assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
   }
 
@@ -97,6 +103,30 @@ static void test_settings_refused_by_kind(void** state) {
   c.chunk_bytes = 2 << 20;
   agoq_coll_settings_encode(&c, b);
   assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MISMATCH);
+}
+
+/* AGOQ_COLLNET_GRID travels in the block: automatic is 0x0, a given grid its two sizes;
+ * a difference is a mismatch named as the user writes it. */
+static void test_settings_grid(void** state) {
+  (void)state;
+  agoq_coll_config c = cfg_of(AGOQ_FORMAT_INT8, 128, 65536, 1 << 20);
+  uint8_t autob[AGOQ_COLL_SETTINGS_SIZE], gridb[AGOQ_COLL_SETTINGS_SIZE];
+  agoq_coll_settings_encode(&c, autob);
+  c.grid_a = 65535;
+  c.grid_b = 3;
+  agoq_coll_settings_encode(&c, gridb);
+  agoq_coll_settings sa, sg;
+  assert_int_equal(agoq_coll_settings_decode(autob, &sa), AGOQ_COLL_SETTINGS_OK);
+  assert_int_equal(agoq_coll_settings_decode(gridb, &sg), AGOQ_COLL_SETTINGS_OK);
+  assert_int_equal(sa.grid_a, 0);
+  assert_int_equal(sa.grid_b, 0);
+  assert_int_equal(sg.grid_a, 65535);
+  assert_int_equal(sg.grid_b, 3);
+  assert_int_equal(agoq_coll_settings_check(gridb, autob), AGOQ_COLL_SETTINGS_MISMATCH);
+  char msg[512];
+  assert_int_equal(agoq_coll_settings_describe(&sg, 5, &sa, 0, msg, sizeof msg), 1);
+  assert_string_equal(msg, "CollNet group: rank 5 has AGOQ_COLLNET_GRID=65535x3, this rank (0) has "
+                           "AGOQ_COLLNET_GRID=auto; every rank must use the same value");
 }
 
 static void test_describe_one_variable(void** state) {
@@ -191,6 +221,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_settings_roundtrip),
       cmocka_unit_test(test_settings_refused_by_kind),
+      cmocka_unit_test(test_settings_grid),
       cmocka_unit_test(test_describe_one_variable),
       cmocka_unit_test(test_describe_every_variable),
       cmocka_unit_test(test_describe_sizes),
