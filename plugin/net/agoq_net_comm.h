@@ -53,6 +53,7 @@ typedef struct {
   uint32_t magic;
   int dev;
   agoq_tp_listen* tp;
+  unsigned flags;            /* the listen's (AGOQ_TP_*), for the comms it accepts */
   agoq_stats_entry* st_recv; /* its context's, for the comms it accepts */
 } agoq_listen_comm;
 
@@ -86,7 +87,7 @@ typedef struct agoq_comm {
 } agoq_comm;
 
 /* Wraps a new transport connection (takes it over; closes it on failure). */
-ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, agoq_comm** out);
+ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, unsigned flags, agoq_comm** out);
 void agoq_comm_destroy(agoq_comm* comm);
 const char* agoq_comm_peer(const agoq_comm* comm);
 /* The transport's registration of a host buffer NCCL registered (mhandle from regMr), when

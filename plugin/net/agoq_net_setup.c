@@ -11,7 +11,7 @@
 
 const char* agoq_comm_peer(const agoq_comm* comm) { return agoq_net_tp->peer(comm->tp); }
 
-ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, agoq_comm** out) {
+ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, unsigned flags, agoq_comm** out) {
   ncclResult_t res = ncclSuccess;
   agoq_comm* comm = calloc(1, sizeof *comm);
   if (comm == NULL) {
@@ -25,8 +25,12 @@ ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, agoq_comm
   comm->tp = tp;
   comm->stage.reg = (agoq_stage_reg){.reg = agoq_net_tp->reg, .dereg = agoq_net_tp->dereg, .dev = dev};
   /* NCCL keeps up to NCCL_NET_MAX_REQUESTS receives (each of up to maxRecvs buffers) and
-   * NCCL_NET_MAX_REQUESTS x maxRecvs sends in flight; both sides get the larger bound. */
-  AGOQ_CHECK_GOTO(agoq_request_pool_init(&comm->pool, AGOQ_REQUESTS_PER_COMM), res, fail);
+   * NCCL_NET_MAX_REQUESTS x maxRecvs sends in flight; both sides get the larger bound. A
+   * CollNet connection (AGOQ_TP_FEW) holds one operation per pipeline chunk: its depth (a
+   * 1024-rank grid's 248 connections per rank then take 2 MB of requests, not 31 MB). */
+  AGOQ_CHECK_GOTO(
+      agoq_request_pool_init(&comm->pool, (flags & AGOQ_TP_FEW) ? AGOQ_TP_FEW_DEPTH : AGOQ_REQUESTS_PER_COMM), res,
+      fail);
   if (!is_send) agoq_net_tp->set_match(tp, agoq_net_match, comm);
   *out = comm;
   return ncclSuccess;
@@ -73,6 +77,7 @@ ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* han
   AGOQ_CALLOC_GOTO(l, 1, res, out);
   l->magic = AGOQ_NLISTEN_MAGIC;
   l->dev = dev;
+  l->flags = flags;
   l->st_recv = c->st_recv;
   res = agoq_net_tp->listen(dev, c->comm_id, flags, handle, &l->tp);
   if (res != ncclSuccess) {
@@ -112,7 +117,7 @@ ncclResult_t agoq_net_connect_flags(void* ctx, int dev, unsigned flags, void* ha
   AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, flags, handle, &tp), res, out);
   if (tp == NULL) return ncclSuccess; /* the handshake is still under way */
   agoq_comm* comm;
-  AGOQ_CHECK_GOTO(agoq_comm_create(true, dev, tp, &comm), res, out);
+  AGOQ_CHECK_GOTO(agoq_comm_create(true, dev, tp, flags, &comm), res, out);
   comm->prof_fn = c->prof_fn;
   comm->st = c->st_send;
   *send_comm = comm;
@@ -133,7 +138,7 @@ ncclResult_t agoq_net_accept(void* listen_comm, void** recv_comm) {
   AGOQ_CHECK_GOTO(agoq_net_tp->accept(l->tp, &tp), res, out);
   if (tp == NULL) return ncclSuccess;
   agoq_comm* comm;
-  AGOQ_CHECK_GOTO(agoq_comm_create(false, l->dev, tp, &comm), res, out);
+  AGOQ_CHECK_GOTO(agoq_comm_create(false, l->dev, tp, l->flags, &comm), res, out);
   comm->st = l->st_recv;
   *recv_comm = comm;
 out:

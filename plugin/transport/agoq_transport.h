@@ -109,7 +109,9 @@ typedef struct agoq_tp_conn agoq_tp_conn;
  * slots instead of one per transfer the net core can post (a receiver's slot holds an
  * inline message: 8 KiB pinned each, 2.1 MB per connection at 256). More messages than
  * slots still go: they wait for a slot. The connecting side decides (its metadata carries
- * the ring's depth to the receiver); a listen passes it for the record. */
+ * the ring's depth to the receiver); a listen passes it for the record. The net core gives
+ * such a connection's comm AGOQ_TP_FEW_DEPTH requests instead of NCCL's 256 (a busy pool
+ * is NCCL's "call again"). */
 #define AGOQ_TP_FEW 2u
 #define AGOQ_TP_FEW_DEPTH 16u
 
@@ -197,6 +199,10 @@ void agoq_tp_props_defaults(agoq_tp_props* p, int dev);
  * (an error, logged with its reason, when no verbs port is usable), or auto (ib where a
  * port is usable, else tcp with the reason at INFO). */
 ncclResult_t agoq_transport_choose(const agoq_transport** out);
+/* Programs linking the plugin's internals (the CollNet simulation, tools/collnet): tp instead
+ * of AGOQ_TRANSPORT's choice, for the whole process; call before the first init. Not
+ * reachable through the plugin's exported tables. */
+void agoq_transport_override(const agoq_transport* tp);
 
 /* Why the last agoq_transport_choose took its transport, for the summary of what is in
  * effect ("AGOQ_TRANSPORT=tcp", "verbs off: no RDMA device ..."); "" before any choice. */

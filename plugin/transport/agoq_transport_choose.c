@@ -29,7 +29,18 @@ static char agoq_transport_why[512];
 
 const char* agoq_transport_reason(void) { return agoq_transport_why; }
 
+static const agoq_transport* agoq_transport_forced;
+
+void agoq_transport_override(const agoq_transport* tp) { agoq_transport_forced = tp; }
+
 ncclResult_t agoq_transport_choose(const agoq_transport** out) {
+  if (agoq_transport_forced != NULL) {
+    AGOQ_CHECK(agoq_transport_forced->init());
+    snprintf(agoq_transport_why, sizeof agoq_transport_why, "%s (in-process, set by the program)",
+             agoq_transport_forced->name);
+    *out = agoq_transport_forced;
+    return ncclSuccess;
+  }
   int64_t mode = agoq_param_int(AGOQ_PARAM_TRANSPORT);
   /* TCP first in every mode: it is the verbs transport's bootstrap, or the transport. */
   AGOQ_CHECK(agoq_transport_tcp.init());

@@ -1,0 +1,469 @@
+/* The in-process transport of the CollNet simulation: sim_transport.h says what it models. */
+#include "sim_transport.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Thread_local int agoq_sim_rank = -1;
+
+#define SIM_HANDLE_MAGIC 0x4d495341u /* "ASIM" */
+
+typedef struct sim_msg {
+  struct sim_msg* next;
+  uint8_t* data;
+  size_t size;
+  int tag;
+  uint32_t flags;
+  double ready; /* last byte at the receiver's NIC */
+} sim_msg;
+
+/* A posted transfer and when it completes (INFINITY: not yet known). */
+typedef struct {
+  agoq_xfer* x;
+  double done_at;
+} sim_rec;
+
+struct agoq_tp_conn {
+  bool is_send;
+  int owner, other; /* ranks: the end holding it, the far end */
+  struct agoq_tp_conn* peer;
+  agoq_tp_match_fn match;
+  void* match_arg;
+  sim_msg *qhead, *qtail; /* receive side: messages on their way, in order */
+  sim_rec* recs;
+  int nrecs, caprecs;
+  ncclResult_t err;
+  char name[32];
+};
+
+struct agoq_tp_listen {
+  uint32_t id;
+  int owner;
+  agoq_tp_conn** pending;
+  int npending, cappending;
+};
+
+static struct {
+  pthread_mutex_t mu;
+  int nranks;
+  double now;
+  bool model;
+  double alpha, o, bps;
+  double *cpu_free, *tx_free, *rx_free;
+  agoq_sim_rank_stats* st;
+  agoq_tp_listen** listens;
+  int nlistens, caplistens;
+  /* Every connection end alive, for the next event's time. */
+  agoq_tp_conn** conns;
+  int nconns, capconns;
+  uint64_t events;
+  /* Times something becomes due (a message's last byte in, a transfer complete): a binary
+   * min-heap; entries already past are dropped as the clock passes them. */
+  struct sim_due {
+    double t;
+    int rank;
+  }* heap;
+  int nheap, capheap;
+  unsigned char* marked; /* ranks already in the set agoq_sim_advance returns */
+} sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int sim_grow(void** p, int* cap, int need, size_t elem) {
+  if (need <= *cap) return 0;
+  int c = *cap * 2 + 16;
+  while (c < need) c *= 2;
+  void* q = realloc(*p, (size_t)c * elem);
+  if (q == NULL) return -1;
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+static void sim_due(double t, int rank) {
+  if (!isfinite(t) || sim_grow((void**)&sim.heap, &sim.capheap, sim.nheap + 1, sizeof *sim.heap) != 0) return;
+  int i = sim.nheap++;
+  while (i > 0 && sim.heap[(i - 1) / 2].t > t) {
+    sim.heap[i] = sim.heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  sim.heap[i] = (struct sim_due){.t = t, .rank = rank};
+}
+
+static struct sim_due sim_heap_pop(void) {
+  struct sim_due top = sim.heap[0], last = sim.heap[--sim.nheap];
+  int i = 0;
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= sim.nheap) break;
+    if (c + 1 < sim.nheap && sim.heap[c + 1].t < sim.heap[c].t) c++;
+    if (sim.heap[c].t >= last.t) break;
+    sim.heap[i] = sim.heap[c];
+    i = c;
+  }
+  if (sim.nheap > 0) sim.heap[i] = last;
+  return top;
+}
+
+int agoq_sim_init(int nranks) {
+  sim.nranks = nranks;
+  sim.cpu_free = calloc((size_t)nranks, sizeof(double));
+  sim.tx_free = calloc((size_t)nranks, sizeof(double));
+  sim.rx_free = calloc((size_t)nranks, sizeof(double));
+  sim.st = calloc((size_t)nranks, sizeof *sim.st);
+  sim.marked = calloc((size_t)nranks, 1);
+  return sim.cpu_free && sim.tx_free && sim.rx_free && sim.st && sim.marked ? 0 : -1;
+}
+
+void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s) {
+  pthread_mutex_lock(&sim.mu);
+  sim.model = on;
+  sim.alpha = alpha;
+  sim.o = o;
+  sim.bps = bytes_per_s;
+  sim.now = 0;
+  sim.nheap = 0;
+  for (int r = 0; r < sim.nranks; r++) {
+    sim.cpu_free[r] = sim.tx_free[r] = sim.rx_free[r] = 0;
+    sim.st[r].msgs_sent = sim.st[r].bytes_sent = 0;
+  }
+  pthread_mutex_unlock(&sim.mu);
+}
+
+double agoq_sim_now(void) { return sim.now; }
+
+uint64_t agoq_sim_events(void) {
+  pthread_mutex_lock(&sim.mu);
+  uint64_t e = sim.events;
+  pthread_mutex_unlock(&sim.mu);
+  return e;
+}
+
+const agoq_sim_rank_stats* agoq_sim_stats(int rank) { return &sim.st[rank]; }
+
+int agoq_sim_advance(int* due) {
+  pthread_mutex_lock(&sim.mu);
+  while (sim.nheap > 0 && sim.heap[0].t <= sim.now) (void)sim_heap_pop();
+  int k = -1;
+  if (sim.nheap > 0) {
+    k = 0;
+    sim.now = sim.heap[0].t;
+    while (sim.nheap > 0 && sim.heap[0].t <= sim.now) {
+      struct sim_due d = sim_heap_pop();
+      if (d.rank < 0 || d.rank >= sim.nranks || sim.marked[d.rank]) continue;
+      sim.marked[d.rank] = 1;
+      due[k++] = d.rank;
+    }
+    for (int i = 0; i < k; i++) sim.marked[due[i]] = 0;
+  }
+  pthread_mutex_unlock(&sim.mu);
+  return k;
+}
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static ncclResult_t sim_init(void) { return ncclSuccess; }
+static void sim_idle(void) {}
+static int sim_ndevs(void) { return 1; }
+static int sim_helper_threads(void) { return 0; }
+static bool sim_placement(int dev, cpu_set_t* out) {
+  (void)dev;
+  (void)out;
+  return false;
+}
+static unsigned sim_conn_fds(unsigned flags) {
+  (void)flags;
+  return 0; /* none of the process's descriptors: the simulation counts connections */
+}
+
+static ncclResult_t sim_props(int dev, agoq_tp_props* p) {
+  agoq_tp_props_defaults(p, dev);
+  p->name = "sim";
+  p->speed_mbps = 100000;
+  p->max_comms = 1 << 30;
+  return ncclSuccess;
+}
+
+static agoq_tp_conn* sim_conn_new(bool is_send, int owner, int other) {
+  agoq_tp_conn* c = calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  c->is_send = is_send;
+  c->owner = owner;
+  c->other = other;
+  snprintf(c->name, sizeof c->name, "sim rank %d", other);
+  if (sim_grow((void**)&sim.conns, &sim.capconns, sim.nconns + 1, sizeof *sim.conns) != 0) {
+    free(c);
+    return NULL;
+  }
+  sim.conns[sim.nconns++] = c;
+  if (owner >= 0 && owner < sim.nranks) sim.st[owner].conns++;
+  return c;
+}
+
+static ncclResult_t sim_listen(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_listen** out) {
+  (void)dev;
+  (void)comm_id;
+  (void)flags;
+  pthread_mutex_lock(&sim.mu);
+  agoq_tp_listen* l = calloc(1, sizeof *l);
+  if (l == NULL || sim_grow((void**)&sim.listens, &sim.caplistens, sim.nlistens + 1, sizeof *sim.listens) != 0) {
+    pthread_mutex_unlock(&sim.mu);
+    free(l);
+    return ncclSystemError;
+  }
+  l->id = (uint32_t)sim.nlistens;
+  l->owner = agoq_sim_rank;
+  sim.listens[sim.nlistens++] = l;
+  pthread_mutex_unlock(&sim.mu);
+  memset(handle, 0, AGOQ_TP_HANDLE_WIRE_MAX);
+  uint32_t w[2] = {SIM_HANDLE_MAGIC, l->id};
+  memcpy(handle, w, sizeof w);
+  *out = l;
+  return ncclSuccess;
+}
+
+static ncclResult_t sim_connect(int dev, uint64_t comm_id, unsigned flags, void* handle, agoq_tp_conn** out) {
+  (void)dev;
+  (void)comm_id;
+  (void)flags;
+  uint32_t w[2];
+  memcpy(w, handle, sizeof w);
+  pthread_mutex_lock(&sim.mu);
+  ncclResult_t res = ncclSuccess;
+  if (w[0] != SIM_HANDLE_MAGIC || w[1] >= (uint32_t)sim.nlistens || sim.listens[w[1]] == NULL) {
+    res = ncclInvalidArgument;
+    goto out;
+  }
+  agoq_tp_listen* l = sim.listens[w[1]];
+  agoq_tp_conn* s = sim_conn_new(true, agoq_sim_rank, l->owner);
+  agoq_tp_conn* r = sim_conn_new(false, l->owner, agoq_sim_rank);
+  if (s == NULL || r == NULL ||
+      sim_grow((void**)&l->pending, &l->cappending, l->npending + 1, sizeof *l->pending) != 0) {
+    res = ncclSystemError;
+    goto out;
+  }
+  s->peer = r;
+  r->peer = s;
+  l->pending[l->npending++] = r;
+  *out = s;
+out:
+  pthread_mutex_unlock(&sim.mu);
+  return res;
+}
+
+static void sim_connect_abort(void* handle) { (void)handle; }
+
+static ncclResult_t sim_accept(agoq_tp_listen* l, agoq_tp_conn** out) {
+  pthread_mutex_lock(&sim.mu);
+  *out = NULL;
+  if (l->npending > 0) {
+    *out = l->pending[0];
+    memmove(l->pending, l->pending + 1, (size_t)(l->npending - 1) * sizeof *l->pending);
+    l->npending--;
+  }
+  pthread_mutex_unlock(&sim.mu);
+  return ncclSuccess;
+}
+
+static ncclResult_t sim_close_listen(agoq_tp_listen* l) {
+  pthread_mutex_lock(&sim.mu);
+  sim.listens[l->id] = NULL;
+  pthread_mutex_unlock(&sim.mu);
+  free(l->pending);
+  free(l);
+  return ncclSuccess;
+}
+
+static void sim_set_match(agoq_tp_conn* c, agoq_tp_match_fn fn, void* arg) {
+  c->match = fn;
+  c->match_arg = arg;
+}
+
+/* ---- data --------------------------------------------------------------------------------- */
+
+static int sim_rec_add(agoq_tp_conn* c, agoq_xfer* x, double done_at) {
+  if (sim_grow((void**)&c->recs, &c->caprecs, c->nrecs + 1, sizeof *c->recs) != 0) return -1;
+  c->recs[c->nrecs++] = (sim_rec){.x = x, .done_at = done_at};
+  return 0;
+}
+
+static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
+  pthread_mutex_lock(&sim.mu);
+  ncclResult_t res = c->err;
+  sim_msg* m = NULL;
+  if (res != ncclSuccess) goto out;
+  size_t size = x->size[0];
+  m = calloc(1, sizeof *m);
+  if (m == NULL || (size > 0 && (m->data = malloc(size)) == NULL)) {
+    res = ncclSystemError;
+    goto out;
+  }
+  if (size > 0) memcpy(m->data, x->data[0], size);
+  m->size = size;
+  m->tag = x->tag;
+  m->flags = x->flags;
+  double sent = sim.now;
+  if (sim.model) {
+    int src = c->owner, dst = c->other;
+    double start = fmax(sim.now, sim.cpu_free[src]) + sim.o;
+    sim.cpu_free[src] = start;
+    double wire = (double)size / sim.bps;
+    double tx = fmax(start, sim.tx_free[src]);
+    sent = tx + wire;
+    sim.tx_free[src] = sent;
+    m->ready = fmax(sent + sim.alpha, sim.rx_free[dst] + wire);
+    sim.rx_free[dst] = m->ready;
+    sim.st[src].msgs_sent++;
+    sim.st[src].bytes_sent += size;
+    sim_due(sent, src);
+    sim_due(m->ready, dst);
+  }
+  if (sim_rec_add(c, x, sent) != 0) {
+    res = ncclSystemError;
+    goto out;
+  }
+  agoq_tp_conn* r = c->peer;
+  if (r == NULL) { /* the far end closed: the bytes go nowhere, as on a broken connection */
+    res = ncclRemoteError;
+    goto out;
+  }
+  sim.events++;
+  if (r->qtail != NULL) r->qtail->next = m;
+  else r->qhead = m;
+  r->qtail = m;
+  m = NULL;
+out:
+  if (m != NULL) free(m->data);
+  free(m);
+  pthread_mutex_unlock(&sim.mu);
+  return res;
+}
+
+static ncclResult_t sim_post_recv(agoq_tp_conn* c, agoq_xfer* x) {
+  pthread_mutex_lock(&sim.mu);
+  x->matched_mask = 0;
+  sim.events++;
+  ncclResult_t res = c->err != ncclSuccess ? c->err : sim_rec_add(c, x, INFINITY) != 0 ? ncclSystemError : ncclSuccess;
+  pthread_mutex_unlock(&sim.mu);
+  return res;
+}
+
+/* Receive side: messages whose last byte is in, into the oldest unmatched receives. */
+static ncclResult_t sim_deliver(agoq_tp_conn* c) {
+  for (int k = 0; k < c->nrecs && c->qhead != NULL; k++) {
+    sim_rec* rec = &c->recs[k];
+    if (isfinite(rec->done_at)) continue;
+    sim_msg* m = c->qhead;
+    if (sim.model && m->ready > sim.now) break;
+    int slot = -1;
+    uint8_t* dst = NULL;
+    ncclResult_t res = c->match(c->match_arg, rec->x, m->tag, m->size, m->flags, &slot, &dst);
+    if (res != ncclSuccess) {
+      c->err = res;
+      return res;
+    }
+    if (m->size > 0) memcpy(dst, m->data, m->size);
+    rec->x->size[slot] = m->size;
+    rec->x->matched_mask |= 1u << slot;
+    rec->done_at = sim.now;
+    if (sim.model) {
+      rec->done_at = fmax(m->ready, sim.cpu_free[c->owner]) + sim.o;
+      sim.cpu_free[c->owner] = rec->done_at;
+      sim_due(rec->done_at, c->owner);
+    }
+    c->qhead = m->next;
+    if (c->qhead == NULL) c->qtail = NULL;
+    free(m->data);
+    free(m);
+    sim.events++;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t sim_progress(agoq_tp_conn* c, agoq_xfer* x) {
+  (void)x;
+  pthread_mutex_lock(&sim.mu);
+  ncclResult_t res = c->err;
+  if (res == ncclSuccess && !c->is_send) res = sim_deliver(c);
+  pthread_mutex_unlock(&sim.mu);
+  return res;
+}
+
+static bool sim_done(agoq_tp_conn* c, const agoq_xfer* x) {
+  pthread_mutex_lock(&sim.mu);
+  bool done = true; /* a transfer no longer recorded was seen done */
+  for (int k = 0; k < c->nrecs; k++) {
+    if (c->recs[k].x != x) continue;
+    done = c->recs[k].done_at <= sim.now || (!sim.model && isfinite(c->recs[k].done_at));
+    if (done) {
+      sim.events++;
+      memmove(&c->recs[k], &c->recs[k + 1], (size_t)(c->nrecs - k - 1) * sizeof *c->recs);
+      c->nrecs--;
+    }
+    break;
+  }
+  pthread_mutex_unlock(&sim.mu);
+  return done;
+}
+
+static int sim_wait_fds(agoq_tp_conn* c, struct pollfd* out, int max, bool* hidden) {
+  (void)c;
+  (void)out;
+  (void)max;
+  *hidden = true;
+  return 0;
+}
+
+static ncclResult_t sim_error(agoq_tp_conn* c) { return c->err; }
+static void sim_fail(agoq_tp_conn* c, ncclResult_t res) { c->err = res; }
+static const char* sim_peer(agoq_tp_conn* c) { return c->name; }
+
+static void sim_close(agoq_tp_conn* c) {
+  pthread_mutex_lock(&sim.mu);
+  if (c->peer != NULL) {
+    c->peer->peer = NULL;
+    if (c->peer->err == ncclSuccess) c->peer->err = ncclRemoteError;
+  }
+  for (int i = 0; i < sim.nconns; i++)
+    if (sim.conns[i] == c) {
+      sim.conns[i] = sim.conns[--sim.nconns];
+      break;
+    }
+  if (c->owner >= 0 && c->owner < sim.nranks) sim.st[c->owner].conns--;
+  while (c->qhead != NULL) {
+    sim_msg* m = c->qhead;
+    c->qhead = m->next;
+    free(m->data);
+    free(m);
+  }
+  pthread_mutex_unlock(&sim.mu);
+  free(c->recs);
+  free(c);
+}
+
+const agoq_transport agoq_sim_transport = {
+    .name = "sim",
+    .init = sim_init,
+    .idle = sim_idle,
+    .ndevs = sim_ndevs,
+    .helper_threads = sim_helper_threads,
+    .get_properties = sim_props,
+    .placement_cpus = sim_placement,
+    .listen = sim_listen,
+    .conn_fds = sim_conn_fds,
+    .accept = sim_accept,
+    .close_listen = sim_close_listen,
+    .connect = sim_connect,
+    .connect_abort = sim_connect_abort,
+    .set_match = sim_set_match,
+    .post_send = sim_post_send,
+    .post_recv = sim_post_recv,
+    .progress = sim_progress,
+    .done = sim_done,
+    .wait_fds = sim_wait_fds,
+    .error = sim_error,
+    .fail = sim_fail,
+    .peer = sim_peer,
+    .close = sim_close,
+};
