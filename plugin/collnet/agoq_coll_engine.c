@@ -32,59 +32,7 @@
 #include "core/agoq_eventfd.h"
 #include "net/agoq_net.h"
 
-ncclResult_t agoq_coll_buf_reserve(int dev, agoq_coll_buf* b, size_t size) {
-  if (size <= b->cap) return ncclSuccess;
-  /* Grown to what the largest chunk needs, then reused: no allocation, and no
-   * registration with the transport, per chunk. */
-  uint8_t* p = malloc(size);
-  if (p == NULL) {
-    AGOQ_WARN("CollNet: out of memory allocating %zu bytes of staging", size);
-    return ncclSystemError;
-  }
-  void* key = NULL;
-  ncclResult_t res = dev >= 0 ? agoq_net_reg_host(dev, p, size, &key) : ncclSuccess;
-  if (res != ncclSuccess) {
-    free(p);
-    return res;
-  }
-  agoq_coll_buf_free(b);
-  *b = (agoq_coll_buf){.p = p, .cap = size, .key = key};
-  return ncclSuccess;
-}
-
-void agoq_coll_buf_free(agoq_coll_buf* b) {
-  agoq_net_dereg_host(b->key);
-  free(b->p);
-  *b = (agoq_coll_buf){0};
-}
-
-bool agoq_coll_fail(agoq_coll_comm* g, ncclResult_t res) {
-  int expected = ncclSuccess;
-  return atomic_compare_exchange_strong(&g->error, &expected, (int)res);
-}
-
 static agoq_coll_slot* agoq_slot_of(agoq_coll_comm* g, uint64_t seq) { return &g->slots[seq % AGOQ_COLL_SLOTS]; }
-
-/* ---- per-connection queues of pending operations ---------------------------------------- */
-
-static agoq_coll_connq* agoq_cq(agoq_coll_comm* g, int peer, int kind) {
-  return &g->cq[peer * AGOQ_CQ_COUNT + kind];
-}
-
-static void agoq_cq_push(agoq_coll_connq* q, const agoq_coll_comm* g, const agoq_coll_slot* s) {
-  /* At most one operation per slot per connection: the ring cannot overflow. */
-  q->slot[(q->head + q->count) % AGOQ_COLL_SLOTS] = (uint8_t)(s - g->slots);
-  q->count++;
-}
-
-static void** agoq_op_req(agoq_coll_slot* s, int kind, int peer) {
-  switch (kind) {
-    case AGOQ_CQ_P1S: return &s->p1s[peer];
-    case AGOQ_CQ_P1R: return &s->p1r[peer];
-    case AGOQ_CQ_P2S: return &s->p2s[peer];
-    default: return &s->p2r[peer];
-  }
-}
 
 /* ---- slot setup -------------------------------------------------------------------------- */
 
@@ -109,34 +57,11 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
   s->post_recvs = s->post_sends = 0;
   s->res_len = 0;
   if (r->kind == AGOQ_COLL_ALLGATHER) return ncclSuccess;
+  if (r->gpu) return agoq_coll_gpu_reserve(g, s);
   return r->quantized ? agoq_coll_quant_reserve(g, s) : agoq_coll_exact_reserve(g, s);
 }
 
 /* ---- posting ----------------------------------------------------------------------------- */
-
-ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
-                                 bool* posted) {
-  void** reqp = agoq_op_req(s, kind, j);
-  int tag = j;
-  void* bufs[1] = {data};
-  size_t sizes[1] = {size};
-  AGOQ_CHECK(agoq_net_irecv(g->recv[kind == AGOQ_CQ_P1R ? 0 : 1][j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
-  *posted = *reqp != NULL;
-  if (*posted) agoq_cq_push(agoq_cq(g, j, kind), g, s);
-  return ncclSuccess;
-}
-
-ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
-                                 size_t size, size_t raw, bool* posted) {
-  void** reqp = agoq_op_req(s, kind, j);
-  AGOQ_CHECK(agoq_net_isend(g->send[kind == AGOQ_CQ_P1S ? 0 : 1][j], (void*)data, size, g->rank, NULL, NULL, reqp));
-  *posted = *reqp != NULL;
-  if (*posted) {
-    agoq_stats_wire(g->st, s->req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, raw, size);
-    agoq_cq_push(agoq_cq(g, j, kind), g, s);
-  }
-  return ncclSuccess;
-}
 
 /* Receives for every peer, then the phase-1 sends; returns with the slot still POSTING
  * when the net core is busy (NULL request), to resume at the same operation. */
@@ -315,10 +240,10 @@ static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
   for (int pi = 0; pi < g->npeers; pi++) {
     int j = g->peers[pi];
     for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
-      agoq_coll_connq* q = agoq_cq(g, j, kind);
+      agoq_coll_connq* q = agoq_coll_cq(g, j, kind);
       while (q->count > 0) {
         agoq_coll_slot* s = &g->slots[q->slot[q->head]];
-        void** reqp = agoq_op_req(s, kind, j);
+        void** reqp = agoq_coll_op_req(s, kind, j);
         int done = 0, size = 0;
         ncclResult_t res = agoq_net_test(*reqp, &done, &size);
         if (res != ncclSuccess) {
@@ -465,7 +390,7 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   for (int pi = 0; pi < g->npeers; pi++) {
     int j = g->peers[pi];
     for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
-      if (agoq_cq(g, j, kind)->count == 0) continue;
+      if (agoq_coll_cq(g, j, kind)->count == 0) continue;
       void* comm = kind == AGOQ_CQ_P1S ? g->send[0][j]
                    : kind == AGOQ_CQ_P2S ? g->send[1][j]
                    : kind == AGOQ_CQ_P1R ? g->recv[0][j]

@@ -150,7 +150,12 @@ bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool 
   return true;
 }
 
-ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_slot_bufs* need) {
+ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_req* r = s->req;
+  agoq_coll_slot_bufs need_bufs;
+  const agoq_coll_slot_bufs* need = &need_bufs;
+  /* The host path's frame layout (agoq_coll_quant_reserve's), in the pinned frames. */
+  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), s->sl, s->s_off, s->g_off, &s->r_stride, &need_bufs);
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   if (need->sbuf.cap > gs->pinned.sbuf.cap || need->rbuf.cap > gs->pinned.rbuf.cap ||
       need->gbuf.cap > gs->pinned.gbuf.cap || need->res.cap > gs->pinned.res.cap || need->acc.cap > gs->dacc.cap) {

@@ -21,8 +21,6 @@ static struct {
   agoq_coll_comm* groups; /* open groups */
 } agoq_coll_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-int64_t agoq_coll_now_ns(void) { return agoq_stats_clock_ns(); }
-
 static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   AGOQ_CHECK(agoq_params_load());
   cfg->format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);

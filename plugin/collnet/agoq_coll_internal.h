@@ -300,13 +300,9 @@ static inline agoq_coll_path_stats* agoq_coll_req_stats(agoq_coll_comm* g, const
 }
 
 /* ---- agoq_coll_init.c ---- */
-int64_t agoq_coll_now_ns(void);
 void agoq_coll_registry_add(agoq_coll_comm* comm);
 void agoq_coll_registry_remove(agoq_coll_comm* comm);
 
-/* ---- agoq_coll_setup.c ---- */
-/* Closes every net connection of the group (idempotent). */
-void agoq_coll_close_conns(agoq_coll_comm* comm);
 
 /* ---- agoq_coll_engine.c ---- */
 /* Wakes the engine if it sleeps (after a request was queued or stop was set). */
@@ -322,9 +318,17 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* comm);
 /* Stops and joins the engine (idempotent); requests it had not completed fail. */
 void agoq_coll_engine_stop(agoq_coll_comm* comm);
 void agoq_coll_engine_free(agoq_coll_comm* comm);
+
+
+/* ---- agoq_coll_post.c ---- */
+/* Closes every net connection of the group (idempotent). */
+void agoq_coll_close_conns(agoq_coll_comm* comm);
 /* Records the group's first failure; returns true for the caller that set it. */
 bool agoq_coll_fail(agoq_coll_comm* comm, ncclResult_t res);
-
+/* Peer's queue of pending operations of one kind (AGOQ_CQ_*), and slot s's net request of that
+ * kind with peer. */
+agoq_coll_connq* agoq_coll_cq(agoq_coll_comm* g, int peer, int kind);
+void** agoq_coll_op_req(agoq_coll_slot* s, int kind, int peer);
 /* Posts a receive / send of one connection of slot s (kind AGOQ_CQ_*); *posted is false when
  * the net core is busy (NCCL's NULL request), so the caller retries the same operation. */
 ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
@@ -346,7 +350,7 @@ ncclResult_t agoq_coll_grid_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
 /* Moves every chunk it can through the row, column and all-gather stages, in chunk order. */
 ncclResult_t agoq_coll_grid_advance(agoq_coll_comm* g, bool* progressed);
 
-/* ---- agoq_coll_request.c ---- */
+/* ---- agoq_coll_reqpool.c ---- */
 ncclResult_t agoq_coll_pool_init(agoq_coll_comm* comm);
 void agoq_coll_pool_fini(agoq_coll_comm* comm);
 void agoq_coll_req_finish(agoq_coll_req* req, ncclResult_t res);
@@ -394,7 +398,7 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g);
  * device, the path set up); if so r->gpu is set. */
 bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev);
 /* The slot's buffers are the group's pinned ones (sizes as agoq_coll_quant_reserve's). */
-ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_slot_bufs* need);
+ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
 /* Every slice's frame from NCCL's buffer: *ready once they are sealed (POSTING). */
 ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready);
 /* The owner's sum in rank order and its result message: *done once it can be sent. */
@@ -421,6 +425,7 @@ void agoq_coll_reduce_partial(int dtype, int op, const void* const* in, int n, s
 void agoq_coll_reduce_final(int dtype, int op, const void* const* in, int n, size_t m, float* scratch, void* dst);
 
 /* ---- agoq_coll_stats.c ---- */
+int64_t agoq_coll_now_ns(void); /* the stats clock (injectable in tests) */
 /* The group's stats entry (before its engine starts); its lines at close / finalize. */
 ncclResult_t agoq_coll_stats_open(agoq_coll_comm* comm);
 void agoq_coll_stats_print(agoq_coll_comm* comm);
@@ -451,7 +456,7 @@ void agoq_coll_dev_release(agoq_coll_comm* g, agoq_coll_req* r);
 /* Close, after the engine stopped: waits for the link's copies, logs and frees it. */
 void agoq_coll_dev_close(agoq_coll_comm* g);
 
-/* ---- buffers ---- */
+/* ---- buffers (agoq_coll_post.c) ---- */
 /* Drops the registrations of the GPU link's memory (before the link goes). */
 void agoq_coll_gpu_unregister(agoq_coll_comm* g);
 /* Grows b to size bytes, registered with the transport of device dev once per growth

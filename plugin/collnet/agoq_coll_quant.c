@@ -49,7 +49,6 @@ ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_req* r = s->req;
   agoq_coll_slot_bufs need;
   agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), s->sl, s->s_off, s->g_off, &s->r_stride, &need);
-  if (r->gpu) return agoq_coll_gpu_reserve(g, s, &need);
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.sbuf, need.sbuf.cap));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.gbuf, need.gbuf.cap));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, need.rbuf.cap));

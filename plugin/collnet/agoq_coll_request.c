@@ -12,32 +12,6 @@
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 
-ncclResult_t agoq_coll_pool_init(agoq_coll_comm* g) {
-  g->reqs = calloc(AGOQ_COLL_MAX_REQUESTS, sizeof *g->reqs);
-  if (g->reqs == NULL) {
-    AGOQ_WARN("out of memory allocating CollNet requests");
-    return ncclSystemError;
-  }
-  for (int i = AGOQ_COLL_MAX_REQUESTS - 1; i >= 0; i--) {
-    g->reqs[i].next = g->free_reqs;
-    g->free_reqs = &g->reqs[i];
-  }
-  return ncclSuccess;
-}
-
-void agoq_coll_pool_fini(agoq_coll_comm* g) {
-  if (g->reqs == NULL) return;
-  /* After the link's destruction: a bounce buffer a failed request kept is no longer read. */
-  for (int i = 0; i < AGOQ_COLL_MAX_REQUESTS; i++) {
-    free(g->reqs[i].flat);
-    agoq_net_dereg_host(g->reqs[i].bounce_key);
-    free(g->reqs[i].bounce);
-  }
-  free(g->reqs);
-  g->reqs = NULL;
-  g->free_reqs = NULL;
-}
-
 static agoq_coll_req* agoq_coll_req_alloc(agoq_coll_comm* g) {
   pthread_mutex_lock(&g->mu);
   agoq_coll_req* r = g->free_reqs;
@@ -62,12 +36,6 @@ static void agoq_coll_req_release(agoq_coll_req* r) {
   r->next = g->free_reqs;
   g->free_reqs = r;
   pthread_mutex_unlock(&g->mu);
-}
-
-void agoq_coll_req_finish(agoq_coll_req* req, ncclResult_t res) {
-  req->error = res;
-  atomic_store_explicit(&req->state, res == ncclSuccess ? AGOQ_COLL_REQ_DONE : AGOQ_COLL_REQ_FAILED,
-                        memory_order_release);
 }
 
 static void agoq_coll_enqueue(agoq_coll_comm* g, agoq_coll_req* r) {

@@ -124,21 +124,6 @@ fail:
   return res;
 }
 
-void agoq_coll_close_conns(agoq_coll_comm* g) {
-  for (int ph = 0; ph < 2; ph++) {
-    for (int p = 0; p < g->nranks; p++) {
-      if (g->send[ph] != NULL && g->send[ph][p] != NULL) {
-        (void)agoq_net_close_send(g->send[ph][p]);
-        g->send[ph][p] = NULL;
-      }
-      if (g->recv[ph] != NULL && g->recv[ph][p] != NULL) {
-        (void)agoq_net_close_recv(g->recv[ph][p]);
-        g->recv[ph][p] = NULL;
-      }
-    }
-  }
-}
-
 static void agoq_coll_comm_free(agoq_coll_comm* g) {
   agoq_coll_close_conns(g);
   for (int ph = 0; ph < 2; ph++) {

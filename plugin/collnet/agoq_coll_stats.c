@@ -7,6 +7,8 @@
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 
+int64_t agoq_coll_now_ns(void) { return agoq_stats_clock_ns(); }
+
 #define AGOQ_COLL_NCCL_STAGED_CALL_MAX AGOQ_NCCL_STAGED_COLLNET_CALL_MAX
 
 ncclResult_t agoq_coll_stats_open(agoq_coll_comm* g) {

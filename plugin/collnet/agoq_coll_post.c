@@ -1,0 +1,106 @@
+/* A group's connections and what goes on them: posting a chunk's receive or send (the net
+ * core's "busy" is NULL: the caller retries the same operation), each connection's queue of
+ * pending operations in posting order (the engine tests the oldest first), the group's first
+ * failure, closing every connection; and the staging buffers every path grows and reuses.
+ * Used by the mesh (agoq_coll_engine.c), the grid (agoq_coll_grid.c), setup and the device
+ * path alike; it calls nothing of theirs, so none of them call each other through it. */
+#include <stdlib.h>
+
+#include "collnet/agoq_coll_internal.h"
+#include "core/agoq_check.h"
+#include "net/agoq_net.h"
+
+ncclResult_t agoq_coll_buf_reserve(int dev, agoq_coll_buf* b, size_t size) {
+  if (size <= b->cap) return ncclSuccess;
+  /* Grown to what the largest chunk needs, then reused: no allocation, and no
+   * registration with the transport, per chunk. */
+  uint8_t* p = malloc(size);
+  if (p == NULL) {
+    AGOQ_WARN("CollNet: out of memory allocating %zu bytes of staging", size);
+    return ncclSystemError;
+  }
+  void* key = NULL;
+  ncclResult_t res = dev >= 0 ? agoq_net_reg_host(dev, p, size, &key) : ncclSuccess;
+  if (res != ncclSuccess) {
+    free(p);
+    return res;
+  }
+  agoq_coll_buf_free(b);
+  *b = (agoq_coll_buf){.p = p, .cap = size, .key = key};
+  return ncclSuccess;
+}
+
+void agoq_coll_buf_free(agoq_coll_buf* b) {
+  agoq_net_dereg_host(b->key);
+  free(b->p);
+  *b = (agoq_coll_buf){0};
+}
+
+/* ---- per-connection queues of pending operations ---------------------------------------- */
+
+agoq_coll_connq* agoq_coll_cq(agoq_coll_comm* g, int peer, int kind) {
+  return &g->cq[peer * AGOQ_CQ_COUNT + kind];
+}
+
+static void agoq_cq_push(agoq_coll_connq* q, const agoq_coll_comm* g, const agoq_coll_slot* s) {
+  /* At most one operation per slot per connection: the ring cannot overflow. */
+  q->slot[(q->head + q->count) % AGOQ_COLL_SLOTS] = (uint8_t)(s - g->slots);
+  q->count++;
+}
+
+void** agoq_coll_op_req(agoq_coll_slot* s, int kind, int peer) {
+  switch (kind) {
+    case AGOQ_CQ_P1S: return &s->p1s[peer];
+    case AGOQ_CQ_P1R: return &s->p1r[peer];
+    case AGOQ_CQ_P2S: return &s->p2s[peer];
+    default: return &s->p2r[peer];
+  }
+}
+
+ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                 bool* posted) {
+  void** reqp = agoq_coll_op_req(s, kind, j);
+  int tag = j;
+  void* bufs[1] = {data};
+  size_t sizes[1] = {size};
+  AGOQ_CHECK(agoq_net_irecv(g->recv[kind == AGOQ_CQ_P1R ? 0 : 1][j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
+  *posted = *reqp != NULL;
+  if (*posted) agoq_cq_push(agoq_coll_cq(g, j, kind), g, s);
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
+                                 size_t size, size_t raw, bool* posted) {
+  void** reqp = agoq_coll_op_req(s, kind, j);
+  AGOQ_CHECK(agoq_net_isend(g->send[kind == AGOQ_CQ_P1S ? 0 : 1][j], (void*)data, size, g->rank, NULL, NULL, reqp));
+  *posted = *reqp != NULL;
+  if (*posted) {
+    agoq_stats_wire(g->st, s->req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, raw, size);
+    agoq_cq_push(agoq_coll_cq(g, j, kind), g, s);
+  }
+  return ncclSuccess;
+}
+
+
+/* ---- the group's connections and its first failure --------------------------------------- */
+
+bool agoq_coll_fail(agoq_coll_comm* g, ncclResult_t res) {
+  int expected = ncclSuccess;
+  return atomic_compare_exchange_strong(&g->error, &expected, (int)res);
+}
+
+void agoq_coll_close_conns(agoq_coll_comm* g) {
+  for (int ph = 0; ph < 2; ph++) {
+    for (int p = 0; p < g->nranks; p++) {
+      if (g->send[ph] != NULL && g->send[ph][p] != NULL) {
+        (void)agoq_net_close_send(g->send[ph][p]);
+        g->send[ph][p] = NULL;
+      }
+      if (g->recv[ph] != NULL && g->recv[ph][p] != NULL) {
+        (void)agoq_net_close_recv(g->recv[ph][p]);
+        g->recv[ph][p] = NULL;
+      }
+    }
+  }
+}
+
