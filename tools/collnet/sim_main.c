@@ -377,5 +377,25 @@ int main(int argc, char** argv) {
   printf("# bits: %d of %d ranks differ from rank 0; rel_l2 against the fp64 sum %.3e (max abs %.3e, sampled)\n",
          diverged, n, sr > 0 ? sqrt(se / sr) : 0.0, worst);
   free(in);
+  /* Teardown as NCCL does it: memory, groups, listens, contexts. */
+  for (int r = 0; r < n; r++) {
+    sim_rank* k = &ranks[r];
+    agoq_sim_rank = r;
+    agoq_coll_engine_hold(k->comm, false);
+    (void)agoq_coll_dereg_mr(k->comm, k->smh);
+    (void)agoq_coll_dereg_mr(k->comm, k->rmh);
+    (void)agoq_coll_close_coll(k->comm);
+    (void)agoq_coll_close_listen(sa[r].listen);
+    (void)agoq_coll_finalize(ctx[r]);
+    free(k->send);
+    free(k->recv);
+    free(handles[r]);
+  }
+  free(ctx);
+  free(handles);
+  free(sa);
+  free(th);
+  free(ranks);
+  agoq_sim_fini();
   return o.check && (diverged != 0 || bad != 0) ? 1 : 0;
 }

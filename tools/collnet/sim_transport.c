@@ -116,6 +116,28 @@ int agoq_sim_init(int nranks) {
   return sim.cpu_free && sim.tx_free && sim.rx_free && sim.st && sim.marked ? 0 : -1;
 }
 
+void agoq_sim_fini(void) {
+  pthread_mutex_lock(&sim.mu);
+  for (int i = 0; i < sim.nlistens; i++)
+    if (sim.listens[i] != NULL) {
+      free(sim.listens[i]->pending);
+      free(sim.listens[i]);
+    }
+  free(sim.listens);
+  free(sim.conns);
+  free(sim.heap);
+  free(sim.cpu_free);
+  free(sim.tx_free);
+  free(sim.rx_free);
+  free(sim.st);
+  free(sim.marked);
+  sim.listens = NULL;
+  sim.conns = NULL;
+  sim.heap = NULL;
+  sim.nlistens = sim.nconns = sim.nheap = sim.caplistens = sim.capconns = sim.capheap = 0;
+  pthread_mutex_unlock(&sim.mu);
+}
+
 void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s) {
   pthread_mutex_lock(&sim.mu);
   sim.model = on;

@@ -27,8 +27,10 @@ typedef struct {
   uint64_t conns;                 /* connection ends this rank holds (send and receive) */
 } agoq_sim_rank_stats;
 
-/* Ranks the model tracks (before any connection). */
+/* Ranks the model tracks (before any connection); everything released (after the last
+ * connection closed). */
 int agoq_sim_init(int nranks);
+void agoq_sim_fini(void);
 /* alpha, o in seconds, bytes_per_s per NIC direction; on = false delivers at once. Resets
  * the clock, the NICs and the message counters. */
 void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s);
