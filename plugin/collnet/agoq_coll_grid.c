@@ -329,10 +329,10 @@ static bool agoq_grid_step_runs(const agoq_coll_req* r, int step) {
 }
 
 /* What a step's messages hold. */
-static agoq_gcontent agoq_grid_content(const agoq_coll_req* r, int step) {
+static agoq_gcontent agoq_grid_content(const agoq_coll_comm* g, const agoq_coll_req* r, int step) {
   switch (step) {
     case AGOQ_COLL_ROW_RS: return r->quantized ? AGOQ_GC_IN_FRAMES : AGOQ_GC_RAW;
-    case AGOQ_COLL_COL_RS: return AGOQ_GC_PARTIAL;
+    case AGOQ_COLL_COL_RS: return r->quantized && g->cfg.quant_partials ? AGOQ_GC_OUT_FRAMES : AGOQ_GC_PARTIAL;
     default: return r->quantized ? AGOQ_GC_OUT_FRAMES : AGOQ_GC_RAW;
   }
 }
@@ -380,15 +380,15 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   size_t sb = 0, rb = 0, gb = 0, pack = 0;
   for (int st = 0; st < AGOQ_COLL_STEPS; st++) {
     if (!agoq_grid_step_runs(r, st)) continue;
-    agoq_gcontent what = agoq_grid_content(r, st);
+    agoq_gcontent what = agoq_grid_content(g, r, st);
     for (int k = 0; k < p->nmsg[st][0]; k++) {
       const agoq_gmsg* m = &p->msg[st][0][k];
       size_t elems, cap = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, &elems);
       if (elems == 0) continue;
       if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS) s->pend_p1s++;
       else s->pend_p2s++;
-      if (st == AGOQ_COLL_ROW_RS) {
-        s->s_off[m->peer] = sb;
+      if (st == AGOQ_COLL_ROW_RS || (st == AGOQ_COLL_COL_RS && what == AGOQ_GC_OUT_FRAMES)) {
+        s->s_off[m->peer] = sb; /* row and column peers are distinct ranks */
         s->s_len[m->peer] = 0;
         sb += agoq_grid_align16(cap);
       }
@@ -418,7 +418,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
     s->s_off[me] = sb;
     sb += agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_IN_FRAMES, NULL);
   }
-  if (agoq_grid_has_ag(r)) pack = agoq_gmsg_size(g, s, p->mine, p->ncols, agoq_grid_content(r, AGOQ_COLL_ROW_AG), NULL);
+  if (agoq_grid_has_ag(r)) pack = agoq_gmsg_size(g, s, p->mine, p->ncols, agoq_grid_content(g, r, AGOQ_COLL_ROW_AG), NULL);
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.sbuf, sb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, rb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.gbuf, gb));
@@ -521,7 +521,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     if (st == AGOQ_COLL_STEPS) break;
     if (!agoq_grid_step_runs(r, st)) continue;
     const agoq_gmsg* m = &p->msg[st][1][k];
-    size_t elems, cap = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, agoq_grid_content(r, st), &elems);
+    size_t elems, cap = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, agoq_grid_content(g, r, st), &elems);
     if (elems == 0) continue;
     if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS)
       AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P1R, m->peer, s->rbuf.p + gs->r_off[m->peer], cap, &posted));
@@ -533,7 +533,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     for (; s->post_sends < p->nmsg[AGOQ_COLL_ROW_RS][0]; s->post_sends++) {
       const agoq_gmsg* m = &p->msg[AGOQ_COLL_ROW_RS][0][s->post_sends];
       const agoq_coll_span* sp = agoq_gspans(g, m);
-      size_t elems, first, cap = agoq_gmsg_size(g, s, sp, m->nspans, agoq_grid_content(r, AGOQ_COLL_ROW_RS), &elems);
+      size_t elems, first, cap = agoq_gmsg_size(g, s, sp, m->nspans, agoq_grid_content(g, r, AGOQ_COLL_ROW_RS), &elems);
       if (elems == 0) continue;
       const uint8_t* data;
       size_t len;
@@ -685,23 +685,39 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     int c = p->cols[i], idx = agoq_coll_grid_piece(gr, c, R);
     size_t m = gs->pl[idx];
     if (m == 0) continue;
-    for (int row = 0; row < gr->b; row++) {
-      if (row == R) {
-        g->reduce_in[row] = s->acc.p + gs->aoff[idx] * gs->isz;
-        continue;
-      }
-      int from = agoq_coll_grid_player(gr, row, c);
-      AGOQ_CHECK(agoq_grid_size_check(g, from, (size_t)s->p1r_size[from], m * gs->isz));
-      g->reduce_in[row] = s->rbuf.p + gs->r_off[from];
-    }
     uint8_t* dst = agoq_coll_dst_at(r, gs->pb[idx]);
+    if (r->quantized && g->cfg.quant_partials) {
+      /* The rows' quantized partial sums (this row's exact), summed in fp32 in row order. */
+      const float* own = (const float*)s->acc.p + gs->aoff[idx];
+      for (int row = 0; row < gr->b; row++) {
+        if (row == R) {
+          for (size_t e = 0; e < m; e++) csum[e] = row == 0 ? own[e] : csum[e] + own[e];
+          continue;
+        }
+        int from = agoq_coll_grid_player(gr, row, c);
+        size_t size = (size_t)s->p1r_size[from], off = 0;
+        agoq_gsum_arg a = {.acc = csum, .first = row == 0, .threads = g->codec_threads};
+        AGOQ_CHECK(agoq_gframe_next(g, from, s->rbuf.p + gs->r_off[from], size, &off, true, m, agoq_gsum_step, &a));
+        if (off != size) return agoq_grid_size_check(g, from, size, off);
+      }
+    } else {
+      for (int row = 0; row < gr->b; row++) {
+        if (row == R) {
+          g->reduce_in[row] = s->acc.p + gs->aoff[idx] * gs->isz;
+          continue;
+        }
+        int from = agoq_coll_grid_player(gr, row, c);
+        AGOQ_CHECK(agoq_grid_size_check(g, from, (size_t)s->p1r_size[from], m * gs->isz));
+        g->reduce_in[row] = s->rbuf.p + gs->r_off[from];
+      }
+    }
     if (!r->quantized) {
       agoq_coll_reduce_final(r->dtype, r->op, g->reduce_in, gr->b, m, csum, dst);
       csum += m;
       continue;
     }
     /* fp32 sums in row order; a sum beyond the type's range is Inf, as the mesh gives. */
-    agoq_coll_reduce_exact(ncclFloat32, ncclSum, g->reduce_in, gr->b, m, csum, NULL);
+    if (!g->cfg.quant_partials) agoq_coll_reduce_exact(ncclFloat32, ncclSum, g->reduce_in, gr->b, m, csum, NULL);
     if (r->kind == AGOQ_COLL_REDUCESCATTER) {
       agoq_codec_narrow_fp32(r->codec_dtype, csum, m, dst);
       csum += m;
@@ -777,6 +793,22 @@ static ncclResult_t agoq_grid_ag_pack(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 /* ---- the stages, each in chunk order ---------------------------------------------------------- */
 
+/* AGOQ_COLLNET_PARTIALS=quantized: piece idx of this row's fp32 partial sums as one sealed
+ * frame for `peer`, in its region of sbuf (cap bytes). */
+static ncclResult_t agoq_grid_encode_partial(agoq_coll_comm* g, agoq_coll_slot* s, int idx, int peer, size_t cap) {
+  struct agoq_coll_gslot* gs = s->gs;
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns();
+  agoq_codec_status st = agoq_frame_encode_mt(&p32, (const float*)s->acc.p + gs->aoff[idx], gs->pl[idx], true,
+                                              s->sbuf.p + s->s_off[peer], cap, &s->s_len[peer], g->codec_threads);
+  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->crc_ns, agoq_frame_crc_ns() - crc0);
+  if (st == AGOQ_CODEC_OK) return ncclSuccess;
+  AGOQ_WARN("CollNet: quantizing a partial sum of %zu elements failed: %s", gs->pl[idx], agoq_codec_status_str(st));
+  return ncclInternalError;
+}
+
 /* Posts the sends of `step` from s->post_sends on; *done once all are posted. */
 static ncclResult_t agoq_grid_send_step(agoq_coll_comm* g, agoq_coll_slot* s, int step, bool* done) {
   agoq_coll_req* r = s->req;
@@ -789,13 +821,18 @@ static ncclResult_t agoq_grid_send_step(agoq_coll_comm* g, agoq_coll_slot* s, in
   for (; s->post_sends < p->nmsg[step][0]; s->post_sends++) {
     const agoq_gmsg* m = &p->msg[step][0][s->post_sends];
     const agoq_coll_span* sp = agoq_gspans(g, m);
-    size_t elems, first, len = agoq_gmsg_size(g, s, sp, m->nspans, agoq_grid_content(r, step), &elems);
+    size_t elems, first, len = agoq_gmsg_size(g, s, sp, m->nspans, agoq_grid_content(g, r, step), &elems);
     if (elems == 0) continue;
     const uint8_t* data;
     int idx = agoq_coll_grid_piece(gr, sp[0].col, sp[0].row);
     switch (step) {
       case AGOQ_COLL_COL_RS: /* piece (c, r) of this row's partial sums */
         data = s->acc.p + gs->aoff[idx] * gs->isz;
+        if (agoq_grid_content(g, r, step) == AGOQ_GC_OUT_FRAMES) { /* AGOQ_COLLNET_PARTIALS=quantized */
+          if (s->s_len[m->peer] == 0) AGOQ_CHECK(agoq_grid_encode_partial(g, s, idx, m->peer, len));
+          data = s->sbuf.p + s->s_off[m->peer];
+          len = s->s_len[m->peer];
+        }
         break;
       case AGOQ_COLL_COL_AG: /* this rank's final piece (c, R) */
         if (r->quantized) {

@@ -38,6 +38,7 @@ typedef struct {
   uint64_t min_bytes;
   uint64_t chunk_bytes;
   int grid_a, grid_b; /* AGOQ_COLLNET_GRID: columns and rows; 0 and 0 = automatic */
+  bool quant_partials; /* AGOQ_COLLNET_PARTIALS=quantized: the column reduce-scatter in AGOQ_FORMAT */
   int timeout_s;
   int codec_threads; /* AGOQ_COLLNET_CODEC_THREADS; 0 = the engine resolves it */
   bool assist;       /* AGOQ_COLLNET_ASSIST: test() runs passes of the pipeline */

@@ -27,7 +27,8 @@ static uint64_t agoq_cw_get64(const uint8_t* p) {
 }
 
 /* Settings layout: magic 0, version 4, format 5, block 6, min_bytes 8, chunk_bytes 16,
- * grid columns 24 and rows 26 (0 and 0: automatic), zero 28..31. */
+ * grid columns 24 and rows 26 (0 and 0: automatic), partials 28 (0 fp32, 1 quantized),
+ * zero 29..31. */
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]) {
   memset(out, 0, AGOQ_COLL_SETTINGS_SIZE);
   agoq_cw_put32(out + 0, AGOQ_COLL_HANDLE_MAGIC);
@@ -38,6 +39,7 @@ void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COL
   agoq_cw_put64(out + 16, cfg->chunk_bytes);
   agoq_cw_put16(out + 24, (uint16_t)cfg->grid_a);
   agoq_cw_put16(out + 26, (uint16_t)cfg->grid_b);
+  out[28] = cfg->quant_partials ? 1 : 0;
 }
 
 agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll_settings* out) {
@@ -53,8 +55,8 @@ agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll
       (block & (block - 1)) != 0)
     return AGOQ_COLL_SETTINGS_MALFORMED;
   int grid_a = agoq_cw_get16(in + 24), grid_b = agoq_cw_get16(in + 26);
-  if ((grid_a == 0) != (grid_b == 0)) return AGOQ_COLL_SETTINGS_MALFORMED;
-  for (int i = 28; i < AGOQ_COLL_SETTINGS_SIZE; i++)
+  if ((grid_a == 0) != (grid_b == 0) || in[28] > 1) return AGOQ_COLL_SETTINGS_MALFORMED;
+  for (int i = 29; i < AGOQ_COLL_SETTINGS_SIZE; i++)
     if (in[i] != 0) return AGOQ_COLL_SETTINGS_MALFORMED;
   out->format = (agoq_format)in[5];
   out->block = block;
@@ -62,6 +64,7 @@ agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll
   out->chunk_bytes = agoq_cw_get64(in + 16);
   out->grid_a = grid_a;
   out->grid_b = grid_b;
+  out->quant_partials = in[28] == 1;
   return AGOQ_COLL_SETTINGS_OK;
 }
 
@@ -103,13 +106,14 @@ static void agoq_cw_append(char* buf, size_t len, size_t* used, const char* fmt,
   if (n > 0) *used += (size_t)n;
 }
 
-enum { AGOQ_CW_NVARS = 5, AGOQ_CW_VALUE_MAX = 48 };
+enum { AGOQ_CW_NVARS = 6, AGOQ_CW_VALUE_MAX = 48 };
 
 /* The variables one side has, as "AGOQ_X=v and AGOQ_Y=w", for the differing ones only. */
 static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW_NVARS], char* buf, size_t len,
                          size_t* used) {
   static const char* const names[AGOQ_CW_NVARS] = {"AGOQ_FORMAT", "AGOQ_BLOCK", "AGOQ_MIN_BYTES",
-                                                   "AGOQ_COLLNET_CHUNK", "AGOQ_COLLNET_GRID"};
+                                                   "AGOQ_COLLNET_CHUNK", "AGOQ_COLLNET_GRID",
+                                                   "AGOQ_COLLNET_PARTIALS"};
   bool first = true;
   for (int v = 0; v < AGOQ_CW_NVARS; v++) {
     if (!differs[v]) continue;
@@ -119,7 +123,8 @@ static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW
       case 1: snprintf(value, sizeof value, "%u", (unsigned)s->block); break;
       case 2: agoq_cw_size_text(s->min_bytes, value, sizeof value); break;
       case 3: agoq_cw_size_text(s->chunk_bytes, value, sizeof value); break;
-      default: agoq_coll_grid_text(s->grid_a, s->grid_b, value, sizeof value); break;
+      case 4: agoq_coll_grid_text(s->grid_a, s->grid_b, value, sizeof value); break;
+      default: snprintf(value, sizeof value, "%s", s->quant_partials ? "quantized" : "fp32"); break;
     }
     agoq_cw_append(buf, len, used, "%s%s=%s", first ? "" : " and ", names[v], value);
     first = false;
@@ -131,7 +136,8 @@ int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank
   if (len > 0) buf[0] = '\0';
   bool differs[AGOQ_CW_NVARS] = {theirs->format != mine->format, theirs->block != mine->block,
                                  theirs->min_bytes != mine->min_bytes, theirs->chunk_bytes != mine->chunk_bytes,
-                                 theirs->grid_a != mine->grid_a || theirs->grid_b != mine->grid_b};
+                                 theirs->grid_a != mine->grid_a || theirs->grid_b != mine->grid_b,
+                                 theirs->quant_partials != mine->quant_partials};
   int n = 0;
   for (int v = 0; v < AGOQ_CW_NVARS; v++) n += differs[v];
   if (n == 0 || len == 0) return n;

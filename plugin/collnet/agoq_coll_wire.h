@@ -20,7 +20,8 @@
 #include "collnet/agoq_coll_internal.h"
 
 #define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
-/* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27. A version-1 peer names both versions. */
+/* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27 and AGOQ_COLLNET_PARTIALS at 28. A
+ * version-1 peer names both versions. */
 #define AGOQ_COLL_HANDLE_VERSION 2
 #define AGOQ_COLL_HANDLE_OFFSET 64
 #define AGOQ_COLL_SETTINGS_SIZE 32
@@ -52,6 +53,7 @@ typedef struct {
   uint64_t min_bytes;
   uint64_t chunk_bytes;
   int grid_a, grid_b; /* 0 and 0: automatic */
+  bool quant_partials;
 } agoq_coll_settings;
 
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]);

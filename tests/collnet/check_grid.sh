@@ -3,7 +3,8 @@
 # rank the same bits, within the mesh's error, for every call kind and path: an exact grid
 # (6 = 3x2), ragged ones (7 = 3x3: one rank plays a whole last row; 7 = 4x2: a last row of
 # 3, one rank playing two columns), quantized and exact, all-reduce, reduce-scatter and
-# all-gather, float and integer types, Sum and Prod. agoq-perf checks every size against an
+# all-gather, float and integer types, Sum, Prod and Max, the column reduce-scatter in fp32
+# and quantized (AGOQ_COLLNET_PARTIALS). agoq-perf checks every size against an
 # fp64 reference and compares every rank's result bits (--max-diverged 0). A grid that does
 # not hold the group is refused at creation, naming it.
 # usage: check_grid.sh AGOQ_PERF LIB
@@ -35,6 +36,21 @@ for shape in "6 3x2" "7 3x3" "7 4x2"; do
   run "$1" "$2" 0.001 reducescatter -d fp16 --format none
   run "$1" "$2" 0 allgather -d int8 --format none
 done
+# AGOQ_COLLNET_PARTIALS=quantized: the column reduce-scatter in int8 too (one more
+# quantization per row's partial sum: about 1.2x the error, docs/design-collnet.md).
+export AGOQ_COLLNET_PARTIALS=quantized
+run 7 3x3 0.014 reducescatter -d fp32 --format int8
+run 7 4x2 1e-6 allreduce -d fp32 --format none
+run 6 3x2 0.014 allreduce -d bf16 --format int8
+# ... and fewer bytes on the wire: on 3x2, bf16, int8 the fp32 partials make 0.666 of the
+# input's bytes per rank, quantized ones about 0.52.
+wire=$(awk '$1 ~ /^[0-9]+$/ && NF > 8 {print $8; exit}' "$out")
+if awk -v w="${wire:-1}" 'BEGIN { exit !(w < 0.6) }'; then
+  echo "ok   quantized partials: wire $wire"
+else
+  echo "FAIL: quantized partials put $wire of the input's bytes on the wire (expected below 0.6)"; fails=$((fails + 1))
+fi
+unset AGOQ_COLLNET_PARTIALS
 # 5 x 1 does not hold 6 ranks: every rank refuses it by name, nothing hangs.
 if AGOQ_COLLNET_GRID=5x1 "$perf" allreduce -N 6 -b 64K -e 64K --iters 1 -w 0 --lib "$lib" > "$out" 2>&1; then
   cat "$out"; echo "FAIL: a 5x1 grid formed a group of 6"; fails=$((fails + 1))

@@ -52,6 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       back.chunk_bytes = theirs.chunk_bytes;
       back.grid_a = theirs.grid_a;
       back.grid_b = theirs.grid_b;
+      back.quant_partials = theirs.quant_partials;
       uint8_t again[AGOQ_COLL_SETTINGS_SIZE];
       agoq_coll_settings_encode(&back, again);
       if (memcmp(again, in, AGOQ_COLL_SETTINGS_SIZE) != 0) abort();
@@ -60,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       char* msg = malloc(len ? len : 1);
       if (msg == NULL) break;
       int n = agoq_coll_settings_describe(&theirs, nranks - 1, &ours, me, msg, len);
-      if ((n > 0) != (st == AGOQ_COLL_SETTINGS_MISMATCH) || n > 5) abort();
+      if ((n > 0) != (st == AGOQ_COLL_SETTINGS_MISMATCH) || n > 6) abort();
       if (len > 0 && strlen(msg) >= len) abort();
       if (n > 0 && len == 512 && strstr(msg, "AGOQ_") == NULL) abort();
       free(msg);

@@ -87,7 +87,10 @@ static void test_settings_refused_by_kind(void** state) {
     b[7] = (uint8_t)(bad_blocks[i] >> 8);
     assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
   }
-  for (int i = 28; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
+  memcpy(b, mine, sizeof b);
+  b[28] = 2; /* AGOQ_COLLNET_PARTIALS has two values */
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
+  for (int i = 29; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
     memcpy(b, mine, sizeof b);
     b[i] = 1;
     assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
@@ -127,6 +130,16 @@ static void test_settings_grid(void** state) {
   assert_int_equal(agoq_coll_settings_describe(&sg, 5, &sa, 0, msg, sizeof msg), 1);
   assert_string_equal(msg, "CollNet group: rank 5 has AGOQ_COLLNET_GRID=65535x3, this rank (0) has "
                            "AGOQ_COLLNET_GRID=auto; every rank must use the same value");
+  /* AGOQ_COLLNET_PARTIALS travels at byte 28. */
+  c.quant_partials = true;
+  uint8_t qb[AGOQ_COLL_SETTINGS_SIZE];
+  agoq_coll_settings_encode(&c, qb);
+  agoq_coll_settings sq;
+  assert_int_equal(agoq_coll_settings_decode(qb, &sq), AGOQ_COLL_SETTINGS_OK);
+  assert_true(sq.quant_partials);
+  assert_int_equal(agoq_coll_settings_describe(&sq, 2, &sg, 1, msg, sizeof msg), 1);
+  assert_string_equal(msg, "CollNet group: rank 2 has AGOQ_COLLNET_PARTIALS=quantized, this rank (1) has "
+                           "AGOQ_COLLNET_PARTIALS=fp32; every rank must use the same value");
 }
 
 static void test_describe_one_variable(void** state) {

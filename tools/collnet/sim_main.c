@@ -276,10 +276,6 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (getenv("AGOQ_SIM_HEAP") != NULL) {
-    struct mallinfo2 m0 = mallinfo2();
-    fprintf(stderr, "heap after init and listen: %.1f MB\n", (double)(m0.uordblks + m0.hblkhd) / 1e6);
-  }
   double t0 = sim_wall();
   pthread_attr_t attr;
   pthread_attr_init(&attr);
