@@ -37,10 +37,11 @@ static agoq_coll_slot* agoq_slot_of(agoq_coll_comm* g, uint64_t seq) { return &g
 /* ---- slot setup -------------------------------------------------------------------------- */
 
 static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c) {
-  if (agoq_coll_on_grid(g)) return agoq_coll_grid_slot_setup(g, s, r, c);
-  int n = g->nranks, me = g->rank;
   s->req = r;
   s->seq = g->next_seq;
+  s->post_recvs = s->post_sends = 0;
+  if (agoq_coll_on_grid(g)) return agoq_coll_grid_slot_setup(g, s, r, c);
+  int n = g->nranks, me = g->rank;
   agoq_coll_chunk_layout(r, c, n, s->sb, s->sl);
   size_t m = s->sl[me];
   bool p1 = agoq_coll_has_p1(r), p2 = agoq_coll_has_p2(r);
@@ -54,7 +55,6 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
     s->s_len[j] = 0;
   }
   s->s_len[me] = 0;
-  s->post_recvs = s->post_sends = 0;
   s->res_len = 0;
   if (r->kind == AGOQ_COLL_ALLGATHER) return ncclSuccess;
   if (r->gpu) return agoq_coll_gpu_reserve(g, s);
@@ -214,7 +214,6 @@ static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
 /* ---- completions --------------------------------------------------------------------------- */
 
 static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size) {
-  if (agoq_coll_on_grid(g)) return agoq_coll_grid_complete(g, s, kind, j, size);
   agoq_coll_req* r = s->req;
   switch (kind) {
     case AGOQ_CQ_P1S: s->pend_p1s--; return ncclSuccess;
@@ -222,10 +221,11 @@ static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
     case AGOQ_CQ_P1R:
       s->p1r_size[j] = size;
       s->pend_p1r--;
-      return ncclSuccess;
+      return agoq_coll_on_grid(g) ? agoq_coll_grid_received(g, s, kind, j, size) : ncclSuccess;
     default: break;
   }
   s->pend_p2r--;
+  if (agoq_coll_on_grid(g)) return agoq_coll_grid_received(g, s, kind, j, size);
   if (r->gpu) return agoq_coll_gpu_decode(g, s, j, size);
   if (r->quantized) return agoq_coll_quant_decode(g, s, j, size);
   if ((size_t)size == s->sl[j] * r->esz) return ncclSuccess;

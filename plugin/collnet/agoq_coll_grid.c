@@ -62,6 +62,11 @@ struct agoq_coll_gslot {
   int* p2r_size;     /* peer -> bytes of its phase-2 message */
   size_t* foff;      /* column index -> this rank's final frame of (column, its row) in res */
   size_t* flen;
+  /* Each planned message's elements and bytes at most in this chunk ([step][0 send, 1
+   * receive][index in the plan]; 0 elements: no message), computed once at setup. */
+  size_t* melems[AGOQ_COLL_STEPS][2];
+  size_t* mcap[AGOQ_COLL_STEPS][2];
+  size_t mine_elems; /* elements of this rank's pieces (its columns, every row) */
   size_t own_len;    /* quantized: this rank's own frames, packed at sbuf + s_off[me] */
   size_t pack_len;   /* the row all-gather message in pack */
   size_t isz;        /* bytes of one partial sum: fp32, or the type itself */
@@ -342,8 +347,6 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   const struct agoq_coll_gplan* p = g->plan;
   const agoq_coll_grid* gr = &g->grid;
   int n = g->nranks, me = g->rank, R = agoq_coll_grid_row(gr, me), P = agoq_coll_grid_pieces(gr);
-  s->req = r;
-  s->seq = g->next_seq;
   if (r->kind == AGOQ_COLL_ALLREDUCE) {
     agoq_coll_chunk_layout(r, c, P, gs->pb, gs->pl);
   } else {
@@ -359,7 +362,6 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   gs->pend_rowr = gs->pend_colr = gs->pend_colg = 0;
   gs->row_done = gs->col_done = gs->ag_done = false;
   gs->own_len = gs->pack_len = 0;
-  s->post_recvs = s->post_sends = 0;
   /* This rank's pieces: offsets in acc, and its final pieces' places in res and csum. */
   size_t acc_elems = 0, fin_elems = 0, res_cap = 0;
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
@@ -379,11 +381,18 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
    * frames at s_off[me]), phase-1 receives in rbuf (r_off), phase-2 receives in gbuf (g_off). */
   size_t sb = 0, rb = 0, gb = 0, pack = 0;
   for (int st = 0; st < AGOQ_COLL_STEPS; st++) {
-    if (!agoq_grid_step_runs(r, st)) continue;
+    bool runs = agoq_grid_step_runs(r, st);
     agoq_gcontent what = agoq_grid_content(g, r, st);
+    for (int d = 0; d < 2; d++)
+      for (int k = 0; k < p->nmsg[st][d]; k++) {
+        const agoq_gmsg* m = &p->msg[st][d][k];
+        gs->melems[st][d][k] = 0;
+        gs->mcap[st][d][k] = runs ? agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, &gs->melems[st][d][k]) : 0;
+      }
+    if (!runs) continue;
     for (int k = 0; k < p->nmsg[st][0]; k++) {
       const agoq_gmsg* m = &p->msg[st][0][k];
-      size_t elems, cap = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, &elems);
+      size_t elems = gs->melems[st][0][k], cap = gs->mcap[st][0][k];
       if (elems == 0) continue;
       if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS) s->pend_p1s++;
       else s->pend_p2s++;
@@ -395,7 +404,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
     }
     for (int k = 0; k < p->nmsg[st][1]; k++) {
       const agoq_gmsg* m = &p->msg[st][1][k];
-      size_t elems, first, cap = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, &elems);
+      size_t elems = gs->melems[st][1][k], cap = gs->mcap[st][1][k], first;
       if (elems == 0) continue;
       switch (st) {
         case AGOQ_COLL_ROW_RS: s->pend_p1r++; gs->pend_rowr++; break;
@@ -414,6 +423,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       }
     }
   }
+  (void)agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_RAW, &gs->mine_elems);
   if (agoq_grid_has_rs(r) && r->quantized) {
     s->s_off[me] = sb;
     sb += agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_IN_FRAMES, NULL);
@@ -519,10 +529,9 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     int k = s->post_recvs, st = 0;
     while (st < AGOQ_COLL_STEPS && k >= p->nmsg[st][1]) k -= p->nmsg[st][1], st++;
     if (st == AGOQ_COLL_STEPS) break;
-    if (!agoq_grid_step_runs(r, st)) continue;
     const agoq_gmsg* m = &p->msg[st][1][k];
-    size_t elems, cap = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, agoq_grid_content(g, r, st), &elems);
-    if (elems == 0) continue;
+    size_t cap = gs->mcap[st][1][k];
+    if (gs->melems[st][1][k] == 0) continue; /* none this chunk, or a step this call has not */
     if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS)
       AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P1R, m->peer, s->rbuf.p + gs->r_off[m->peer], cap, &posted));
     else
@@ -533,7 +542,8 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     for (; s->post_sends < p->nmsg[AGOQ_COLL_ROW_RS][0]; s->post_sends++) {
       const agoq_gmsg* m = &p->msg[AGOQ_COLL_ROW_RS][0][s->post_sends];
       const agoq_coll_span* sp = agoq_gspans(g, m);
-      size_t elems, first, cap = agoq_gmsg_size(g, s, sp, m->nspans, agoq_grid_content(g, r, AGOQ_COLL_ROW_RS), &elems);
+      size_t elems = gs->melems[AGOQ_COLL_ROW_RS][0][s->post_sends], cap = gs->mcap[AGOQ_COLL_ROW_RS][0][s->post_sends],
+             first;
       if (elems == 0) continue;
       const uint8_t* data;
       size_t len;
@@ -556,10 +566,9 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
       if (!posted) return ncclSuccess;
     }
     /* This rank's own columns, quantized like every contribution, never sent. */
-    if (r->quantized && gs->own_len == 0) {
-      size_t cap = agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_IN_FRAMES, NULL);
-      AGOQ_CHECK(agoq_grid_encode(g, s, p->mine, p->ncols, false, s->sbuf.p + s->s_off[g->rank], cap, &gs->own_len));
-    }
+    if (r->quantized && gs->own_len == 0)
+      AGOQ_CHECK(agoq_grid_encode(g, s, p->mine, p->ncols, false, s->sbuf.p + s->s_off[g->rank],
+                                  s->sbuf.cap - s->s_off[g->rank], &gs->own_len));
   }
   s->stage = agoq_grid_has_rs(r) ? AGOQ_SLOT_G_ROW : AGOQ_SLOT_G_COL;
   s->post_sends = 0;
@@ -568,32 +577,25 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 /* ---- completions -------------------------------------------------------------------------------- */
 
-ncclResult_t agoq_coll_grid_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size) {
+ncclResult_t agoq_coll_grid_received(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size) {
   struct agoq_coll_gslot* gs = s->gs;
   const struct agoq_coll_gplan* p = g->plan;
   agoq_coll_req* r = s->req;
-  switch (kind) {
-    case AGOQ_CQ_P1S: s->pend_p1s--; return ncclSuccess;
-    case AGOQ_CQ_P2S: s->pend_p2s--; return ncclSuccess;
-    case AGOQ_CQ_P1R:
-      s->p1r_size[j] = size;
-      s->pend_p1r--;
-      if (p->row_peer[j]) gs->pend_rowr--;
-      else gs->pend_colr--;
-      return ncclSuccess;
-    default: break;
+  if (kind == AGOQ_CQ_P1R) {
+    if (p->row_peer[j]) gs->pend_rowr--;
+    else gs->pend_colr--;
+    return ncclSuccess;
   }
-  s->pend_p2r--;
   gs->p2r_size[j] = size;
-  if (!p->row_peer[j]) {
-    gs->pend_colg--;
-    if (r->quantized) return ncclSuccess; /* decoded in order, at the row all-gather */
-    const agoq_gmsg* m = &p->msg[AGOQ_COLL_COL_AG][1][p->msg_of[AGOQ_COLL_COL_AG][1][j]];
-    size_t want = agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, AGOQ_GC_RAW, NULL);
-    return agoq_grid_size_check(g, j, (size_t)size, want);
+  int st = p->row_peer[j] ? AGOQ_COLL_ROW_AG : AGOQ_COLL_COL_AG, k = p->msg_of[st][1][j];
+  /* Exact: the bytes the layout gives (a quantized message's frames are checked as read). */
+  if (!r->quantized) AGOQ_CHECK(agoq_grid_size_check(g, j, (size_t)size, gs->mcap[st][1][k]));
+  if (st == AGOQ_COLL_COL_AG) {
+    gs->pend_colg--; /* quantized: decoded in order, at the row all-gather */
+    return ncclSuccess;
   }
   /* A row peer's final pieces: into place now. */
-  const agoq_gmsg* m = &p->msg[AGOQ_COLL_ROW_AG][1][p->msg_of[AGOQ_COLL_ROW_AG][1][j]];
+  const agoq_gmsg* m = &p->msg[st][1][k];
   const agoq_coll_span* sp = agoq_gspans(g, m);
   if (r->quantized) {
     int64_t t0 = agoq_coll_now_ns();
@@ -603,8 +605,7 @@ ncclResult_t agoq_coll_grid_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
     agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
     return res;
   }
-  size_t first, want = agoq_gmsg_size(g, s, sp, m->nspans, AGOQ_GC_RAW, NULL);
-  AGOQ_CHECK(agoq_grid_size_check(g, j, (size_t)size, want));
+  size_t first;
   if (!agoq_gmsg_contig(s, &g->grid, sp, m->nspans, &first)) agoq_grid_unpack_raw(g, s, sp, m->nspans, s->gbuf.p + s->g_off[j]);
   return ncclSuccess;
 }
@@ -618,9 +619,7 @@ static ncclResult_t agoq_grid_row_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   const struct agoq_coll_gplan* p = g->plan;
   const agoq_coll_grid* gr = &g->grid;
   int me = g->rank;
-  size_t mine;
-  (void)agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_RAW, &mine);
-  if (mine == 0) return ncclSuccess; /* no piece here in this chunk: no message came either */
+  if (gs->mine_elems == 0) return ncclSuccess; /* no piece here in this chunk: no message came either */
   if (r->quantized) {
     for (int q = p->row_first; q < p->row_first + p->row_len; q++) {
       bool own = q == me;
@@ -642,9 +641,9 @@ static ncclResult_t agoq_grid_row_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     return ncclSuccess;
   }
   /* Exact: each piece's row inputs, in rank order. */
-  size_t want = agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_RAW, NULL);
+  size_t want = gs->mine_elems * r->esz;
   for (int q = p->row_first; q < p->row_first + p->row_len; q++)
-    if (q != me && want > 0) AGOQ_CHECK(agoq_grid_size_check(g, q, (size_t)s->p1r_size[q], want));
+    if (q != me) AGOQ_CHECK(agoq_grid_size_check(g, q, (size_t)s->p1r_size[q], want));
   agoq_piece_it it = agoq_pieces(p->mine, p->ncols);
   size_t at = 0;
   int idx;
@@ -756,9 +755,7 @@ static ncclResult_t agoq_grid_ag_pack(agoq_coll_comm* g, agoq_coll_slot* s) {
   }
   for (int k = 0; k < p->nmsg[AGOQ_COLL_COL_AG][1]; k++) {
     const agoq_gmsg* m = &p->msg[AGOQ_COLL_COL_AG][1][k];
-    size_t elems;
-    (void)agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, AGOQ_GC_OUT_FRAMES, &elems);
-    if (elems == 0) continue;
+    if (gs->melems[AGOQ_COLL_COL_AG][1][k] == 0) continue;
     AGOQ_CHECK(agoq_grid_decode_msg(g, s, m->peer, s->gbuf.p + s->g_off[m->peer], (size_t)gs->p2r_size[m->peer],
                                     agoq_gspans(g, m), m->nspans));
   }
@@ -821,7 +818,7 @@ static ncclResult_t agoq_grid_send_step(agoq_coll_comm* g, agoq_coll_slot* s, in
   for (; s->post_sends < p->nmsg[step][0]; s->post_sends++) {
     const agoq_gmsg* m = &p->msg[step][0][s->post_sends];
     const agoq_coll_span* sp = agoq_gspans(g, m);
-    size_t elems, first, len = agoq_gmsg_size(g, s, sp, m->nspans, agoq_grid_content(g, r, step), &elems);
+    size_t elems = gs->melems[step][0][s->post_sends], len = gs->mcap[step][0][s->post_sends], first;
     if (elems == 0) continue;
     const uint8_t* data;
     int idx = agoq_coll_grid_piece(gr, sp[0].col, sp[0].row);
@@ -951,6 +948,11 @@ static void agoq_gslot_free(struct agoq_coll_gslot* gs) {
   free(gs->p2r_size);
   free(gs->foff);
   free(gs->flen);
+  for (int st = 0; st < AGOQ_COLL_STEPS; st++)
+    for (int d = 0; d < 2; d++) {
+      free(gs->melems[st][d]);
+      free(gs->mcap[st][d]);
+    }
   agoq_coll_buf_free(&gs->csum);
   agoq_coll_buf_free(&gs->pack);
   free(gs);
@@ -971,6 +973,12 @@ ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g) {
     AGOQ_CALLOC_GOTO(gs->p2r_size, n, res, fail);
     AGOQ_CALLOC_GOTO(gs->foff, k, res, fail);
     AGOQ_CALLOC_GOTO(gs->flen, k, res, fail);
+    for (int st = 0; st < AGOQ_COLL_STEPS; st++)
+      for (int d = 0; d < 2; d++) {
+        size_t nm = (size_t)(g->plan->nmsg[st][d] > 0 ? g->plan->nmsg[st][d] : 1);
+        AGOQ_CALLOC_GOTO(gs->melems[st][d], nm, res, fail);
+        AGOQ_CALLOC_GOTO(gs->mcap[st][d], nm, res, fail);
+      }
   }
   return ncclSuccess;
 fail:

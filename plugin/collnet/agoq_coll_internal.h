@@ -346,8 +346,9 @@ void agoq_coll_grid_free(agoq_coll_comm* g);
 ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c);
 /* POSTING: every receive, then the row reduce-scatter's sends. */
 ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s);
-/* A completed operation (kind AGOQ_CQ_*) with peer j, size bytes. */
-ncclResult_t agoq_coll_grid_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size);
+/* A completed receive (AGOQ_CQ_P1R or P2R) from peer j of size bytes, after the engine's
+ * common bookkeeping (pending counts, p1r_size). */
+ncclResult_t agoq_coll_grid_received(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size);
 /* Moves every chunk it can through the row, column and all-gather stages, in chunk order. */
 ncclResult_t agoq_coll_grid_advance(agoq_coll_comm* g, bool* progressed);
 

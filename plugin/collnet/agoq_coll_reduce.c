@@ -171,28 +171,36 @@ size_t agoq_coll_partial_size(int dtype, int op) {
   return agoq_coll_type_size(dtype);
 }
 
-static inline float agoq_coll_widen(int dtype, const void* p, size_t i) {
-  switch (dtype) {
-    case ncclBfloat16: return agoq_bf16_to_fp32(((const uint16_t*)p)[i]);
-    case ncclFloat16: return agoq_fp16_to_fp32(((const uint16_t*)p)[i]);
-    case ncclFloat8e4m3: return agoq_fp8e4m3_to_fp32(((const uint8_t*)p)[i]);
-    default: return agoq_fp8e5m2_to_fp32(((const uint8_t*)p)[i]);
+/* Narrow float inputs widened exactly and combined in fp32 in input order, not rounded:
+ * one typed loop per input, as the narrow reductions above. */
+#define AGOQ_PARTIAL_NARROW(name, T, widen)                                             \
+  static void name(int op, const void* const* in, int n, size_t m, float* restrict acc) { \
+    const T* restrict x0 = in[0];                                                       \
+    for (size_t i = 0; i < m; i++) acc[i] = widen(x0[i]);                               \
+    for (int k = 1; k < n; k++) {                                                       \
+      const T* restrict x = in[k];                                                      \
+      if (op == ncclSum)                                                                \
+        for (size_t i = 0; i < m; i++) acc[i] = acc[i] + widen(x[i]);                   \
+      else                                                                              \
+        for (size_t i = 0; i < m; i++) acc[i] = acc[i] * widen(x[i]);                   \
+    }                                                                                   \
   }
-}
+
+AGOQ_PARTIAL_NARROW(agoq_partial_bf16, uint16_t, agoq_bf16_to_fp32)
+AGOQ_PARTIAL_NARROW(agoq_partial_fp16, uint16_t, agoq_fp16_to_fp32)
+AGOQ_PARTIAL_NARROW(agoq_partial_e4m3, uint8_t, agoq_fp8e4m3_to_fp32)
+AGOQ_PARTIAL_NARROW(agoq_partial_e5m2, uint8_t, agoq_fp8e5m2_to_fp32)
 
 void agoq_coll_reduce_partial(int dtype, int op, const void* const* in, int n, size_t m, void* out) {
   if (agoq_coll_partial_size(dtype, op) == agoq_coll_type_size(dtype)) {
     agoq_coll_reduce_exact(dtype, op, in, n, m, out, NULL);
     return;
   }
-  /* Widened exactly, combined in fp32 in input order, not rounded. */
-  float* restrict acc = out;
-  for (size_t i = 0; i < m; i++) acc[i] = agoq_coll_widen(dtype, in[0], i);
-  for (int k = 1; k < n; k++) {
-    if (op == ncclSum)
-      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + agoq_coll_widen(dtype, in[k], i);
-    else
-      for (size_t i = 0; i < m; i++) acc[i] = acc[i] * agoq_coll_widen(dtype, in[k], i);
+  switch (dtype) {
+    case ncclBfloat16: agoq_partial_bf16(op, in, n, m, out); break;
+    case ncclFloat16: agoq_partial_fp16(op, in, n, m, out); break;
+    case ncclFloat8e4m3: agoq_partial_e4m3(op, in, n, m, out); break;
+    default: agoq_partial_e5m2(op, in, n, m, out); break;
   }
 }
 
@@ -202,13 +210,13 @@ void agoq_coll_reduce_final(int dtype, int op, const void* const* in, int n, siz
     return;
   }
   agoq_coll_reduce_exact(ncclFloat32, op, in, n, m, scratch, NULL);
-  for (size_t i = 0; i < m; i++) {
-    switch (dtype) {
-      case ncclBfloat16: ((uint16_t*)dst)[i] = agoq_fp32_to_bf16(scratch[i]); break;
-      case ncclFloat16: ((uint16_t*)dst)[i] = agoq_fp32_to_fp16(scratch[i]); break;
-      case ncclFloat8e4m3: ((uint8_t*)dst)[i] = agoq_fp32_to_fp8e4m3(scratch[i]); break;
-      default: ((uint8_t*)dst)[i] = agoq_fp32_to_fp8e5m2(scratch[i]); break;
-    }
+  uint16_t* d16 = dst;
+  uint8_t* d8 = dst;
+  switch (dtype) {
+    case ncclBfloat16: for (size_t i = 0; i < m; i++) d16[i] = agoq_fp32_to_bf16(scratch[i]); break;
+    case ncclFloat16: for (size_t i = 0; i < m; i++) d16[i] = agoq_fp32_to_fp16(scratch[i]); break;
+    case ncclFloat8e4m3: for (size_t i = 0; i < m; i++) d8[i] = agoq_fp32_to_fp8e4m3(scratch[i]); break;
+    default: for (size_t i = 0; i < m; i++) d8[i] = agoq_fp32_to_fp8e5m2(scratch[i]); break;
   }
 }
 

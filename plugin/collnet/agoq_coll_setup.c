@@ -14,7 +14,7 @@
 #include "transport/agoq_transport.h"
 
 /* The transport flags of every CollNet connection. INLINE: each message is a slice of one
- * chunk, inline, no data sockets (a group holds 4(n-1) connections; with
+ * chunk, inline, no data sockets (a rank holds four connections per peer; with
  * AGOQ_SOCKET_NSOCKS=4 they took 5 descriptors each). FEW: at most one message per pipeline
  * slot on a connection, so verbs rings of AGOQ_TP_FEW_DEPTH slots, not 256. */
 #define AGOQ_COLL_TP_FLAGS (AGOQ_TP_LISTEN_INLINE | AGOQ_TP_FEW)
@@ -463,10 +463,10 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
   AGOQ_CHECK_GOTO(agoq_coll_check_handles(handles, nranks, rank, lc), res, fail);
   agoq_coll_grid grid;
   {
-    char why[192];
+    char why[192], text[32];
     if (agoq_coll_grid_make(nranks, lc->ctx->cfg.grid_a, lc->ctx->cfg.grid_b, &grid, why, sizeof why) != 0) {
-      AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%dx%d for a group of %d ranks: %s", lc->ctx->cfg.grid_a,
-                lc->ctx->cfg.grid_b, nranks, why);
+      agoq_coll_grid_text(lc->ctx->cfg.grid_a, lc->ctx->cfg.grid_b, text, sizeof text);
+      AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%s for a group of %d ranks: %s", text, nranks, why);
       res = ncclInvalidUsage;
       goto fail;
     }

@@ -212,15 +212,14 @@ int main(int argc, char** argv) {
                 .gbps = {25, 100, 400}, .ngbps = 3};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : "";
-    if (*v == '\0' && strcmp(a, "--check") != 0) sim_usage(prog);
-    i++;
+    if (!strcmp(a, "--check")) { /* the one option without a value */
+      o.check = true;
+      continue;
+    }
+    if (i + 1 >= argc) sim_usage(prog);
+    const char* v = argv[++i];
     if (!strcmp(a, "-N")) o.n = agoq_args_int_or_exit(prog, a, v, 1, AGOQ_COLL_MAX_RANKS);
     else if (!strcmp(a, "--grid")) o.grid = v;
-    else if (!strcmp(a, "--check")) {
-      o.check = true;
-      i--; /* takes no value */
-    }
     else if (!strcmp(a, "-d")) {
       if (perf_dtype_parse(v, &o.dtype) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--format")) o.format = v;
