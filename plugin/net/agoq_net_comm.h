@@ -75,7 +75,7 @@ typedef struct agoq_comm {
    * need no copy (host buffers, GPUDirect ones: agoq_request.ready). */
   agoq_gpu_link* gpu;
   void* gpu_key; /* the link's pinned staging, registered with the transport */
-  uint32_t dev_fifo[AGOQ_REQUESTS_PER_COMM];
+  uint32_t* dev_fifo; /* AGOQ_REQUESTS_PER_COMM pool indices, allocated with the link */
   uint32_t dev_first, dev_count;
   /* Requests holding a bounce buffer (agoq_request.bounce): at most one per connection, so
    * that host memory grows with the connections, not with NCCL's requests in flight; the

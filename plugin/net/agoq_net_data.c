@@ -161,7 +161,9 @@ ncclResult_t agoq_net_isend(void* send_comm, void* data, size_t size, int tag, v
   bool on_device = false;
   err = agoq_dev_is_device(mhandle, data, size, &on_device);
   if (err != ncclSuccess) return err;
-  agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_SEND, comm);
+  agoq_request* req = NULL;
+  err = agoq_request_alloc(&comm->pool, AGOQ_REQ_SEND, comm, &req);
+  if (err != ncclSuccess) return err;
   if (req == NULL) return ncclSuccess; /* all requests busy: NCCL retries */
   req->xfer.n = 1;
   req->n_bufs = 1;
@@ -294,8 +296,10 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
   uint8_t direct_ok = 0;
   for (int i = 0; i < n && mhandles != NULL; i++)
     if ((dev_mask & (1u << i)) && agoq_dev_direct_recv(comm, mhandles[i])) direct_ok |= (uint8_t)(1u << i);
-  agoq_request* req = agoq_request_alloc(&comm->pool, AGOQ_REQ_RECV, comm);
-  if (req == NULL) return ncclSuccess;
+  agoq_request* req = NULL;
+  err = agoq_request_alloc(&comm->pool, AGOQ_REQ_RECV, comm, &req);
+  if (err != ncclSuccess) return err;
+  if (req == NULL) return ncclSuccess; /* all requests busy: NCCL retries */
   req->n_bufs = n;
   req->xfer.n = n;
   for (int i = 0; i < n; i++) {

@@ -101,6 +101,10 @@ ncclResult_t agoq_dev_reg(agoq_comm* comm, void* data, size_t size, agoq_mr* mr)
                                .pool_ops = &agoq_dev_pool_ops};
     /* Also loads every codec kernel on this device (agoq_gpu_codec_load), whatever format a
      * peer sends: none is first launched on the data path. */
+    if (comm->dev_fifo == NULL && (comm->dev_fifo = calloc(AGOQ_REQUESTS_PER_COMM, sizeof *comm->dev_fifo)) == NULL) {
+      AGOQ_WARN("regMr: out of memory for a connection's queue of device sends");
+      return ncclSystemError;
+    }
     AGOQ_CHECK(agoq_gpu_link_create(device, &lc, &comm->gpu));
     /* The staging is what the transport reads and writes: registered once, here. */
     const agoq_gpu_ring* ring = agoq_gpu_link_ring(comm->gpu);
@@ -476,7 +480,7 @@ static ncclResult_t agoq_dev_poll(agoq_comm* comm, const agoq_request* req, bool
 
 ncclResult_t agoq_dev_advance(agoq_comm* comm) {
   while (comm->dev_count > 0) {
-    agoq_request* req = &comm->pool.slots[comm->dev_fifo[comm->dev_first]];
+    agoq_request* req = agoq_request_at(&comm->pool, comm->dev_fifo[comm->dev_first]);
     if (!req->ready) {
       bool done = false;
       AGOQ_CHECK(agoq_dev_poll(comm, req, &done));
@@ -764,20 +768,22 @@ void agoq_dev_close(agoq_comm* comm) {
   /* Requests NCCL never saw complete (an abort): their bounce buffers, now that the
    * transport no longer touches them. */
   for (uint32_t i = 0; i < comm->pool.capacity; i++) {
-    agoq_request* req = &comm->pool.slots[i];
-    if (req->magic == AGOQ_REQUEST_MAGIC && req->bounce_held) agoq_dev_bounce_free(comm, req);
+    agoq_request* req = agoq_request_at(&comm->pool, i);
+    if (req != NULL && req->magic == AGOQ_REQUEST_MAGIC && req->bounce_held) agoq_dev_bounce_free(comm, req);
   }
   /* And their pieces of the GPU's pool, which other connections borrow next: once this
    * link's queued copies are done with them. */
   if (comm->gpu != NULL && agoq_gpu_link_pool(comm->gpu) != NULL) {
     agoq_gpu_link_quiesce(comm->gpu);
     for (uint32_t i = 0; i < comm->pool.capacity; i++) {
-      agoq_request* req = &comm->pool.slots[i];
-      if (req->magic == AGOQ_REQUEST_MAGIC) agoq_dev_release(comm, req);
+      agoq_request* req = agoq_request_at(&comm->pool, i);
+      if (req != NULL && req->magic == AGOQ_REQUEST_MAGIC) agoq_dev_release(comm, req);
     }
   }
   if (comm->gpu_key != NULL) agoq_net_tp->dereg(comm->gpu_key);
   comm->gpu_key = NULL;
   agoq_gpu_link_destroy(comm->gpu);
   comm->gpu = NULL;
+  free(comm->dev_fifo);
+  comm->dev_fifo = NULL;
 }

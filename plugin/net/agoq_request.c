@@ -8,10 +8,14 @@
 ncclResult_t agoq_request_pool_init(agoq_request_pool* pool, uint32_t capacity) {
   ncclResult_t res = ncclSuccess;
   memset(pool, 0, sizeof *pool);
-  AGOQ_CALLOC_GOTO(pool->slots, capacity, res, fail);
+  if (capacity == 0 || capacity > AGOQ_REQUESTS_PER_COMM) {
+    AGOQ_WARN("internal error: a request pool of %u (1 to %d)", capacity, AGOQ_REQUESTS_PER_COMM);
+    return ncclInternalError;
+  }
   AGOQ_CALLOC_GOTO(pool->free_stack, capacity, res, fail);
   pool->capacity = capacity;
-  /* Stack order hands out low indices first, which keeps the hot requests in cache. */
+  /* Stack order hands out low indices first, which keeps the hot requests in cache and
+   * the blocks allocated few. */
   for (uint32_t i = 0; i < capacity; i++) pool->free_stack[i] = capacity - 1 - i;
   pool->free_count = capacity;
   return ncclSuccess;
@@ -21,15 +25,29 @@ fail:
 }
 
 void agoq_request_pool_fini(agoq_request_pool* pool) {
-  free(pool->slots);
+  for (int b = 0; b < AGOQ_REQUEST_BLOCKS_MAX; b++) free(pool->blocks[b]);
   free(pool->free_stack);
   memset(pool, 0, sizeof *pool);
 }
 
-agoq_request* agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind, struct agoq_comm* comm) {
-  if (pool->free_count == 0) return NULL;
-  uint32_t index = pool->free_stack[--pool->free_count];
-  agoq_request* req = &pool->slots[index];
+agoq_request* agoq_request_at(const agoq_request_pool* pool, uint32_t index) {
+  if (index >= pool->capacity) return NULL;
+  agoq_request* block = pool->blocks[index / AGOQ_REQUEST_BLOCK];
+  return block == NULL ? NULL : &block[index % AGOQ_REQUEST_BLOCK];
+}
+
+ncclResult_t agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind, struct agoq_comm* comm,
+                                agoq_request** out) {
+  *out = NULL;
+  if (pool->free_count == 0) return ncclSuccess;
+  uint32_t index = pool->free_stack[pool->free_count - 1];
+  agoq_request** block = &pool->blocks[index / AGOQ_REQUEST_BLOCK];
+  if (*block == NULL && (*block = calloc(AGOQ_REQUEST_BLOCK, sizeof **block)) == NULL) {
+    AGOQ_WARN("out of memory allocating %d requests of %zu bytes", AGOQ_REQUEST_BLOCK, sizeof **block);
+    return ncclSystemError;
+  }
+  pool->free_count--;
+  agoq_request* req = &(*block)[index % AGOQ_REQUEST_BLOCK];
   memset(req, 0, sizeof *req);
   req->pool_index = index;
   req->magic = AGOQ_REQUEST_MAGIC;
@@ -43,7 +61,8 @@ agoq_request* agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind
   req->ring_id = -1;
   req->pool_piece.chunk = -1;
   req->piece_buf = -1;
-  return req;
+  *out = req;
+  return ncclSuccess;
 }
 
 void agoq_request_release(agoq_request_pool* pool, agoq_request* req) {
@@ -55,7 +74,13 @@ void agoq_request_release(agoq_request_pool* pool, agoq_request* req) {
 uint32_t agoq_request_in_use(const agoq_request_pool* pool) { return pool->capacity - pool->free_count; }
 
 bool agoq_request_valid(const agoq_request_pool* pool, const agoq_request* req) {
-  if (req < pool->slots || req >= pool->slots + pool->capacity) return false;
-  if ((size_t)((const char*)req - (const char*)pool->slots) % sizeof *req != 0) return false;
-  return req->magic == AGOQ_REQUEST_MAGIC && req->kind != AGOQ_REQ_FREE;
+  /* Which block, if any, holds the pointer NCCL handed back: at most 64 compares, on
+   * pointers only (a foreign pointer is never dereferenced). */
+  for (int b = 0; b < AGOQ_REQUEST_BLOCKS_MAX; b++) {
+    const agoq_request* base = pool->blocks[b];
+    if (base == NULL || req < base || req >= base + AGOQ_REQUEST_BLOCK) continue;
+    if ((size_t)((const char*)req - (const char*)base) % sizeof *req != 0) return false;
+    return req->magic == AGOQ_REQUEST_MAGIC && req->kind != AGOQ_REQ_FREE;
+  }
+  return false;
 }

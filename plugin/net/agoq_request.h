@@ -93,17 +93,28 @@ typedef struct agoq_request {
 
 #define AGOQ_REQUEST_MAGIC 0x52514741u
 
+/* Requests are allocated in blocks as the pool first hands out their indices: a request is
+ * about 1 KB, NCCL's contract sizes a pool at 256, and most connections keep a few in
+ * flight (a CollNet group's at most AGOQ_COLL_SLOTS on each of thousands of connections). */
+#define AGOQ_REQUEST_BLOCK 4
+#define AGOQ_REQUEST_BLOCKS_MAX (AGOQ_REQUESTS_PER_COMM / AGOQ_REQUEST_BLOCK)
+
 typedef struct {
-  agoq_request* slots;
+  agoq_request* blocks[AGOQ_REQUEST_BLOCKS_MAX]; /* NULL until one of its indices is used */
   uint32_t* free_stack;
   uint32_t free_count;
   uint32_t capacity;
 } agoq_request_pool;
 
+/* capacity: at most AGOQ_REQUESTS_PER_COMM. */
 ncclResult_t agoq_request_pool_init(agoq_request_pool* pool, uint32_t capacity);
 void agoq_request_pool_fini(agoq_request_pool* pool);
-/* NULL when all requests are in use. The request is zeroed except for its pool index. */
-agoq_request* agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind, struct agoq_comm* comm);
+/* *out NULL when all requests are in use (NCCL retries); ncclSystemError when the memory
+ * for a new block cannot be had. The request is zeroed except for its pool index. */
+ncclResult_t agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind, struct agoq_comm* comm,
+                                agoq_request** out);
+/* The request at `index`, NULL where its block was never allocated (so never in use). */
+agoq_request* agoq_request_at(const agoq_request_pool* pool, uint32_t index);
 void agoq_request_release(agoq_request_pool* pool, agoq_request* req);
 uint32_t agoq_request_in_use(const agoq_request_pool* pool);
 /* True when `req` points at a live request of this pool (NCCL handed back our pointer). */

@@ -30,6 +30,7 @@ static uint64_t agoq_now_ns(void) { return (uint64_t)agoq_stats_clock_ns(); }
 /* ---- staging ---------------------------------------------------------------------------- */
 
 int agoq_stage_get(agoq_stage_cache* c, size_t need) {
+  if (c->bufs == NULL && (c->bufs = calloc(AGOQ_STAGE_MAX, sizeof *c->bufs)) == NULL) return -1;
   int empty = -1, smaller = -1;
   for (int i = 0; i < c->n; i++) {
     agoq_stage_buf* b = &c->bufs[i];
@@ -73,6 +74,7 @@ void agoq_stage_fini(agoq_stage_cache* c) {
     if (c->bufs[i].key != NULL) c->reg.dereg(c->bufs[i].key);
     free(c->bufs[i].p);
   }
+  free(c->bufs);
   memset(c, 0, sizeof *c);
 }
 

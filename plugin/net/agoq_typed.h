@@ -39,7 +39,9 @@ typedef struct {
 } agoq_stage_reg;
 
 typedef struct {
-  agoq_stage_buf bufs[AGOQ_STAGE_MAX];
+  /* AGOQ_STAGE_MAX entries, allocated by the first agoq_stage_get: most connections never
+   * stage (CollNet's, exact traffic), and a process may hold tens of thousands of them. */
+  agoq_stage_buf* bufs;
   int n; /* slots that ever held a buffer */
   agoq_stage_reg reg;
 } agoq_stage_cache;
