@@ -17,7 +17,9 @@ typedef struct sim_msg {
   size_t size;
   int tag;
   uint32_t flags;
-  double ready; /* last byte at the receiver's NIC */
+  int dst;
+  double tx, sent, wire; /* its first byte leaves, its last byte left, its time on a NIC */
+  double ready;          /* last byte at the receiver's NIC; INFINITY until its turn there */
 } sim_msg;
 
 /* A posted transfer and when it completes (INFINITY: not yet known). */
@@ -68,6 +70,16 @@ static struct {
   }* heap;
   int nheap, capheap;
   unsigned char* marked; /* ranks already in the set agoq_sim_advance returns */
+  /* Messages whose turn on the receiver's NIC is not yet decided, by the time their first
+   * byte leaves (then posting order): a receiver takes messages in the order they start,
+   * not in the order their senders posted them (a send posted early may start late). */
+  struct sim_rx {
+    double t;
+    uint64_t order;
+    sim_msg* m; /* NULL: its connection closed */
+  }* rx;
+  int nrx, caprx;
+  uint64_t rx_order;
 } sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static int sim_grow(void** p, int* cap, int need, size_t elem) {
@@ -106,6 +118,50 @@ static struct sim_due sim_heap_pop(void) {
   return top;
 }
 
+static bool sim_rx_before(const struct sim_rx* x, const struct sim_rx* y) {
+  return x->t < y->t || (x->t == y->t && x->order < y->order);
+}
+
+static int sim_rx_push(sim_msg* m) {
+  if (sim_grow((void**)&sim.rx, &sim.caprx, sim.nrx + 1, sizeof *sim.rx) != 0) return -1;
+  struct sim_rx e = {.t = m->tx, .order = sim.rx_order++, .m = m};
+  int i = sim.nrx++;
+  while (i > 0 && sim_rx_before(&e, &sim.rx[(i - 1) / 2])) {
+    sim.rx[i] = sim.rx[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  sim.rx[i] = e;
+  return 0;
+}
+
+static struct sim_rx sim_rx_pop(void) {
+  struct sim_rx top = sim.rx[0], last = sim.rx[--sim.nrx];
+  int i = 0;
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= sim.nrx) break;
+    if (c + 1 < sim.nrx && sim_rx_before(&sim.rx[c + 1], &sim.rx[c])) c++;
+    if (!sim_rx_before(&sim.rx[c], &last)) break;
+    sim.rx[i] = sim.rx[c];
+    i = c;
+  }
+  if (sim.nrx > 0) sim.rx[i] = last;
+  return top;
+}
+
+/* Gives the receiver's NIC to every message that started by time t, in the order they
+ * started: its last byte is in wire after the NIC is free, and no earlier than alpha after
+ * it left the sender. */
+static void sim_rx_take_until(double t) {
+  while (sim.nrx > 0 && sim.rx[0].t <= t) {
+    sim_msg* m = sim_rx_pop().m;
+    if (m == NULL) continue;
+    m->ready = fmax(m->sent + sim.alpha, sim.rx_free[m->dst] + m->wire);
+    sim.rx_free[m->dst] = m->ready;
+    sim_due(m->ready, m->dst);
+  }
+}
+
 int agoq_sim_init(int nranks) {
   sim.nranks = nranks;
   sim.cpu_free = calloc((size_t)nranks, sizeof(double));
@@ -126,6 +182,7 @@ void agoq_sim_fini(void) {
   free(sim.listens);
   free(sim.conns);
   free(sim.heap);
+  free(sim.rx);
   free(sim.cpu_free);
   free(sim.tx_free);
   free(sim.rx_free);
@@ -134,7 +191,9 @@ void agoq_sim_fini(void) {
   sim.listens = NULL;
   sim.conns = NULL;
   sim.heap = NULL;
+  sim.rx = NULL;
   sim.nlistens = sim.nconns = sim.nheap = sim.caplistens = sim.capconns = sim.capheap = 0;
+  sim.nrx = sim.caprx = 0;
   pthread_mutex_unlock(&sim.mu);
 }
 
@@ -146,6 +205,7 @@ void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s) {
   sim.bps = bytes_per_s;
   sim.now = 0;
   sim.nheap = 0;
+  sim.nrx = 0; /* a new run starts with every message delivered */
   for (int r = 0; r < sim.nranks; r++) {
     sim.cpu_free[r] = sim.tx_free[r] = sim.rx_free[r] = 0;
     sim.st[r].msgs_sent = sim.st[r].bytes_sent = 0;
@@ -166,6 +226,9 @@ const agoq_sim_rank_stats* agoq_sim_stats(int rank) { return &sim.st[rank]; }
 
 int agoq_sim_advance(int* due) {
   pthread_mutex_lock(&sim.mu);
+  /* Receivers' NICs first, for every message that starts before the next due time: each may
+   * make a due time of its own, earlier than that one. */
+  while (sim.nrx > 0 && (sim.nheap == 0 || sim.rx[0].t <= sim.heap[0].t)) sim_rx_take_until(sim.rx[0].t);
   while (sim.nheap > 0 && sim.heap[0].t <= sim.now) (void)sim_heap_pop();
   int k = -1;
   if (sim.nheap > 0) {
@@ -334,12 +397,14 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
     double tx = fmax(start, sim.tx_free[src]);
     sent = tx + wire;
     sim.tx_free[src] = sent;
-    m->ready = fmax(sent + sim.alpha, sim.rx_free[dst] + wire);
-    sim.rx_free[dst] = m->ready;
+    m->dst = dst;
+    m->tx = tx;
+    m->sent = sent;
+    m->wire = wire;
+    m->ready = INFINITY; /* sim_rx_take_until decides, once the message starts */
     sim.st[src].msgs_sent++;
     sim.st[src].bytes_sent += size;
     sim_due(sent, src);
-    sim_due(m->ready, dst);
   }
   if (sim_rec_add(c, x, sent) != 0) {
     res = ncclSystemError;
@@ -348,6 +413,10 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
   agoq_tp_conn* r = c->peer;
   if (r == NULL) { /* the far end closed: the bytes go nowhere, as on a broken connection */
     res = ncclRemoteError;
+    goto out;
+  }
+  if (sim.model && sim_rx_push(m) != 0) {
+    res = ncclSystemError;
     goto out;
   }
   sim.events++;
@@ -456,6 +525,8 @@ static void sim_close(agoq_tp_conn* c) {
   while (c->qhead != NULL) {
     sim_msg* m = c->qhead;
     c->qhead = m->next;
+    for (int i = 0; i < sim.nrx; i++)
+      if (sim.rx[i].m == m) sim.rx[i].m = NULL;
     free(m->data);
     free(m);
   }

@@ -6,9 +6,10 @@
  * The clock model (enabled with agoq_sim_model; off, every message is there at once): per
  * rank one CPU, one NIC transmit and one receive side. A send posted at virtual time t costs
  * the sender's CPU o (it starts at max(t, cpu free)), then occupies its NIC for size/B from
- * max(then, tx free); the receiver's NIC takes it for size/B, no earlier than alpha after the
- * first byte left and no earlier than its last message; the receive completes o after that
- * on the receiver's CPU. A send completes when its last byte left the NIC.
+ * max(then, tx free); the receiver's NIC takes it for size/B after the messages that started
+ * before it (in the order their first bytes left, not the order they were posted), its last
+ * byte in no earlier than alpha after it left; the receive completes o after that on the
+ * receiver's CPU. A send completes when its last byte left the NIC.
  * agoq_sim_advance moves the clock to the next event when nothing can move at the present
  * one. Everything is guarded by one lock: setup runs one thread per rank. */
 #ifndef AGOQ_SIM_TRANSPORT_H
