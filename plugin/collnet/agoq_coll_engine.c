@@ -36,7 +36,12 @@ static agoq_coll_slot* agoq_slot_of(agoq_coll_comm* g, uint64_t seq) { return &g
 
 /* ---- slot setup -------------------------------------------------------------------------- */
 
+static ncclResult_t agoq_slot_alloc(agoq_coll_slot* s, int n);
+
 static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c) {
+  /* A slot's per-rank arrays, made the first time a chunk uses it: O(n) each, and a group
+   * whose calls are small never fills the pipeline. */
+  if (s->sb == NULL) AGOQ_CHECK(agoq_slot_alloc(s, g->nranks));
   s->req = r;
   s->seq = g->next_seq;
   s->post_recvs = s->post_sends = 0;
@@ -520,6 +525,22 @@ static void* agoq_coll_engine_main(void* arg) {
   return NULL;
 }
 
+static void agoq_slot_free_arrays(agoq_coll_slot* s) {
+  free(s->sb);
+  free(s->sl);
+  free(s->p1s);
+  free(s->p1r);
+  free(s->p2s);
+  free(s->p2r);
+  free(s->p1r_size);
+  free(s->s_off);
+  free(s->s_len);
+  free(s->g_off);
+  s->sb = s->sl = s->s_off = s->s_len = s->g_off = NULL;
+  s->p1s = s->p1r = s->p2s = s->p2r = NULL;
+  s->p1r_size = NULL;
+}
+
 static ncclResult_t agoq_slot_alloc(agoq_coll_slot* s, int n) {
   size_t un = (size_t)n;
   s->sb = calloc(un + 1, sizeof *s->sb);
@@ -534,21 +555,13 @@ static ncclResult_t agoq_slot_alloc(agoq_coll_slot* s, int n) {
   s->g_off = calloc(un, sizeof *s->g_off);
   if (s->sb && s->sl && s->p1s && s->p1r && s->p2s && s->p2r && s->p1r_size && s->s_off && s->s_len && s->g_off)
     return ncclSuccess;
-  AGOQ_WARN("out of memory allocating CollNet pipeline state");
+  AGOQ_WARN("out of memory allocating CollNet pipeline state for %d ranks", n);
+  agoq_slot_free_arrays(s); /* s->sb NULL again: the next chunk tries anew */
   return ncclSystemError;
 }
 
 static void agoq_slot_release(agoq_coll_slot* s) {
-  free(s->sb);
-  free(s->sl);
-  free(s->p1s);
-  free(s->p1r);
-  free(s->p2s);
-  free(s->p2r);
-  free(s->p1r_size);
-  free(s->s_off);
-  free(s->s_len);
-  free(s->g_off);
+  agoq_slot_free_arrays(s);
   agoq_coll_buf_free(&s->own.sbuf);
   agoq_coll_buf_free(&s->own.rbuf);
   agoq_coll_buf_free(&s->own.acc);
@@ -591,7 +604,6 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
     goto fail;
   }
   atomic_init(&g->sleeping, false);
-  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) AGOQ_CHECK_GOTO(agoq_slot_alloc(&g->slots[i], g->nranks), res, fail);
   if (agoq_coll_on_grid(g)) AGOQ_CHECK_GOTO(agoq_coll_grid_start(g), res, fail);
   /* AGOQ_PLACEMENT=auto: the engine runs on its NIC's NUMA node, and so do the staging
    * buffers it allocates and first touches (frames, fp32 accumulators, gathered results). */

@@ -368,7 +368,10 @@ static agoq_gcontent agoq_grid_content(const agoq_coll_comm* g, const agoq_coll_
   }
 }
 
+static ncclResult_t agoq_gslot_alloc(agoq_coll_comm* g, agoq_coll_slot* s);
+
 ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c) {
+  if (s->gs == NULL) AGOQ_CHECK(agoq_gslot_alloc(g, s));
   struct agoq_coll_gslot* gs = s->gs;
   const struct agoq_coll_gplan* p = g->plan;
   const agoq_coll_grid* gr = &g->grid;
@@ -984,31 +987,32 @@ static void agoq_gslot_free(struct agoq_coll_gslot* gs) {
   free(gs);
 }
 
-ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g) {
+ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g) { return agoq_gplan_make(g, &g->plan); }
+
+/* A slot's grid state, made the first time a chunk uses the slot: O(n) per slot, and a
+ * group of small calls never fills the pipeline. */
+static ncclResult_t agoq_gslot_alloc(agoq_coll_comm* g, agoq_coll_slot* s) {
   ncclResult_t res = ncclSuccess;
-  AGOQ_CHECK(agoq_gplan_make(g, &g->plan));
   size_t P = (size_t)agoq_coll_grid_pieces(&g->grid), n = (size_t)g->nranks, k = (size_t)g->plan->ncols;
-  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
-    struct agoq_coll_gslot* gs = NULL;
-    AGOQ_CALLOC_GOTO(gs, 1, res, fail);
-    g->slots[i].gs = gs;
-    AGOQ_CALLOC_GOTO(gs->pb, P + 1, res, fail);
-    AGOQ_CALLOC_GOTO(gs->pl, P, res, fail);
-    AGOQ_CALLOC_GOTO(gs->aoff, P, res, fail);
-    AGOQ_CALLOC_GOTO(gs->r_off, n, res, fail);
-    AGOQ_CALLOC_GOTO(gs->p2r_size, n, res, fail);
-    AGOQ_CALLOC_GOTO(gs->foff, k, res, fail);
-    AGOQ_CALLOC_GOTO(gs->flen, k, res, fail);
-    for (int st = 0; st < AGOQ_COLL_STEPS; st++)
-      for (int d = 0; d < 2; d++) {
-        size_t nm = (size_t)(g->plan->nmsg[st][d] > 0 ? g->plan->nmsg[st][d] : 1);
-        AGOQ_CALLOC_GOTO(gs->melems[st][d], nm, res, fail);
-        AGOQ_CALLOC_GOTO(gs->mcap[st][d], nm, res, fail);
-      }
-  }
+  struct agoq_coll_gslot* gs = NULL;
+  AGOQ_CALLOC_GOTO(gs, 1, res, fail);
+  AGOQ_CALLOC_GOTO(gs->pb, P + 1, res, fail);
+  AGOQ_CALLOC_GOTO(gs->pl, P, res, fail);
+  AGOQ_CALLOC_GOTO(gs->aoff, P, res, fail);
+  AGOQ_CALLOC_GOTO(gs->r_off, n, res, fail);
+  AGOQ_CALLOC_GOTO(gs->p2r_size, n, res, fail);
+  AGOQ_CALLOC_GOTO(gs->foff, k, res, fail);
+  AGOQ_CALLOC_GOTO(gs->flen, k, res, fail);
+  for (int st = 0; st < AGOQ_COLL_STEPS; st++)
+    for (int d = 0; d < 2; d++) {
+      size_t nm = (size_t)(g->plan->nmsg[st][d] > 0 ? g->plan->nmsg[st][d] : 1);
+      AGOQ_CALLOC_GOTO(gs->melems[st][d], nm, res, fail);
+      AGOQ_CALLOC_GOTO(gs->mcap[st][d], nm, res, fail);
+    }
+  s->gs = gs;
   return ncclSuccess;
 fail:
-  agoq_coll_grid_free(g);
+  agoq_gslot_free(gs);
   return res;
 }
 

@@ -14,6 +14,7 @@ ncclResult_t agoq_request_pool_init(agoq_request_pool* pool, uint32_t capacity) 
   }
   AGOQ_CALLOC_GOTO(pool->free_stack, capacity, res, fail);
   pool->capacity = capacity;
+  pool->block = (capacity + AGOQ_REQUEST_BLOCKS_MAX - 1) / AGOQ_REQUEST_BLOCKS_MAX;
   /* Stack order hands out low indices first, which keeps the hot requests in cache and
    * the blocks allocated few. */
   for (uint32_t i = 0; i < capacity; i++) pool->free_stack[i] = capacity - 1 - i;
@@ -32,8 +33,8 @@ void agoq_request_pool_fini(agoq_request_pool* pool) {
 
 agoq_request* agoq_request_at(const agoq_request_pool* pool, uint32_t index) {
   if (index >= pool->capacity) return NULL;
-  agoq_request* block = pool->blocks[index / AGOQ_REQUEST_BLOCK];
-  return block == NULL ? NULL : &block[index % AGOQ_REQUEST_BLOCK];
+  agoq_request* block = pool->blocks[index / pool->block];
+  return block == NULL ? NULL : &block[index % pool->block];
 }
 
 ncclResult_t agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind, struct agoq_comm* comm,
@@ -41,13 +42,13 @@ ncclResult_t agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind,
   *out = NULL;
   if (pool->free_count == 0) return ncclSuccess;
   uint32_t index = pool->free_stack[pool->free_count - 1];
-  agoq_request** block = &pool->blocks[index / AGOQ_REQUEST_BLOCK];
-  if (*block == NULL && (*block = calloc(AGOQ_REQUEST_BLOCK, sizeof **block)) == NULL) {
-    AGOQ_WARN("out of memory allocating %d requests of %zu bytes", AGOQ_REQUEST_BLOCK, sizeof **block);
+  agoq_request** block = &pool->blocks[index / pool->block];
+  if (*block == NULL && (*block = calloc(pool->block, sizeof **block)) == NULL) {
+    AGOQ_WARN("out of memory allocating %u requests of %zu bytes", pool->block, sizeof **block);
     return ncclSystemError;
   }
   pool->free_count--;
-  agoq_request* req = &(*block)[index % AGOQ_REQUEST_BLOCK];
+  agoq_request* req = &(*block)[index % pool->block];
   memset(req, 0, sizeof *req);
   req->pool_index = index;
   req->magic = AGOQ_REQUEST_MAGIC;
@@ -78,7 +79,7 @@ bool agoq_request_valid(const agoq_request_pool* pool, const agoq_request* req) 
    * pointers only (a foreign pointer is never dereferenced). */
   for (int b = 0; b < AGOQ_REQUEST_BLOCKS_MAX; b++) {
     const agoq_request* base = pool->blocks[b];
-    if (base == NULL || req < base || req >= base + AGOQ_REQUEST_BLOCK) continue;
+    if (base == NULL || req < base || req >= base + pool->block) continue;
     if ((size_t)((const char*)req - (const char*)base) % sizeof *req != 0) return false;
     return req->magic == AGOQ_REQUEST_MAGIC && req->kind != AGOQ_REQ_FREE;
   }

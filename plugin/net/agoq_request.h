@@ -95,12 +95,15 @@ typedef struct agoq_request {
 
 /* Requests are allocated in blocks as the pool first hands out their indices: a request is
  * about 1 KB, NCCL's contract sizes a pool at 256, and most connections keep a few in
- * flight (a CollNet group's at most AGOQ_COLL_SLOTS on each of thousands of connections). */
-#define AGOQ_REQUEST_BLOCK 4
-#define AGOQ_REQUEST_BLOCKS_MAX (AGOQ_REQUESTS_PER_COMM / AGOQ_REQUEST_BLOCK)
+ * flight (a CollNet group's at most AGOQ_COLL_SLOTS on each of thousands of connections).
+ * A pool has at most AGOQ_REQUEST_BLOCKS_MAX blocks: of one request up to that capacity
+ * (CollNet's 16), of 4 for NCCL's 256. */
+#define AGOQ_REQUEST_BLOCKS_MAX 64
+_Static_assert(AGOQ_REQUESTS_PER_COMM % AGOQ_REQUEST_BLOCKS_MAX == 0, "whole blocks");
 
 typedef struct {
   agoq_request* blocks[AGOQ_REQUEST_BLOCKS_MAX]; /* NULL until one of its indices is used */
+  uint32_t block;                                /* requests per block */
   uint32_t* free_stack;
   uint32_t free_count;
   uint32_t capacity;

@@ -68,15 +68,29 @@ static void test_pool_allocates_blocks_on_use(void** state) {
     assert_ptr_equal(agoq_request_at(&pool, 0), r);
     agoq_request_release(&pool, r);
   }
-  for (uint32_t i = AGOQ_REQUEST_BLOCK; i < AGOQ_REQUESTS_PER_COMM; i++) assert_null(agoq_request_at(&pool, i));
+  for (uint32_t i = AGOQ_REQUESTS_PER_COMM / AGOQ_REQUEST_BLOCKS_MAX; i < AGOQ_REQUESTS_PER_COMM; i++)
+    assert_null(agoq_request_at(&pool, i));
   /* One more than a block in flight: the second block, and still no third. */
-  agoq_request* held[AGOQ_REQUEST_BLOCK + 1];
-  for (int i = 0; i <= AGOQ_REQUEST_BLOCK; i++) held[i] = take(&pool, AGOQ_REQ_RECV);
-  assert_ptr_equal(agoq_request_at(&pool, AGOQ_REQUEST_BLOCK), held[AGOQ_REQUEST_BLOCK]);
-  assert_true(agoq_request_valid(&pool, held[AGOQ_REQUEST_BLOCK]));
-  assert_null(agoq_request_at(&pool, 2 * AGOQ_REQUEST_BLOCK));
+  enum { BLOCK = AGOQ_REQUESTS_PER_COMM / AGOQ_REQUEST_BLOCKS_MAX };
+  agoq_request* held[BLOCK + 1];
+  for (int i = 0; i <= BLOCK; i++) held[i] = take(&pool, AGOQ_REQ_RECV);
+  assert_ptr_equal(agoq_request_at(&pool, BLOCK), held[BLOCK]);
+  assert_true(agoq_request_valid(&pool, held[BLOCK]));
+  assert_null(agoq_request_at(&pool, 2 * BLOCK));
   assert_null(agoq_request_at(&pool, AGOQ_REQUESTS_PER_COMM)); /* past the capacity */
-  for (int i = 0; i <= AGOQ_REQUEST_BLOCK; i++) agoq_request_release(&pool, held[i]);
+  for (int i = 0; i <= BLOCK; i++) agoq_request_release(&pool, held[i]);
+  agoq_request_pool_fini(&pool);
+  /* A CollNet connection's pool of 16: a block per request, so one in flight is one. */
+  assert_int_equal(agoq_request_pool_init(&pool, 16), ncclSuccess);
+  agoq_request* one = take(&pool, AGOQ_REQ_SEND);
+  assert_ptr_equal(agoq_request_at(&pool, 0), one);
+  assert_null(agoq_request_at(&pool, 1));
+  agoq_request* two = take(&pool, AGOQ_REQ_SEND);
+  assert_ptr_equal(agoq_request_at(&pool, 1), two);
+  assert_true(agoq_request_valid(&pool, two));
+  assert_false(agoq_request_valid(&pool, (agoq_request*)((char*)two + 8)));
+  agoq_request_release(&pool, one);
+  agoq_request_release(&pool, two);
   agoq_request_pool_fini(&pool);
   /* A pool larger than the contract is an internal error, not an overflow. */
   assert_int_equal(agoq_request_pool_init(&pool, AGOQ_REQUESTS_PER_COMM + 1), ncclInternalError);
