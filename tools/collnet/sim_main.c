@@ -24,6 +24,7 @@
 
 #include "agoq_args.h"
 #include "agoq_frame.h"
+#include "collnet/agoq_coll_cost.h"
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_params.h"
 #include "perf_dtype.h"
@@ -40,6 +41,7 @@ typedef struct {
   double gbps[8];
   int ngbps;
   bool check; /* exit 1 unless the messages sent are the schedule's, every rank's bits equal */
+  double model_tol; /* with check: and the cost model within this fraction of the time (< 0: not asked) */
 } sim_opts;
 
 static void sim_count_msg(void* arg, const agoq_coll_msg* m) {
@@ -200,7 +202,7 @@ static void sim_usage(const char* prog) {
   fprintf(stderr,
           "usage: %s [-N ranks] [--grid auto|AxB] [-d bf16|fp32|fp16|int32] [--format int8|int4|fp8e4m3|fp8e5m2|none]\n"
           "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK]\n"
-          "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--check]\n",
+          "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--check] [--model-tol fraction]\n",
           prog);
   exit(2);
 }
@@ -208,8 +210,8 @@ static void sim_usage(const char* prog) {
 int main(int argc, char** argv) {
   const char* prog = argv[0];
   sim_opts o = {.n = 64, .grid = "auto", .dtype = ncclBfloat16, .format = "int8", .bytes = 4u << 20,
-                .call = 2u << 20, .chunk = 1u << 20, .inflight = 8, .alpha = 2e-6, .o = 1.5e-6,
-                .gbps = {25, 100, 400}, .ngbps = 3};
+                .call = 2u << 20, .chunk = 1u << 20, .inflight = 8, .alpha = AGOQ_COLL_COST_ALPHA_S,
+                .o = AGOQ_COLL_COST_O_S, .gbps = {25, 100, 400}, .ngbps = 3, .model_tol = -1};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "--check")) { /* the one option without a value */
@@ -227,7 +229,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--call")) o.call = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 1ll << 30);
     else if (!strcmp(a, "--chunk")) o.chunk = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 268435456);
     else if (!strcmp(a, "--inflight")) o.inflight = agoq_args_int_or_exit(prog, a, v, 1, 32);
-    else if (!strcmp(a, "--alpha-us")) o.alpha = agoq_args_ll_or_exit(prog, a, v, 0, 1000000) * 1e-6;
+    else if (!strcmp(a, "--model-tol")) {
+      if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
+    } else if (!strcmp(a, "--alpha-us")) o.alpha = agoq_args_ll_or_exit(prog, a, v, 0, 1000000) * 1e-6;
     else if (!strcmp(a, "--o-us")) {
       double us;
       if (agoq_args_parse_double(v, 0, 1e6, &us) != 0) sim_usage(prog);
@@ -335,8 +339,17 @@ int main(int argc, char** argv) {
   int bad = 0;
   printf("# the schedule: %.1f messages per rank per chunk (2(n-1) = %d on the mesh, 2(a+b-2) = %d on an exact grid)\n",
          (double)sched / n, 2 * (n - 1), 2 * (g0->grid.a + g0->grid.b - 2));
+  /* The cost model of the same run (agoq_coll_cost.h): partial sums in fp32 for the narrow
+   * floats' Sum unless AGOQ_COLLNET_PARTIALS=quantized sends them as frames. */
+  bool frames_partials = quant && agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1;
+  bool fp32_partials = (o.dtype == ncclBfloat16 || o.dtype == ncclFloat16) && !frames_partials;
+  agoq_coll_profile prof;
+  if (agoq_coll_profile_make(&g0->grid, &prof) != 0) return 1;
+  agoq_coll_cost_in ci = {.chunk_bytes = (double)o.chunk, .wire_ratio = wire,
+                          .partial_ratio = frames_partials ? wire : fp32_partials ? 4.0 / (double)esz : 1.0,
+                          .alpha_s = o.alpha, .o_s = o.o};
   printf("#  Gbit/s  vtime(us)  busbw(GB/s)  floor(GB/s)  of_floor  msgs/rank/chunk  bytes/rank/chunk  "
-         "wall(s)\n");
+         "wall(s)  model(us)  vtime/model\n");
   for (int gi = 0; gi < o.ngbps; gi++) {
     double bps = o.gbps[gi] * 1e9 / 8;
     uint64_t seq0 = ((agoq_coll_comm*)ranks[0].comm)->next_seq;
@@ -356,8 +369,18 @@ int main(int argc, char** argv) {
     }
     double busbw = (double)o.bytes / vt * 2.0 * (n - 1) / n;
     double floor_bw = bps / wire;
-    printf("%9.0f %10.1f %12.3f %12.3f %9.3f %16.1f %17.0f %8.2f\n", o.gbps[gi], vt * 1e6, busbw / 1e9,
-           floor_bw / 1e9, busbw / floor_bw, msgs / n / chunks, bytes / n / chunks, sim_wall() - w0);
+    agoq_coll_cost cost;
+    ci.link_Bps = bps;
+    agoq_coll_cost_eval(&prof, &ci, &cost);
+    double model = agoq_coll_cost_seconds(&cost, (double)o.chunk, (double)o.bytes, (double)o.call, o.inflight,
+                                          AGOQ_COLL_SLOTS);
+    printf("%9.0f %10.1f %12.3f %12.3f %9.3f %16.1f %17.0f %8.2f %10.1f %12.3f\n", o.gbps[gi], vt * 1e6,
+           busbw / 1e9, floor_bw / 1e9, busbw / floor_bw, msgs / n / chunks, bytes / n / chunks, sim_wall() - w0,
+           model * 1e6, vt / model);
+    if (o.model_tol >= 0 && fabs(vt / model - 1.0) > o.model_tol) {
+      printf("# MODEL: the cost model is off by more than %.0f%% at %.0f Gbit/s\n", o.model_tol * 100, o.gbps[gi]);
+      bad++;
+    }
   }
   /* Bits: every rank's result equal to rank 0's; the error against the fp64 sum. */
   int diverged = 0;

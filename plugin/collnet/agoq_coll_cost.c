@@ -1,0 +1,98 @@
+/* What a CollNet chunk costs on the schedule (agoq_coll_cost.h). */
+#include "collnet/agoq_coll_cost.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Per step, per rank: pieces out and in, messages out and in. */
+typedef struct {
+  double *tx, *rx, *m;
+} agoq_cost_step;
+
+static void agoq_cost_add(void* arg, const agoq_coll_msg* m) {
+  agoq_cost_step* st = arg;
+  double pieces = 0;
+  for (int i = 0; i < m->nspans; i++) pieces += m->spans[i].rows;
+  st->tx[m->from] += pieces;
+  st->rx[m->to] += pieces;
+  st->m[m->from] += 1;
+  st->m[m->to] += 1;
+}
+
+static double agoq_cost_max(double a, double b) { return a > b ? a : b; }
+
+int agoq_coll_profile_make(const agoq_coll_grid* g, agoq_coll_profile* p) {
+  memset(p, 0, sizeof *p);
+  size_t un = (size_t)g->n;
+  double* all = calloc(3 * un, sizeof *all);
+  agoq_coll_span* spans = calloc((size_t)g->a, sizeof *spans);
+  if (all == NULL || spans == NULL) {
+    free(all);
+    free(spans);
+    return -1;
+  }
+  double pieces = (double)agoq_coll_grid_pieces(g);
+  for (int s = 0; s < AGOQ_COLL_STEPS; s++) {
+    memset(all, 0, 3 * un * sizeof *all);
+    agoq_cost_step st = {.tx = all, .rx = all + un, .m = all + 2 * un};
+    for (int r = 0; r < g->n; r++) agoq_coll_schedule_sends(g, r, (agoq_coll_step)s, spans, agoq_cost_add, &st);
+    for (size_t r = 0; r < un; r++) {
+      p->tx[s] = agoq_cost_max(p->tx[s], st.tx[r] / pieces);
+      p->rx[s] = agoq_cost_max(p->rx[s], st.rx[r] / pieces);
+      p->msgs[s] = agoq_cost_max(p->msgs[s], st.m[r]);
+    }
+    p->levels += p->msgs[s] > 0;
+  }
+  free(all);
+  free(spans);
+  return 0;
+}
+
+void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out) {
+  memset(out, 0, sizeof *out);
+  double B = in->link_Bps, o = in->o_s;
+  out->levels = p->levels;
+  out->codec_s = in->codec_Bps > 0 ? 2.0 * in->chunk_bytes / in->codec_Bps : 0.0;
+  for (int s = 0; s < AGOQ_COLL_STEPS; s++) {
+    if (p->msgs[s] == 0) continue;
+    /* What travels: contributions and final pieces as frames (or the type itself), the
+     * column reduce-scatter's partial sums as AGOQ_COLLNET_PARTIALS says. */
+    double ratio = s == AGOQ_COLL_COL_RS ? in->partial_ratio : in->wire_ratio;
+    double tx = p->tx[s] * in->chunk_bytes * ratio, rx = p->rx[s] * in->chunk_bytes * ratio;
+    /* A step at its slowest rank: the latency, then its first send's CPU time, its bytes
+     * through the busier NIC side and its last receive's CPU time; or all its messages'
+     * CPU time, where that is longer. The next step waits for it (its sums need them). */
+    out->first_s += in->alpha_s + agoq_cost_max(2.0 * o + agoq_cost_max(tx, rx) / B, o * p->msgs[s]);
+    out->tx_bytes += tx;
+    out->rx_bytes += rx;
+    out->msgs += p->msgs[s];
+  }
+  out->first_s += out->codec_s;
+  /* In the steady state each resource serves every step of some chunk at once: the NIC's
+   * two sides, and the CPU (its messages, and the codec where it runs there). */
+  double cpu = o * out->msgs + (in->codec_on_cpu ? out->codec_s : 0.0);
+  out->chunk_s = agoq_cost_max(agoq_cost_max(agoq_cost_max(out->tx_bytes, out->rx_bytes) / B, cpu), out->codec_s);
+}
+
+/* Whole chunks or calls in x, rounded up (x > 0; no libm in the plugin). */
+static double agoq_cost_ceil(double x) {
+  double i = (double)(long long)x;
+  return i < x ? i + 1 : i;
+}
+
+double agoq_coll_cost_seconds(const agoq_coll_cost* c, double chunk_bytes, double bytes, double call_bytes, int calls,
+                              int slots) {
+  if (bytes <= 0) return 0.0;
+  if (call_bytes <= 0 || call_bytes > bytes) call_bytes = bytes;
+  double per_call = agoq_cost_ceil(call_bytes / chunk_bytes);
+  double ncalls = agoq_cost_ceil(bytes / call_bytes);
+  double chunks = ncalls * per_call;
+  if (calls < 1) calls = 1;
+  /* Chunks that overlap: the pipeline's slots, or what the calls outstanding hold. */
+  double overlap = (double)calls * per_call < slots ? (double)calls * per_call : (double)slots;
+  if (overlap < 1) overlap = 1;
+  double period = agoq_cost_max(c->chunk_s, c->first_s / overlap);
+  if (calls == 1) /* each call drains the pipeline before the next is posted */
+    return ncalls * (c->first_s + (per_call - 1) * period);
+  return c->first_s + (chunks - 1) * period;
+}

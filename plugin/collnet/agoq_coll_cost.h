@@ -1,0 +1,67 @@
+/* What a CollNet chunk costs on the schedule (agoq_coll_schedule.h): per rank and step, the
+ * bytes and messages the schedule gives, and from them the time of one chunk alone and of
+ * the pipeline's steady state under the clock model of agoq-collnet-sim (per rank one CPU
+ * paying o per message sent or received, one NIC of B bytes/s each way, alpha per message).
+ * Pure arithmetic over the schedule's own enumeration, from inputs that are the same on
+ * every rank (the grid, settings, one link rate), so that a decision made from it is too.
+ * tools/collnet/sim_main.c prints it next to the simulated time; tests/unit hold it against
+ * the simulation from 2 to 1024 ranks and 10 to 400 Gbit/s. */
+#ifndef AGOQ_COLL_COST_H
+#define AGOQ_COLL_COST_H
+
+#include <stdbool.h>
+
+#include "collnet/agoq_coll_schedule.h"
+
+/* The clock model's per-message figures: what agoq-collnet-sim assumes unless told (issue 28:
+ * o of 1 to 2.5 us per message on one engine thread, TCP and verbs alike). */
+#define AGOQ_COLL_COST_ALPHA_S 2e-6
+#define AGOQ_COLL_COST_O_S 1.5e-6
+
+/* What the schedule moves per chunk, made once per group size (agoq_coll_profile_make): per
+ * step, the most any one rank sends and receives, as a fraction of the chunk's pieces (bytes
+ * follow from the chunk and the step's wire ratio), and the most messages any one rank sends
+ * plus receives. The mesh and exact grids are symmetric, so these are every rank's; on a
+ * ragged grid they bound the busiest rank. */
+typedef struct {
+  int levels; /* steps that move messages: 2 on the mesh, 4 on a grid */
+  double tx[AGOQ_COLL_STEPS], rx[AGOQ_COLL_STEPS], msgs[AGOQ_COLL_STEPS];
+} agoq_coll_profile;
+
+/* 0, or -1 when memory for the enumeration cannot be had (4 doubles per rank). O(n (a + b))
+ * messages enumerated: once per group size, not per call. */
+int agoq_coll_profile_make(const agoq_coll_grid* g, agoq_coll_profile* p);
+
+typedef struct {
+  double chunk_bytes;   /* input bytes of one pipeline chunk (AGOQ_COLLNET_CHUNK) */
+  double wire_ratio;    /* bytes on the wire per input byte: frames (quantized) or 1 (exact) */
+  double partial_ratio; /* the same for a grid's column reduce-scatter: its partial sums */
+  double link_Bps;      /* one NIC, each way */
+  double alpha_s, o_s;  /* per message: latency, and CPU time to send or to receive it */
+  /* Input bytes per second of one quantization plus one dequantization; 0: no codec (exact). */
+  double codec_Bps;
+  bool codec_on_cpu; /* the codec shares the engine's CPU with the messages (false: a GPU) */
+} agoq_coll_cost_in;
+
+typedef struct {
+  /* Per chunk at the busiest rank. */
+  double tx_bytes, rx_bytes;
+  double msgs; /* sent and received */
+  double codec_s;
+  int levels;
+  double first_s; /* one chunk alone: each step's latency, bytes and messages in turn */
+  double chunk_s; /* a chunk in the pipeline's steady state: its busiest resource */
+} agoq_coll_cost;
+
+/* A chunk's cost on the profile: arithmetic only. */
+void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out);
+
+/* Seconds for `bytes` per rank posted as calls of call_bytes, at most `calls` outstanding
+ * (NCCL's CollNet: calls of up to 2 MiB, several in flight), each cut into chunks of
+ * chunk_bytes, at most `slots` chunks in the pipeline: one chunk's time, then one period per
+ * further chunk (the steady state, or one chunk's time over the chunks in flight where
+ * fewer overlap); calls one at a time pay the first chunk again each. */
+double agoq_coll_cost_seconds(const agoq_coll_cost* c, double chunk_bytes, double bytes, double call_bytes, int calls,
+                              int slots);
+
+#endif
