@@ -51,10 +51,12 @@ int agoq_coll_profile_make(const agoq_coll_grid* g, agoq_coll_profile* p) {
 void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out) {
   memset(out, 0, sizeof *out);
   double B = in->link_Bps, o = in->o_s;
-  out->levels = p->levels;
   out->codec_s = in->codec_Bps > 0 ? 2.0 * in->chunk_bytes / in->codec_Bps : 0.0;
+  unsigned steps = in->steps != 0 ? in->steps : (1u << AGOQ_COLL_STEPS) - 1;
+  out->levels = 0;
   for (int s = 0; s < AGOQ_COLL_STEPS; s++) {
-    if (p->msgs[s] == 0) continue;
+    if (p->msgs[s] == 0 || !(steps & (1u << s))) continue;
+    out->levels++;
     /* What travels: contributions and final pieces as frames (or the type itself), the
      * column reduce-scatter's partial sums as AGOQ_COLLNET_PARTIALS says. */
     double ratio = s == AGOQ_COLL_COL_RS ? in->partial_ratio : in->wire_ratio;

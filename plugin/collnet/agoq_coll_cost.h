@@ -17,6 +17,9 @@
  * o of 1 to 2.5 us per message on one engine thread, TCP and verbs alike). */
 #define AGOQ_COLL_COST_ALPHA_S 2e-6
 #define AGOQ_COLL_COST_O_S 1.5e-6
+/* A group's pipeline slots (AGOQ_COLL_SLOTS, checked where that is defined): the most chunks
+ * in flight, and the calls a tuner may assume NCCL keeps outstanding. */
+#define AGOQ_COLL_COST_CALLS 8
 
 /* What the schedule moves per chunk, made once per group size (agoq_coll_profile_make): per
  * step, the most any one rank sends and receives, as a fraction of the chunk's pieces (bytes
@@ -41,7 +44,13 @@ typedef struct {
   /* Input bytes per second of one quantization plus one dequantization; 0: no codec (exact). */
   double codec_Bps;
   bool codec_on_cpu; /* the codec shares the engine's CPU with the messages (false: a GPU) */
+  /* The steps the call runs, bit (1 << agoq_coll_step) each; 0: all four (an all-reduce). A
+   * reduce-scatter runs the two reduce-scatters, an all-gather the two all-gathers. */
+  unsigned steps;
 } agoq_coll_cost_in;
+
+#define AGOQ_COLL_COST_RS ((1u << AGOQ_COLL_ROW_RS) | (1u << AGOQ_COLL_COL_RS))
+#define AGOQ_COLL_COST_AG ((1u << AGOQ_COLL_COL_AG) | (1u << AGOQ_COLL_ROW_AG))
 
 typedef struct {
   /* Per chunk at the busiest rank. */

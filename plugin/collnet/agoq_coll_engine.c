@@ -27,10 +27,13 @@
 #include <unistd.h>
 
 #include "agoq_frame.h"
+#include "collnet/agoq_coll_cost.h"
 #include "collnet/agoq_coll_internal.h"
 #include "core/agoq_check.h"
 #include "core/agoq_eventfd.h"
 #include "net/agoq_net.h"
+
+_Static_assert(AGOQ_COLL_COST_CALLS == AGOQ_COLL_SLOTS, "the cost model's pipeline is the engine's");
 
 static agoq_coll_slot* agoq_slot_of(agoq_coll_comm* g, uint64_t seq) { return &g->slots[seq % AGOQ_COLL_SLOTS]; }
 

@@ -33,6 +33,9 @@ typedef struct {
   agoq_format format; /* AGOQ_FORMAT */
   uint32_t block;     /* AGOQ_BLOCK */
   double codec_mbps;  /* AGOQ_CODEC_MBPS: the same on every rank, never a local measurement */
+  /* agoq's CollNet schedule for this communicator's nodes (one CollNet rank per node): its
+   * network time is the tuner's estimate (agoq_tuner_network_us). */
+  agoq_tuner_sched sched;
   /* NCCL_COLLNET_ENABLE as NCCL read it: at this communicator's creation, which is when the
    * tuner is initialised. Programs change it in between: Megatron-Core sets it only around
    * its data-parallel group's creation (use_sharp) and deletes it otherwise. */
@@ -96,6 +99,13 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
   c->format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
   c->block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK); /* 32|64|...|1024 */
   if (c->enabled) c->codec_mbps = agoq_tuner_codec_mbps();
+  if (c->enabled && nnodes >= 2) {
+    agoq_tuner_sched_setting(nnodes, &c->sched);
+    /* Without the schedule's cost there is nothing to weigh compression by: NCCL decides. */
+    if (!c->sched.ok)
+      AGOQ_INFO(NCCL_TUNING, "tuner: comm %llx: no memory to cost agoq's CollNet schedule for %zu nodes; NCCL's "
+                             "algorithm choice stands", (unsigned long long)comm_id, nnodes);
+  }
   const char* collnet_env = agoq_nccl_env_str("NCCL_COLLNET_ENABLE");
   c->collnet_env_set = collnet_env != NULL;
   if (collnet_env != NULL) snprintf(c->collnet_env, sizeof c->collnet_env, "%s", collnet_env);
@@ -204,29 +214,35 @@ ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
    * float type whose frames save least. */
   if (dtype >= 0 && !agoq_tuner_dtype_is_float(dtype)) return ncclSuccess;
   agoq_dtype t = dtype == ncclFloat32 ? AGOQ_DTYPE_FP32 : dtype == ncclFloat16 ? AGOQ_DTYPE_FP16 : AGOQ_DTYPE_BF16;
+  if (!c->sched.ok) return ncclSuccess;
   double ratio = agoq_tuner_wire_ratio(c->format, t, c->block, nbytes);
   agoq_tuner_estimate e;
-  agoq_tuner_estimate_collnet(table, num_algo, num_proto, algo, nbytes, ratio, c->codec_mbps, &e);
-  /* Both CollNet rows, every usable protocol: whichever NCCL runs, agoq compresses it. */
+  agoq_tuner_estimate_collnet(table, num_algo, num_proto, algo, nbytes, ratio, c->codec_mbps, &c->sched,
+                              coll_type == ncclFuncAllReduce, t, &e);
+  if (e.net_us < 0.0) return ncclSuccess; /* NCCL's CollNet estimate is not positive: nothing to scale */
+  /* Both CollNet rows, every usable protocol: whichever NCCL runs, agoq compresses it. Each
+   * entry scales as the costed one does (agoq's network time over NCCL's), plus the codec. */
+  double scale = e.net_us / e.collnet_us;
   static const int rows[] = {AGOQ_NCCL_ALGO_COLLNET_CHAIN, AGOQ_NCCL_ALGO_COLLNET_DIRECT};
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
     if (rows[r] >= num_algo) continue;
     for (int p = 0; p < num_proto; p++) {
       float* v = &table[rows[r] * num_proto + p];
-      if (*v >= 0.0f) *v = (float)((double)*v * ratio + e.codec_us);
+      if (*v >= 0.0f) *v = (float)((double)*v * scale + e.codec_us);
     }
   }
   const char* name = algo == AGOQ_NCCL_ALGO_COLLNET_CHAIN ? "COLLNET_CHAIN" : "COLLNET_DIRECT";
   _Atomic int* once = e.compress ? &c->logged_steer : &c->logged_cost;
   if (atomic_exchange_explicit(once, 1, memory_order_relaxed) == 0)
     AGOQ_INFO(NCCL_TUNING,
-              "tuner: comm %llx: %s of %zu bytes (%s): %s, compressed to %s, estimated %.0f us = NCCL's %.0f us x "
-              "wire ratio %.3f + codec %.0f us at %.0f MB/s, against NCCL's best other choice %.0f us "
-              "(algorithm %d, protocol %d): %s",
+              "tuner: comm %llx: %s of %zu bytes (%s): %s, compressed to %s, estimated %.0f us = agoq's schedule "
+              "(%d x %d grid of %zu nodes, wire ratio %.3f) %.0f us at the rate of NCCL's CollNet estimate %.0f us, "
+              "+ codec %.0f us at %.0f MB/s, against NCCL's best other choice %.0f us (algorithm %d, protocol %d): "
+              "%s",
               (unsigned long long)c->comm_id, agoq_tuner_func_name(coll_type), nbytes,
               dtype >= 0 ? agoq_tuner_dtype_name(dtype) : "type unknown, costed as bf16", name,
-              agoq_param_str(AGOQ_PARAM_FORMAT), e.agoq_us, e.collnet_us, e.ratio, e.codec_us, c->codec_mbps,
-              e.best_other_us, e.algo, e.proto,
+              agoq_param_str(AGOQ_PARAM_FORMAT), e.agoq_us, c->sched.grid.a, c->sched.grid.b, c->nnodes, e.ratio,
+              e.net_us, e.collnet_us, e.codec_us, c->codec_mbps, e.best_other_us, e.algo, e.proto,
               e.compress ? "compression is cheaper, NCCL will pick it" : "NCCL's choice is cheaper and stands");
   return ncclSuccess;
 }

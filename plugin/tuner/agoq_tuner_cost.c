@@ -29,20 +29,60 @@ double agoq_tuner_codec_us(double nbytes, double codec_mbps) {
   return 2.0 * nbytes / codec_mbps; /* bytes / (MB/s) = microseconds */
 }
 
-void agoq_tuner_cost_compare(double best_other_us, double collnet_us, double ratio, double nbytes,
+void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s) {
+  memset(s, 0, sizeof *s);
+  if (nodes < 2 || nodes > AGOQ_COLL_GRID_COLS_MAX * (size_t)AGOQ_COLL_GRID_COLS_MAX) return;
+  int n = (int)nodes, a = 0, b = 0;
+  char why[160];
+  /* The grid's own parser, as the group's creation reads it: a value it refuses, or a grid
+   * that does not hold n, is costed as the automatic choice. */
+  if (agoq_coll_grid_parse(agoq_param_str(AGOQ_PARAM_COLLNET_GRID), &a, &b, why, sizeof why) != 0 ||
+      agoq_coll_grid_make(n, a, b, &s->grid, why, sizeof why) != 0)
+    agoq_coll_grid_auto(n, &s->grid);
+  if (agoq_coll_profile_make(&s->grid, &s->prof) != 0) return;
+  s->chunk_bytes = (double)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  s->frame_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1; /* "fp32|quantized" */
+  s->ok = true;
+}
+
+double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dtype t, double ratio, double nbytes,
+                             double collnet_us) {
+  if (!s->ok || nbytes <= 0.0 || collnet_us <= 0.0) return -1.0;
+  double esize = (double)agoq_dtype_size(t);
+  bool narrow = t == AGOQ_DTYPE_BF16 || t == AGOQ_DTYPE_FP16;
+  agoq_coll_cost_in in = {
+      .chunk_bytes = s->chunk_bytes,
+      .wire_ratio = ratio,
+      /* The column's partial sums: frames, or fp32 for the narrow floats (the type itself for
+       * fp32 and for exact calls of any type the tuner steers). */
+      .partial_ratio = s->frame_partials && ratio < 1.0 ? ratio : narrow ? 4.0 / esize : 1.0,
+      .link_Bps = 2.0 * nbytes / (collnet_us * 1e-6),
+      .alpha_s = AGOQ_COLL_COST_ALPHA_S,
+      .o_s = AGOQ_COLL_COST_O_S,
+      .steps = allreduce ? 0 : AGOQ_COLL_COST_RS,
+  };
+  agoq_coll_cost c;
+  agoq_coll_cost_eval(&s->prof, &in, &c);
+  return agoq_coll_cost_seconds(&c, s->chunk_bytes, nbytes, AGOQ_TUNER_COLLNET_CALL_BYTES, AGOQ_COLL_COST_CALLS,
+                                AGOQ_COLL_COST_CALLS) * 1e6;
+}
+
+void agoq_tuner_cost_compare(double best_other_us, double collnet_us, double net_us, double ratio, double nbytes,
                              double codec_mbps, agoq_tuner_estimate* e) {
   memset(e, 0, sizeof *e);
   e->algo = e->proto = -1;
   e->best_other_us = best_other_us;
   e->collnet_us = collnet_us;
   e->ratio = ratio;
+  e->net_us = net_us;
   e->codec_us = agoq_tuner_codec_us(nbytes, codec_mbps);
-  e->agoq_us = collnet_us * ratio + e->codec_us;
-  e->compress = best_other_us < 0.0 || e->agoq_us < best_other_us;
+  e->agoq_us = net_us + e->codec_us;
+  e->compress = net_us >= 0.0 && (best_other_us < 0.0 || e->agoq_us < best_other_us);
 }
 
 void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto, int collnet_algo, size_t nbytes,
-                                 double ratio, double codec_mbps, agoq_tuner_estimate* e) {
+                                 double ratio, double codec_mbps, const agoq_tuner_sched* s, bool allreduce,
+                                 agoq_dtype t, agoq_tuner_estimate* e) {
   int best_a = -1, best_p = -1;
   double best = -1.0;
   for (int a = 0; a < num_algo; a++) {
@@ -56,8 +96,9 @@ void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto
       }
     }
   }
-  agoq_tuner_cost_compare(best, table[collnet_algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE], ratio, (double)nbytes,
-                          codec_mbps, e);
+  double collnet_us = table[collnet_algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE];
+  agoq_tuner_cost_compare(best, collnet_us, agoq_tuner_network_us(s, allreduce, t, ratio, (double)nbytes, collnet_us),
+                          ratio, (double)nbytes, codec_mbps, e);
   e->algo = best_a;
   e->proto = best_p;
 }

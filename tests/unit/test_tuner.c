@@ -80,7 +80,11 @@ static void table_pick(float t[NA][NP], int* algo, int* proto) {
       }
 }
 
-static void* tuner_open(int version, const char* format) {
+static void* tuner_open_nodes(int version, const char* format, size_t nnodes);
+
+static void* tuner_open(int version, const char* format) { return tuner_open_nodes(version, format, 2); }
+
+static void* tuner_open_nodes(int version, const char* format, size_t nnodes) {
   if (format != NULL)
     setenv("AGOQ_FORMAT", format, 1);
   else
@@ -92,8 +96,8 @@ static void* tuner_open(int version, const char* format) {
   memset(&constants, 0, sizeof constants);
   ncclNvlDomainInfo_v5_t nvl = {1, 4, 4};
   ncclResult_t r = version == 5
-                       ? ncclTunerPlugin_v5.init(&ctx, 42, 8, 2, NULL, &nvl, &constants)
-                       : ncclTunerPlugin_v6.init(&ctx, 42, 8, 2, NULL, &nvl, &constants);
+                       ? ncclTunerPlugin_v5.init(&ctx, 42, 8 * nnodes / 2, nnodes, NULL, &nvl, &constants)
+                       : ncclTunerPlugin_v6.init(&ctx, 42, 8 * nnodes / 2, nnodes, NULL, &nvl, &constants);
   assert_int_equal(r, ncclSuccess);
   assert_non_null(ctx);
   return ctx;
@@ -139,8 +143,17 @@ static int decide(int version, void* ctx, ncclFunc_t f, size_t nbytes, double gb
   table_link(ref, nbytes, gbit);
   get_info(version, ctx, f, nbytes, t);
   double ratio = agoq_tuner_wire_ratio(AGOQ_FORMAT_INT8, AGOQ_DTYPE_BF16, 128, nbytes);
-  double want = ref[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE] * ratio +
-                agoq_tuner_codec_us(nbytes, strtod(mbps, NULL));
+  /* agoq's schedule for the tuner's 2 nodes (tuner_open), at the rate NCCL's CollNet entry
+   * implies: on 2 nodes the frames cross the link once, where NCCL's CollNet counts the
+   * buffer twice. */
+  agoq_tuner_sched sched;
+  agoq_tuner_sched_setting(2, &sched);
+  assert_true(sched.ok);
+  double collnet = ref[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE];
+  double net = agoq_tuner_network_us(&sched, f == ncclFuncAllReduce, AGOQ_DTYPE_BF16, ratio, (double)nbytes, collnet);
+  double once = collnet * ratio / (f == ncclFuncAllReduce ? 2.0 : 4.0); /* a ReduceScatter: half */
+  assert_true(net > once * 0.97 && net < once * 1.03);
+  double want = net + agoq_tuner_codec_us(nbytes, strtod(mbps, NULL));
   assert_float_equal(t[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE], (float)want, want * 1e-6);
   /* Nothing outside CollNet changed. */
   for (int a = 0; a < NA; a++)
@@ -179,6 +192,33 @@ static void test_compresses_where_the_network_is_slow(void** state) {
     tuner_close(version, ctx);
   }
   unsetenv("AGOQ_CODEC_MBPS");
+}
+
+/* The estimate is agoq's schedule for the communicator's node count: on 64 nodes at 400
+ * Gbit/s the one-level mesh (AGOQ_COLLNET_GRID=64x1) is bound by its 252 messages per chunk,
+ * the automatic 8x8 grid by its 56, and either costs more than the same bytes on 2 nodes. */
+static void test_estimate_follows_the_schedule(void** state) {
+  (void)state;
+  float t[NA][NP];
+  double est[3];
+  const char* grids[3] = {"auto", "64x1", "auto"};
+  size_t nodes[3] = {2, 64, 64};
+  for (int i = 0; i < 3; i++) {
+    setenv("AGOQ_COLLNET_GRID", grids[i], 1);
+    setenv("AGOQ_COLLNET_CHUNK", "1M", 1);
+    setenv("AGOQ_CODEC_MBPS", "1000000", 1); /* the network's part decides */
+    void* ctx = tuner_open_nodes(6, "int8", nodes[i]);
+    table_link(t, 64u << 20, 400);
+    get_info(6, ctx, ncclFuncAllReduce, 64u << 20, t);
+    est[i] = t[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE];
+    tuner_close(6, ctx);
+  }
+  unsetenv("AGOQ_COLLNET_GRID");
+  unsetenv("AGOQ_COLLNET_CHUNK");
+  unsetenv("AGOQ_CODEC_MBPS");
+  agoq_params_reset();
+  assert_true(est[1] > 3.0 * est[2]);
+  assert_true(est[2] > est[0]);
 }
 
 /* Where the network is not the bottleneck (400 Gbit/s), or the codec is slow (a CPU at
@@ -507,6 +547,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_compresses_where_the_network_is_slow),
       cmocka_unit_test(test_keeps_nccl_where_compression_does_not_pay),
+      cmocka_unit_test(test_estimate_follows_the_schedule),
       cmocka_unit_test(test_codec_speed_is_the_same_on_every_rank),
       cmocka_unit_test(test_wire_ratio),
       cmocka_unit_test(test_codec_measured_with_the_clock_given),

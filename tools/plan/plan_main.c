@@ -297,9 +297,10 @@ int main(int argc, char** argv) {
       printf("    (it is not told a ReduceScatter's type and costs it as bf16; the wire carries the real one)\n");
     for (int f = 0; f < nfmt; f++) {
       const agoq_tuner_estimate* e = &ch[i][f].tuner;
-      printf("    %-7s CollNet %.3f s x %.3f + codec %.3f s = %.3f s against the ring's %.3f s: %s\n",
-             agoq_format_name(fmt[f]), e->collnet_us / 1e6, e->ratio, e->codec_us / 1e6, e->agoq_us / 1e6,
-             e->best_other_us / 1e6, e->compress ? "compressed on CollNet" : "NCCL's ring stays, exact");
+      printf("    %-7s CollNet %.3f s -> agoq's schedule at ratio %.3f %.3f s + codec %.3f s = %.3f s against the "
+             "ring's %.3f s: %s\n",
+             agoq_format_name(fmt[f]), e->collnet_us / 1e6, e->ratio, e->net_us / 1e6, e->codec_us / 1e6,
+             e->agoq_us / 1e6, e->best_other_us / 1e6, e->compress ? "compressed on CollNet" : "NCCL's ring stays, exact");
     }
   }
   return 0;

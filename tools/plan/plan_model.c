@@ -114,6 +114,7 @@ int agoq_plan_compute(const agoq_plan_job* j, agoq_plan_result* r, char* why, si
   g->name = "DP gradients";
   g->elem_bytes = j->grad_bytes;
   g->groups_on_node = groups_on_node;
+  g->nodes = nodes;
   g->collective = j->dist_opt ? (j->grad_bytes == 4 ? "ReduceScatter fp32" : "ReduceScatter bf16")
                               : (j->grad_bytes == 4 ? "AllReduce fp32" : "AllReduce bf16");
   /* AllReduce runs on CollNet-Chain anywhere; ReduceScatter only on CollNet-Direct, which
@@ -185,6 +186,7 @@ int agoq_plan_compute(const agoq_plan_job* j, agoq_plan_result* r, char* why, si
     double calls = 4.0 * (j->layers / j->pp) * (double)r->micro_batches;
     double per = 2.0 * (j->tp - 1) / j->tp * s;
     g->groups_on_node = j->gpus_per_node / per_node;
+    g->nodes = nodes;
     g->comm_bytes = calls * per;
     g->node_bytes = g->groups_on_node * g->comm_bytes;
     g->codec_bytes = calls * s;
@@ -211,8 +213,15 @@ void agoq_plan_choose(const agoq_plan_job* j, const agoq_plan_group* g, agoq_for
     /* NCCL's estimates as modelled: the group's own bytes at the NIC's whole line rate, for
      * the ring and for CollNet alike; the decision is then the tuner's, by its own code. */
     double us = agoq_plan_seconds(j, g->comm_bytes) * 1e6;
+    agoq_dtype tt = g->tuner_as_bf16 ? AGOQ_DTYPE_BF16 : t;
     double ratio = g->tuner_as_bf16 ? agoq_tuner_wire_ratio(f, AGOQ_DTYPE_BF16, block, ((size_t)1 << 24) * 2) : c->ratio;
-    agoq_tuner_cost_compare(us, us, ratio, g->codec_bytes, codec_mbps, &c->tuner);
+    /* The tuner's own schedule cost for a group of this many nodes, at the rate NCCL's
+     * CollNet estimate (modelled here as the ring's) implies. */
+    agoq_tuner_sched sched;
+    agoq_tuner_sched_setting((size_t)g->nodes, &sched);
+    bool allreduce = strncmp(g->collective, "AllReduce", 9) == 0;
+    double net_us = agoq_tuner_network_us(&sched, allreduce, tt, ratio, g->codec_bytes, us);
+    agoq_tuner_cost_compare(us, us, net_us, ratio, g->codec_bytes, codec_mbps, &c->tuner);
     c->compressed = c->tuner.compress;
     c->codec_s = c->tuner.codec_us / 1e6;
   } else if (g->path == AGOQ_PLAN_P2P) {

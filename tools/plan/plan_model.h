@@ -64,6 +64,7 @@ typedef struct {
   int elem_bytes;         /* of the data on the wire uncompressed (4 fp32, 2 bf16) */
   bool tuner_as_bf16;     /* the tuner is not told the type (ReduceScatter) and costs it as bf16 */
   int groups_on_node;     /* groups of this kind sharing the busiest node's NIC */
+  int nodes;              /* nodes one group spans: its CollNet group's size */
   double comm_bytes;      /* one group's share of node_bytes: what NCCL's estimate sees */
   double codec_bytes;     /* per rank per iteration, input of the codec (one q+dq each) */
 } agoq_plan_group;

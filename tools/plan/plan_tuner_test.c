@@ -49,7 +49,8 @@ static int tuner_decides(const agoq_plan_job* j, const agoq_plan_group* g, bool 
   ncclTunerConstants_v6_t constants;
   memset(&constants, 0, sizeof constants);
   ncclNvlDomainInfo_v6_t nvl = {1, 8, 8};
-  if (ncclTunerPlugin_v6.init(&ctx, comm, (size_t)j->dp, (size_t)j->dp, NULL, &nvl, &constants) != ncclSuccess)
+  /* NCCL's nNodes for this group: the nodes it spans (its CollNet group's size). */
+  if (ncclTunerPlugin_v6.init(&ctx, comm, (size_t)j->dp, (size_t)g->nodes, NULL, &nvl, &constants) != ncclSuccess)
     return -1;
   size_t nbytes = (size_t)g->codec_bytes;
   if (allreduce) { /* the profiler tells the tuner an AllReduce's type, as NCCL's enqueue does */
