@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collnet/agoq_coll_internal.h"
+
 /* Per step, per rank: pieces out and in, messages out and in. */
 typedef struct {
   double *tx, *rx, *m;
@@ -41,11 +43,15 @@ int agoq_coll_profile_make(const agoq_coll_grid* g, agoq_coll_profile* p) {
       p->rx[s] = agoq_cost_max(p->rx[s], st.rx[r] / pieces);
       p->msgs[s] = agoq_cost_max(p->msgs[s], st.m[r]);
     }
-    p->levels += p->msgs[s] > 0;
   }
   free(all);
   free(spans);
   return 0;
+}
+
+double agoq_coll_cost_partial_ratio(int dtype, int op, bool quantized, bool frame_partials, double wire_ratio) {
+  if (quantized && frame_partials) return wire_ratio;
+  return (double)agoq_coll_partial_size(dtype, op) / (double)agoq_coll_type_size(dtype);
 }
 
 void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out) {

@@ -27,7 +27,6 @@
  * plus receives. The mesh and exact grids are symmetric, so these are every rank's; on a
  * ragged grid they bound the busiest rank. */
 typedef struct {
-  int levels; /* steps that move messages: 2 on the mesh, 4 on a grid */
   double tx[AGOQ_COLL_STEPS], rx[AGOQ_COLL_STEPS], msgs[AGOQ_COLL_STEPS];
 } agoq_coll_profile;
 
@@ -57,10 +56,16 @@ typedef struct {
   double tx_bytes, rx_bytes;
   double msgs; /* sent and received */
   double codec_s;
-  int levels;
+  int levels; /* steps that move messages: 2 on the mesh, 4 on a grid (fewer for RS or AG) */
   double first_s; /* one chunk alone: each step's latency, bytes and messages in turn */
   double chunk_s; /* a chunk in the pipeline's steady state: its busiest resource */
 } agoq_coll_cost;
+
+/* partial_ratio for a call of NCCL type `dtype` reduced with `op`: the partial sums the
+ * engine sends (agoq_coll_partial_size: fp32 for the narrow floats' Sum and Prod, the type
+ * itself otherwise), or frames of wire_ratio where a quantized call has
+ * AGOQ_COLLNET_PARTIALS=quantized (frame_partials). */
+double agoq_coll_cost_partial_ratio(int dtype, int op, bool quantized, bool frame_partials, double wire_ratio);
 
 /* A chunk's cost on the profile: arithmetic only. */
 void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out);

@@ -116,21 +116,23 @@ static void agoq_gplan_add(void* arg, const agoq_coll_msg* m) {
  * sending to its first player at once would queue them all at that player's NIC while the
  * others' sat idle (at 64 ranks, 8x8, 10 Gbit/s, one 1 MiB chunk took 1.49x its bytes'
  * time in agoq-collnet-sim). Each connection still carries one message per step. */
+static void agoq_gmsg_reverse(agoq_gmsg* list, int lo, int hi) {
+  for (; lo < hi; lo++, hi--) {
+    agoq_gmsg tmp = list[lo];
+    list[lo] = list[hi];
+    list[hi] = tmp;
+  }
+}
+
 static void agoq_gplan_rotate(struct agoq_coll_gplan* p, int st, int me) {
   agoq_gmsg* list = p->msg[st][0];
   int n = p->nmsg[st][0], k0 = 0;
   while (k0 < n && list[k0].peer < me) k0++;
   if (k0 == 0 || k0 == n) return;
-  agoq_gmsg tmp;
   /* Rotate left by k0 with three reversals (no allocation). */
-  for (int part = 0; part < 3; part++) {
-    int lo = part == 0 ? 0 : part == 1 ? k0 : 0, hi = part == 0 ? k0 - 1 : n - 1;
-    for (; lo < hi; lo++, hi--) {
-      tmp = list[lo];
-      list[lo] = list[hi];
-      list[hi] = tmp;
-    }
-  }
+  agoq_gmsg_reverse(list, 0, k0 - 1);
+  agoq_gmsg_reverse(list, k0, n - 1);
+  agoq_gmsg_reverse(list, 0, n - 1);
   for (int k = 0; k < n; k++) p->msg_of[st][0][list[k].peer] = k;
 }
 

@@ -26,7 +26,7 @@ fail:
 }
 
 void agoq_request_pool_fini(agoq_request_pool* pool) {
-  for (int b = 0; b < AGOQ_REQUEST_BLOCKS_MAX; b++) free(pool->blocks[b]);
+  for (uint32_t b = 0; b < pool->nblocks; b++) free(pool->blocks[b]);
   free(pool->free_stack);
   memset(pool, 0, sizeof *pool);
 }
@@ -47,6 +47,7 @@ ncclResult_t agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind,
     AGOQ_WARN("out of memory allocating %u requests of %zu bytes", pool->block, sizeof **block);
     return ncclSystemError;
   }
+  if (index / pool->block >= pool->nblocks) pool->nblocks = index / pool->block + 1;
   pool->free_count--;
   agoq_request* req = &(*block)[index % pool->block];
   memset(req, 0, sizeof *req);
@@ -75,9 +76,10 @@ void agoq_request_release(agoq_request_pool* pool, agoq_request* req) {
 uint32_t agoq_request_in_use(const agoq_request_pool* pool) { return pool->capacity - pool->free_count; }
 
 bool agoq_request_valid(const agoq_request_pool* pool, const agoq_request* req) {
-  /* Which block, if any, holds the pointer NCCL handed back: at most 64 compares, on
-   * pointers only (a foreign pointer is never dereferenced). */
-  for (int b = 0; b < AGOQ_REQUEST_BLOCKS_MAX; b++) {
+  /* Which block, if any, holds the pointer NCCL handed back, on pointers only (a foreign
+   * pointer is never dereferenced): the blocks ever used, low indices first, so as many
+   * compares as the connection's most requests in flight needed blocks (test() calls this). */
+  for (uint32_t b = 0; b < pool->nblocks; b++) {
     const agoq_request* base = pool->blocks[b];
     if (base == NULL || req < base || req >= base + pool->block) continue;
     if ((size_t)((const char*)req - (const char*)base) % sizeof *req != 0) return false;

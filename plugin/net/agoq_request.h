@@ -104,6 +104,7 @@ _Static_assert(AGOQ_REQUESTS_PER_COMM % AGOQ_REQUEST_BLOCKS_MAX == 0, "whole blo
 typedef struct {
   agoq_request* blocks[AGOQ_REQUEST_BLOCKS_MAX]; /* NULL until one of its indices is used */
   uint32_t block;                                /* requests per block */
+  uint32_t nblocks; /* one past the highest block allocated: what agoq_request_valid searches */
   uint32_t* free_stack;
   uint32_t free_count;
   uint32_t capacity;

@@ -48,14 +48,11 @@ void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s) {
 double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dtype t, double ratio, double nbytes,
                              double collnet_us) {
   if (!s->ok || nbytes <= 0.0 || collnet_us <= 0.0) return -1.0;
-  double esize = (double)agoq_dtype_size(t);
-  bool narrow = t == AGOQ_DTYPE_BF16 || t == AGOQ_DTYPE_FP16;
+  int nccl_type = t == AGOQ_DTYPE_FP32 ? ncclFloat32 : t == AGOQ_DTYPE_FP16 ? ncclFloat16 : ncclBfloat16;
   agoq_coll_cost_in in = {
       .chunk_bytes = s->chunk_bytes,
       .wire_ratio = ratio,
-      /* The column's partial sums: frames, or fp32 for the narrow floats (the type itself for
-       * fp32 and for exact calls of any type the tuner steers). */
-      .partial_ratio = s->frame_partials && ratio < 1.0 ? ratio : narrow ? 4.0 / esize : 1.0,
+      .partial_ratio = agoq_coll_cost_partial_ratio(nccl_type, ncclSum, ratio < 1.0, s->frame_partials, ratio),
       .link_Bps = 2.0 * nbytes / (collnet_us * 1e-6),
       .alpha_s = AGOQ_COLL_COST_ALPHA_S,
       .o_s = AGOQ_COLL_COST_O_S,

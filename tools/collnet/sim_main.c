@@ -339,14 +339,12 @@ int main(int argc, char** argv) {
   int bad = 0;
   printf("# the schedule: %.1f messages per rank per chunk (2(n-1) = %d on the mesh, 2(a+b-2) = %d on an exact grid)\n",
          (double)sched / n, 2 * (n - 1), 2 * (g0->grid.a + g0->grid.b - 2));
-  /* The cost model of the same run (agoq_coll_cost.h): partial sums in fp32 for the narrow
-   * floats' Sum unless AGOQ_COLLNET_PARTIALS=quantized sends them as frames. */
-  bool frames_partials = quant && agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1;
-  bool fp32_partials = (o.dtype == ncclBfloat16 || o.dtype == ncclFloat16) && !frames_partials;
+  /* The cost model of the same run (agoq_coll_cost.h). */
   agoq_coll_profile prof;
   if (agoq_coll_profile_make(&g0->grid, &prof) != 0) return 1;
   agoq_coll_cost_in ci = {.chunk_bytes = (double)o.chunk, .wire_ratio = wire,
-                          .partial_ratio = frames_partials ? wire : fp32_partials ? 4.0 / (double)esz : 1.0,
+                          .partial_ratio = agoq_coll_cost_partial_ratio((int)o.dtype, ncclSum, quant,
+                                                                        g0->cfg.quant_partials, wire),
                           .alpha_s = o.alpha, .o_s = o.o};
   printf("#  Gbit/s  vtime(us)  busbw(GB/s)  floor(GB/s)  of_floor  msgs/rank/chunk  bytes/rank/chunk  "
          "wall(s)  model(us)  vtime/model\n");

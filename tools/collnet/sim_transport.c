@@ -93,59 +93,68 @@ static int sim_grow(void** p, int* cap, int need, size_t elem) {
   return 0;
 }
 
-static void sim_due(double t, int rank) {
-  if (!isfinite(t) || sim_grow((void**)&sim.heap, &sim.capheap, sim.nheap + 1, sizeof *sim.heap) != 0) return;
-  int i = sim.nheap++;
-  while (i > 0 && sim.heap[(i - 1) / 2].t > t) {
-    sim.heap[i] = sim.heap[(i - 1) / 2];
+/* A binary min-heap of `elem`-byte entries ordered by `less`: the due times and the
+ * receivers' queue below. */
+typedef bool (*sim_less_fn)(const void* x, const void* y);
+
+static int sim_heap_push(void** base, int* n, int* cap, size_t elem, const void* e, sim_less_fn less) {
+  if (sim_grow(base, cap, *n + 1, elem) != 0) return -1;
+  char* h = *base;
+  int i = (*n)++;
+  while (i > 0 && less(e, h + (size_t)((i - 1) / 2) * elem)) {
+    memcpy(h + (size_t)i * elem, h + (size_t)((i - 1) / 2) * elem, elem);
     i = (i - 1) / 2;
   }
-  sim.heap[i] = (struct sim_due){.t = t, .rank = rank};
+  memcpy(h + (size_t)i * elem, e, elem);
+  return 0;
 }
 
-static struct sim_due sim_heap_pop(void) {
-  struct sim_due top = sim.heap[0], last = sim.heap[--sim.nheap];
+/* Moves the least entry into *top (the heap is not empty). */
+static void sim_heap_take(void* base, int* n, size_t elem, sim_less_fn less, void* top) {
+  char* h = base;
+  memcpy(top, h, elem);
+  int cnt = --(*n);
+  const char* last = h + (size_t)cnt * elem; /* past the live entries: never overwritten below */
   int i = 0;
   for (;;) {
     int c = 2 * i + 1;
-    if (c >= sim.nheap) break;
-    if (c + 1 < sim.nheap && sim.heap[c + 1].t < sim.heap[c].t) c++;
-    if (sim.heap[c].t >= last.t) break;
-    sim.heap[i] = sim.heap[c];
+    if (c >= cnt) break;
+    if (c + 1 < cnt && less(h + (size_t)(c + 1) * elem, h + (size_t)c * elem)) c++;
+    if (!less(h + (size_t)c * elem, last)) break;
+    memcpy(h + (size_t)i * elem, h + (size_t)c * elem, elem);
     i = c;
   }
-  if (sim.nheap > 0) sim.heap[i] = last;
+  if (cnt > 0) memcpy(h + (size_t)i * elem, last, elem);
+}
+
+static bool sim_due_before(const void* x, const void* y) {
+  return ((const struct sim_due*)x)->t < ((const struct sim_due*)y)->t;
+}
+
+static void sim_due(double t, int rank) {
+  struct sim_due e = {.t = t, .rank = rank};
+  if (isfinite(t)) (void)sim_heap_push((void**)&sim.heap, &sim.nheap, &sim.capheap, sizeof e, &e, sim_due_before);
+}
+
+static struct sim_due sim_heap_pop(void) {
+  struct sim_due top;
+  sim_heap_take(sim.heap, &sim.nheap, sizeof top, sim_due_before, &top);
   return top;
 }
 
-static bool sim_rx_before(const struct sim_rx* x, const struct sim_rx* y) {
+static bool sim_rx_before(const void* a, const void* b) {
+  const struct sim_rx *x = a, *y = b;
   return x->t < y->t || (x->t == y->t && x->order < y->order);
 }
 
 static int sim_rx_push(sim_msg* m) {
-  if (sim_grow((void**)&sim.rx, &sim.caprx, sim.nrx + 1, sizeof *sim.rx) != 0) return -1;
   struct sim_rx e = {.t = m->tx, .order = sim.rx_order++, .m = m};
-  int i = sim.nrx++;
-  while (i > 0 && sim_rx_before(&e, &sim.rx[(i - 1) / 2])) {
-    sim.rx[i] = sim.rx[(i - 1) / 2];
-    i = (i - 1) / 2;
-  }
-  sim.rx[i] = e;
-  return 0;
+  return sim_heap_push((void**)&sim.rx, &sim.nrx, &sim.caprx, sizeof e, &e, sim_rx_before);
 }
 
 static struct sim_rx sim_rx_pop(void) {
-  struct sim_rx top = sim.rx[0], last = sim.rx[--sim.nrx];
-  int i = 0;
-  for (;;) {
-    int c = 2 * i + 1;
-    if (c >= sim.nrx) break;
-    if (c + 1 < sim.nrx && sim_rx_before(&sim.rx[c + 1], &sim.rx[c])) c++;
-    if (!sim_rx_before(&sim.rx[c], &last)) break;
-    sim.rx[i] = sim.rx[c];
-    i = c;
-  }
-  if (sim.nrx > 0) sim.rx[i] = last;
+  struct sim_rx top;
+  sim_heap_take(sim.rx, &sim.nrx, sizeof top, sim_rx_before, &top);
   return top;
 }
 
