@@ -8,8 +8,9 @@
  *   POST_P2  reduce in rank order (strictly in chunk order, so phase-2 messages leave in
  *            the order peers post their receives), then send the result to every peer.
  *   WAIT_ALL until every send completed and every peer's result is decoded into place.
- * Each connection's operations are posted in chunk order on every rank, which is what the
- * net core's in-order matching needs; the pipeline depth is AGOQ_COLL_SLOTS chunks.
+ * A peer's phase-1 and phase-2 messages share one connection each way and are matched by
+ * tag (agoq_coll_tag), so a peer ahead of this rank may send the next chunk's contributions
+ * before this chunk's results; the pipeline depth is AGOQ_COLL_SLOTS chunks.
  * A pass over these stages (agoq_engine_step) runs under the group's step_mu, on the
  * engine thread or, with AGOQ_COLLNET_ASSIST, on NCCL's proxy thread inside test() when
  * the engine is not in one: the proxy's polling time then does the group's work instead
@@ -397,14 +398,11 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   g->pfds[np++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
   for (int pi = 0; pi < g->npeers; pi++) {
     int j = g->peers[pi];
-    for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
-      if (agoq_coll_cq(g, j, kind)->count == 0) continue;
-      void* comm = kind == AGOQ_CQ_P1S ? g->send[0][j]
-                   : kind == AGOQ_CQ_P2S ? g->send[1][j]
-                   : kind == AGOQ_CQ_P1R ? g->recv[0][j]
-                                         : g->recv[1][j];
-      np += agoq_net_wait_fds(comm, g->pfds + np, g->pfds_cap - np, &hidden);
-    }
+    /* Each way's one connection carries both phases. */
+    if (agoq_coll_cq(g, j, AGOQ_CQ_P1S)->count > 0 || agoq_coll_cq(g, j, AGOQ_CQ_P2S)->count > 0)
+      np += agoq_net_wait_fds(g->send[j], g->pfds + np, g->pfds_cap - np, &hidden);
+    if (agoq_coll_cq(g, j, AGOQ_CQ_P1R)->count > 0 || agoq_coll_cq(g, j, AGOQ_CQ_P2R)->count > 0)
+      np += agoq_net_wait_fds(g->recv[j], g->pfds + np, g->pfds_cap - np, &hidden);
   }
   /* A device copy or kernel announces its end on no descriptor: poll it again soon. */
   if (g->admit != NULL && g->admit->in_copy) hidden = true;

@@ -14,10 +14,10 @@
  *   G_AG     once the column's final pieces are in (decoded into place): the row all-gather,
  *            one message per row peer with every final piece of this rank's columns.
  *   WAIT_ALL every send completed and every row peer's pieces decoded into place.
- * Each stage runs strictly in chunk order (one cursor per stage), so every connection's
- * operations are posted in chunk order on both of its ends, as the net core's in-order
- * matching needs; row and column peers are distinct ranks, so each (peer, phase) carries one
- * message per chunk and direction, as on the mesh.
+ * Each stage runs strictly in chunk order (one cursor per stage). Row and column peers are
+ * distinct ranks, so each peer gets one phase-1 (reduce-scatter) and one phase-2
+ * (all-gather) message per chunk and direction, as on the mesh, on the one connection each
+ * way, matched by tag (agoq_coll_tag).
  *
  * Pieces: an all-reduce chunk is cut into a*b pieces at block granularity (piece (c, r) has
  * index c*b + r; a column's pieces are contiguous); a reduce-scatter or all-gather chunk's

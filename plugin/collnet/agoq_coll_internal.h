@@ -222,8 +222,10 @@ typedef struct agoq_coll_comm {
   agoq_coll_grid grid;
   int* peers;
   int npeers;
-  void** send[2]; /* [phase][peer] net send comms; NULL for self and non-peers */
-  void** recv[2];
+  /* [peer] net comms, one each way per peer; NULL for self and non-peers. A chunk's
+   * phase-1 and phase-2 messages share them, matched by tag (agoq_coll_tag). */
+  void** send;
+  void** recv;
   /* Shared between the proxy thread (enqueue, pool) and the engine. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -287,6 +289,17 @@ typedef struct {
   size_t size;
   void* net_key; /* host memory: its registration with the transport */
 } agoq_coll_mr;
+
+/* The tag of chunk seq's phase-1 or phase-2 message (AGOQ_CQ_P1* / P2*) on a connection:
+ * the receiver's tagged comm hands each message to the receive of its tag, however they
+ * interleave (a peer ahead sends chunk k+1's contributions before chunk k's results).
+ * Chunks in flight on a connection lie within 2 * AGOQ_COLL_SLOTS of each other, far inside
+ * the 2^29 sequence numbers a tag tells apart; setup's messages have a tag of their own. */
+#define AGOQ_COLL_TAG_SETUP INT32_MAX
+static inline int agoq_coll_tag(int kind, uint64_t seq) {
+  uint64_t phase = (kind == AGOQ_CQ_P2S || kind == AGOQ_CQ_P2R) ? 1u : 0u;
+  return (int)(((seq & 0x1fffffffu) << 1) | phase);
+}
 
 static inline bool agoq_coll_has_p1(const agoq_coll_req* r) { return r->kind != AGOQ_COLL_ALLGATHER; }
 static inline bool agoq_coll_has_p2(const agoq_coll_req* r) { return r->kind != AGOQ_COLL_REDUCESCATTER; }

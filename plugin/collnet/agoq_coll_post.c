@@ -60,10 +60,10 @@ void** agoq_coll_op_req(agoq_coll_slot* s, int kind, int peer) {
 ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
                                  bool* posted) {
   void** reqp = agoq_coll_op_req(s, kind, j);
-  int tag = j;
+  int tag = agoq_coll_tag(kind, s->seq);
   void* bufs[1] = {data};
   size_t sizes[1] = {size};
-  AGOQ_CHECK(agoq_net_irecv(g->recv[kind == AGOQ_CQ_P1R ? 0 : 1][j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
+  AGOQ_CHECK(agoq_net_irecv(g->recv[j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
   *posted = *reqp != NULL;
   if (*posted) agoq_cq_push(agoq_coll_cq(g, j, kind), g, s);
   return ncclSuccess;
@@ -72,7 +72,7 @@ ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind,
 ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
                                  size_t size, size_t raw, bool* posted) {
   void** reqp = agoq_coll_op_req(s, kind, j);
-  AGOQ_CHECK(agoq_net_isend(g->send[kind == AGOQ_CQ_P1S ? 0 : 1][j], (void*)data, size, g->rank, NULL, NULL, reqp));
+  AGOQ_CHECK(agoq_net_isend(g->send[j], (void*)data, size, agoq_coll_tag(kind, s->seq), NULL, NULL, reqp));
   *posted = *reqp != NULL;
   if (*posted) {
     agoq_stats_wire(g->st, s->req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, raw, size);
@@ -90,16 +90,14 @@ bool agoq_coll_fail(agoq_coll_comm* g, ncclResult_t res) {
 }
 
 void agoq_coll_close_conns(agoq_coll_comm* g) {
-  for (int ph = 0; ph < 2; ph++) {
-    for (int p = 0; p < g->nranks; p++) {
-      if (g->send[ph] != NULL && g->send[ph][p] != NULL) {
-        (void)agoq_net_close_send(g->send[ph][p]);
-        g->send[ph][p] = NULL;
-      }
-      if (g->recv[ph] != NULL && g->recv[ph][p] != NULL) {
-        (void)agoq_net_close_recv(g->recv[ph][p]);
-        g->recv[ph][p] = NULL;
-      }
+  for (int p = 0; p < g->nranks; p++) {
+    if (g->send != NULL && g->send[p] != NULL) {
+      (void)agoq_net_close_send(g->send[p]);
+      g->send[p] = NULL;
+    }
+    if (g->recv != NULL && g->recv[p] != NULL) {
+      (void)agoq_net_close_recv(g->recv[p]);
+      g->recv[p] = NULL;
     }
   }
 }

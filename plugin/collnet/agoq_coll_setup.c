@@ -1,6 +1,6 @@
 /* Group creation and teardown: listen (a net listen plus the group-wide settings in NCCL's
- * 128-byte handle), connect (the full mesh, two connection pairs per peer, blocking with a
- * timeout), and close. */
+ * 128-byte handle), connect (one connection each way with every peer of the schedule,
+ * blocking with a timeout), and close. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,14 +11,23 @@
 #include "collnet/agoq_coll_wire.h"
 #include "core/agoq_check.h"
 #include "core/agoq_fdlimit.h"
+#include "net/agoq_net.h"
 #include "transport/agoq_transport.h"
 
-/* The transport flags of every CollNet connection. INLINE: each message is a slice of one
- * chunk, inline, no data sockets (a rank holds four connections per peer; with
- * AGOQ_SOCKET_NSOCKS=4 they took 5 descriptors each). FEW: at most one message per pipeline
- * slot on a connection, so verbs rings of AGOQ_TP_FEW_DEPTH slots, not 256. */
-#define AGOQ_COLL_TP_FLAGS (AGOQ_TP_LISTEN_INLINE | AGOQ_TP_FEW)
-_Static_assert(AGOQ_COLL_SLOTS <= AGOQ_TP_FEW_DEPTH, "a CollNet connection's messages in flight fit its verbs ring");
+/* The flags of every CollNet connection. INLINE: each message is a slice of one chunk,
+ * inline, no data sockets (with AGOQ_SOCKET_NSOCKS=4 a connection took 5 descriptors).
+ * FEW: few messages in flight on a connection, so verbs rings of AGOQ_TP_FEW_DEPTH slots,
+ * not 256. TAGGED: a chunk's phase-1 and phase-2 messages share the connection, matched by
+ * tag (agoq_coll_tag), one connection per peer and direction instead of one per phase. */
+#define AGOQ_COLL_TP_FLAGS (AGOQ_TP_LISTEN_INLINE | AGOQ_TP_FEW | AGOQ_NET_TAGGED)
+/* A connection carries at most one message per pipeline slot and phase that its receiver
+ * has not consumed: a rank reuses a slot only once its chunk is complete, which needs the
+ * peer's phase-2 message, sent only after the peer consumed this rank's phase-1 message of
+ * that chunk, and the peer's phase-1 message of the slot's next chunk, sent only once the
+ * peer completed the chunk and so consumed this rank's phase-2 message. The tagged comm
+ * holds that many unclaimed messages, and the verbs ring that many slots. */
+_Static_assert(2 * AGOQ_COLL_SLOTS <= AGOQ_NET_TAGGED_DEPTH, "a CollNet connection's unconsumed messages fit");
+_Static_assert(2 * AGOQ_COLL_SLOTS <= AGOQ_TP_FEW_DEPTH, "a CollNet connection's messages in flight fit its verbs ring");
 
 /* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
 /* The settings block and the setup messages are encoded and decoded in agoq_coll_wire.c. */
@@ -78,15 +87,15 @@ typedef struct {
   agoq_coll_comm* g;
   agoq_coll_listen_comm* lc;
   int64_t deadline_ns;
-  /* Per (peer, phase): our copy of the peer's net handle (the net core keeps its connect
-   * progress inside it), the identity send, and what has completed. */
+  /* Per peer: our copy of its net handle (the net core keeps its connect progress inside
+   * it), the identity send, and what has completed. */
   uint8_t (*handles)[NCCL_NET_HANDLE_MAXSIZE];
   void** ident_req;
   bool* ident_done;
   agoq_coll_accepted* acc;
   int nacc, acc_cap;
   int nsend_done, nrecv_known;
-  uint8_t ident[2][AGOQ_COLL_MSG_SIZE];
+  uint8_t ident[AGOQ_COLL_MSG_SIZE];
   uint8_t ready[AGOQ_COLL_MSG_SIZE];
 } agoq_coll_setup;
 
@@ -103,10 +112,8 @@ static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_g
   g->dev = lc->dev;
   g->grid = *grid;
   atomic_init(&g->error, ncclSuccess);
-  for (int ph = 0; ph < 2; ph++) {
-    AGOQ_CALLOC_GOTO(g->send[ph], nranks, res, fail);
-    AGOQ_CALLOC_GOTO(g->recv[ph], nranks, res, fail);
-  }
+  AGOQ_CALLOC_GOTO(g->send, nranks, res, fail);
+  AGOQ_CALLOC_GOTO(g->recv, nranks, res, fail);
   AGOQ_CALLOC_GOTO(g->peers, nranks, res, fail);
   for (int p = 0; p < nranks; p++)
     if (agoq_coll_schedule_is_peer(grid, rank, p)) g->peers[g->npeers++] = p;
@@ -114,10 +121,8 @@ static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_g
   return ncclSuccess;
 fail:
   if (g != NULL) {
-    for (int ph = 0; ph < 2; ph++) {
-      free(g->send[ph]);
-      free(g->recv[ph]);
-    }
+    free(g->send);
+    free(g->recv);
     free(g->peers);
     free(g);
   }
@@ -126,10 +131,8 @@ fail:
 
 static void agoq_coll_comm_free(agoq_coll_comm* g) {
   agoq_coll_close_conns(g);
-  for (int ph = 0; ph < 2; ph++) {
-    free(g->send[ph]);
-    free(g->recv[ph]);
-  }
+  free(g->send);
+  free(g->recv);
   free(g->peers);
   agoq_stats_release(g->st);
   g->magic = 0;
@@ -149,10 +152,10 @@ static struct {
 static void agoq_coll_abandon(agoq_coll_setup* s, int nranks) {
   if (s->handles == NULL) return;
 #ifdef AGOQ_NET_HAS_CONNECT_ABORT
-  for (int i = 0; i < 2 * nranks; i++) agoq_net_connect_abort(s->handles[i]);
+  for (int i = 0; i < nranks; i++) agoq_net_connect_abort(s->handles[i]);
 #else
   bool pending = false;
-  for (int i = 0; i < 2 * nranks && !pending; i++) {
+  for (int i = 0; i < nranks && !pending; i++) {
     void* state;
     memcpy(&state, s->handles[i] + AGOQ_TP_HANDLE_STATE_OFFSET, sizeof state);
     pending = state != NULL;
@@ -173,34 +176,31 @@ static void agoq_coll_abandon(agoq_coll_setup* s, int nranks) {
 
 static bool agoq_coll_expired(const agoq_coll_setup* s) { return agoq_coll_now_ns() > s->deadline_ns; }
 
-/* Sends each (peer, phase) connection's identity once the connection exists. */
+/* Sends each peer's connection its identity once the connection exists. */
 static ncclResult_t agoq_coll_setup_connect(agoq_coll_setup* s, bool* progressed) {
   agoq_coll_comm* g = s->g;
   void* net_ctx = s->lc->ctx->net_ctx;
   for (int pi = 0; pi < g->npeers; pi++) {
     int p = g->peers[pi];
-    for (int ph = 0; ph < 2; ph++) {
-      int i = p * 2 + ph;
-      if (g->send[ph][p] == NULL) {
-        AGOQ_CHECK(agoq_net_connect_flags(net_ctx, g->dev, AGOQ_COLL_TP_FLAGS, s->handles[i], &g->send[ph][p]));
-        if (g->send[ph][p] == NULL) continue;
-        agoq_net_stats_detach(g->send[ph][p]); /* counted on the group's CollNet lines */
-        *progressed = true;
-      }
-      if (s->ident_done[i]) continue;
-      if (s->ident_req[i] == NULL) {
-        AGOQ_CHECK(agoq_net_isend(g->send[ph][p], s->ident[ph], AGOQ_COLL_MSG_SIZE, g->rank, NULL, NULL,
-                                  &s->ident_req[i]));
-        if (s->ident_req[i] == NULL) continue;
-      }
-      int done = 0, size = 0;
-      AGOQ_CHECK(agoq_net_test(s->ident_req[i], &done, &size));
-      if (done) {
-        s->ident_req[i] = NULL;
-        s->ident_done[i] = true;
-        s->nsend_done++;
-        *progressed = true;
-      }
+    if (g->send[p] == NULL) {
+      AGOQ_CHECK(agoq_net_connect_flags(net_ctx, g->dev, AGOQ_COLL_TP_FLAGS, s->handles[p], &g->send[p]));
+      if (g->send[p] == NULL) continue;
+      agoq_net_stats_detach(g->send[p]); /* counted on the group's CollNet lines */
+      *progressed = true;
+    }
+    if (s->ident_done[p]) continue;
+    if (s->ident_req[p] == NULL) {
+      AGOQ_CHECK(agoq_net_isend(g->send[p], s->ident, AGOQ_COLL_MSG_SIZE, AGOQ_COLL_TAG_SETUP, NULL, NULL,
+                                &s->ident_req[p]));
+      if (s->ident_req[p] == NULL) continue;
+    }
+    int done = 0, size = 0;
+    AGOQ_CHECK(agoq_net_test(s->ident_req[p], &done, &size));
+    if (done) {
+      s->ident_req[p] = NULL;
+      s->ident_done[p] = true;
+      s->nsend_done++;
+      *progressed = true;
     }
   }
   return ncclSuccess;
@@ -214,16 +214,16 @@ static ncclResult_t agoq_coll_setup_identify(agoq_coll_setup* s, agoq_coll_accep
     AGOQ_WARN("CollNet group creation: unexpected first message (%d bytes) on an accepted connection", size);
     return ncclRemoteError;
   }
-  uint32_t rank = m.rank, nranks = m.nranks, phase = m.phase;
+  uint32_t rank = m.rank, nranks = m.nranks;
   bool valid = agoq_coll_ident_valid(&m, g->rank, g->nranks);
   bool peer = valid && agoq_coll_schedule_is_peer(&g->grid, g->rank, (int)rank);
-  if (!peer || g->recv[phase][rank] != NULL) {
+  if (!peer || g->recv[rank] != NULL) {
     AGOQ_WARN("CollNet group creation: rank %d got a connection claiming rank %u of %u, phase %u "
-              "(this group has %d ranks%s)", g->rank, rank, nranks, phase, g->nranks,
+              "(this group has %d ranks%s)", g->rank, rank, nranks, m.phase, g->nranks,
               !valid ? "" : !peer ? "; not a peer of this rank in the group's grid" : "; duplicate");
     return ncclRemoteError;
   }
-  g->recv[phase][rank] = a->comm;
+  g->recv[rank] = a->comm;
   a->comm = NULL;
   s->nrecv_known++;
   return ncclSuccess;
@@ -249,7 +249,7 @@ static ncclResult_t agoq_coll_setup_accept(agoq_coll_setup* s, bool* progressed)
     if (a->req == NULL) {
       void* data = a->msg;
       size_t size = AGOQ_COLL_MSG_SIZE;
-      int tag = 0;
+      int tag = AGOQ_COLL_TAG_SETUP;
       AGOQ_CHECK(agoq_net_irecv(a->comm, 1, &data, &size, &tag, NULL, NULL, &a->req));
       if (a->req == NULL) continue;
     }
@@ -269,8 +269,8 @@ static void agoq_coll_setup_missing(const agoq_coll_setup* s, char* out, size_t 
   out[0] = '\0';
   for (int pi = 0; pi < g->npeers && used + 32 < len; pi++) {
     int p = g->peers[pi];
-    bool out_ok = s->ident_done[p * 2] && s->ident_done[p * 2 + 1];
-    bool in_ok = g->recv[0][p] != NULL && g->recv[1][p] != NULL;
+    bool out_ok = s->ident_done[p];
+    bool in_ok = g->recv[p] != NULL;
     if (out_ok && in_ok) continue;
     used += (size_t)snprintf(out + used, len - used, "%s%d(%s%s)", used ? " " : "", p, out_ok ? "" : "to",
                              in_ok ? "" : (out_ok ? "from" : ",from"));
@@ -282,7 +282,7 @@ static void agoq_coll_nap(void) {
   nanosleep(&ts, NULL);
 }
 
-/* Every peer says "ready" on its phase-0 connection once its own mesh is complete, and
+/* Every peer says "ready" on its connection once its own connections are complete, and
  * nobody returns success before hearing it from everyone: a rank that failed closes its
  * connections instead, and its peers fail too rather than run a half-built group. */
 static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
@@ -309,7 +309,7 @@ static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
       int done = 0, size = 0;
       if (!sdone[p]) {
         if (sreq[p] == NULL)
-          AGOQ_CHECK_GOTO(agoq_net_isend(g->send[0][p], s->ready, AGOQ_COLL_MSG_SIZE, g->rank, NULL, NULL, &sreq[p]),
+          AGOQ_CHECK_GOTO(agoq_net_isend(g->send[p], s->ready, AGOQ_COLL_MSG_SIZE, AGOQ_COLL_TAG_SETUP, NULL, NULL, &sreq[p]),
                           res, out);
         if (sreq[p] != NULL) {
           AGOQ_CHECK_GOTO(agoq_net_test(sreq[p], &done, &size), res, out);
@@ -325,8 +325,8 @@ static ncclResult_t agoq_coll_setup_barrier(agoq_coll_setup* s) {
         if (rreq[p] == NULL) {
           void* data = rmsg[p];
           size_t cap = AGOQ_COLL_MSG_SIZE;
-          int tag = p;
-          AGOQ_CHECK_GOTO(agoq_net_irecv(g->recv[0][p], 1, &data, &cap, &tag, NULL, NULL, &rreq[p]), res, out);
+          int tag = AGOQ_COLL_TAG_SETUP;
+          AGOQ_CHECK_GOTO(agoq_net_irecv(g->recv[p], 1, &data, &cap, &tag, NULL, NULL, &rreq[p]), res, out);
         }
         if (rreq[p] != NULL) {
           AGOQ_CHECK_GOTO(agoq_net_test(rreq[p], &done, &size), res, out);
@@ -430,7 +430,7 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
 
 static ncclResult_t agoq_coll_setup_run(agoq_coll_setup* s) {
   agoq_coll_comm* g = s->g;
-  int want = 2 * g->npeers;
+  int want = g->npeers;
   while (s->nsend_done < want || s->nrecv_known < want) {
     bool progressed = false;
     AGOQ_CHECK(agoq_coll_setup_connect(s, &progressed));
@@ -473,10 +473,10 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
   }
   AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, &grid, lc, &s.g), res, fail);
   {
-    /* Four connections per peer of the schedule: room for their descriptors now, or an
-     * error that names the limit (where the group would otherwise fail on some rank as a
-     * handshake timeout). */
-    size_t conns = 4 * (size_t)s.g->npeers;
+    /* Two connections per peer of the schedule (one each way): room for their descriptors
+     * now, or an error that names the limit (where the group would otherwise fail on some
+     * rank as a handshake timeout). */
+    size_t conns = 2 * (size_t)s.g->npeers;
     char what[128];
     snprintf(what, sizeof what, "a CollNet group of %d ranks (%zu connections to %d peers)", nranks, conns,
              s.g->npeers);
@@ -484,8 +484,8 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
   }
   s.lc = lc;
   s.deadline_ns = agoq_coll_now_ns() + (int64_t)lc->ctx->cfg.timeout_s * 1000000000;
-  size_t nconn = 2 * (size_t)nranks;
-  s.acc_cap = 2 * s.g->npeers;
+  size_t nconn = (size_t)nranks;
+  s.acc_cap = s.g->npeers;
   s.handles = calloc(nconn, sizeof *s.handles);
   s.ident_req = calloc(nconn, sizeof *s.ident_req);
   s.ident_done = calloc(nconn, sizeof *s.ident_done);
@@ -495,9 +495,8 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
     res = ncclSystemError;
     goto fail;
   }
-  for (int p = 0; p < nranks; p++)
-    for (int ph = 0; ph < 2; ph++) memcpy(s.handles[p * 2 + ph], handles[p], AGOQ_COLL_HANDLE_OFFSET);
-  for (int ph = 0; ph < 2; ph++) agoq_coll_msg_encode(s.ident[ph], AGOQ_COLL_MSG_IDENT, ph, rank, nranks);
+  for (int p = 0; p < nranks; p++) memcpy(s.handles[p], handles[p], AGOQ_COLL_HANDLE_OFFSET);
+  agoq_coll_msg_encode(s.ident, AGOQ_COLL_MSG_IDENT, 0, rank, nranks);
   agoq_coll_msg_encode(s.ready, AGOQ_COLL_MSG_READY, 0, rank, nranks);
   int64_t t0 = agoq_coll_now_ns();
   AGOQ_CHECK_GOTO(agoq_coll_setup_run(&s), res, fail);
@@ -509,11 +508,11 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
     agoq_coll_grid_text(s.g->cfg.grid_a, s.g->cfg.grid_b, text, sizeof text);
     if (grid.b == 1)
       AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: one-level mesh of %d ranks (AGOQ_COLLNET_GRID=%s): %d peers, "
-                "%d connections", rank, nranks, text, s.g->npeers, 4 * s.g->npeers);
+                "%d connections", rank, nranks, text, s.g->npeers, 2 * s.g->npeers);
     else
       AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: two-level grid of %d columns x %d rows, last row %d ranks "
                 "(AGOQ_COLLNET_GRID=%s): %d peers, %d connections", rank, grid.a, grid.b, grid.last, text,
-                s.g->npeers, 4 * s.g->npeers);
+                s.g->npeers, 2 * s.g->npeers);
   }
   if (s.g->cfg.format == AGOQ_FORMAT_NONE)
     AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet group of %d ranks created (rank %d) in %.1f ms; compression off "

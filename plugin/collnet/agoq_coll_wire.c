@@ -172,5 +172,5 @@ bool agoq_coll_msg_decode(const uint8_t* in, size_t size, int kind, agoq_coll_se
 
 bool agoq_coll_ident_valid(const agoq_coll_setup_msg* m, int my_rank, int nranks) {
   return m->kind == AGOQ_COLL_MSG_IDENT && m->nranks == (uint32_t)nranks && m->rank < m->nranks &&
-         m->rank != (uint32_t)my_rank && m->phase <= 1;
+         m->rank != (uint32_t)my_rank && m->phase == 0;
 }

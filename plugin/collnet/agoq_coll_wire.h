@@ -20,9 +20,10 @@
 #include "collnet/agoq_coll_internal.h"
 
 #define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
-/* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27 and AGOQ_COLLNET_PARTIALS at 28. A
- * version-1 peer names both versions. */
-#define AGOQ_COLL_HANDLE_VERSION 2
+/* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27 and AGOQ_COLLNET_PARTIALS at 28.
+ * 3: the same layout; one tagged connection per peer and direction (phase 0 only) instead of
+ * one per phase. A peer of another version names both versions. */
+#define AGOQ_COLL_HANDLE_VERSION 3
 #define AGOQ_COLL_HANDLE_OFFSET 64
 #define AGOQ_COLL_SETTINGS_SIZE 32
 

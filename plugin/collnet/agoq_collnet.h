@@ -3,8 +3,10 @@
  * adapter over these functions (plugin/tables/agoq_collnet_tables.c).
  *
  * A collective group is a full mesh of net-core connections between the nranks node heads,
- * two connection pairs per peer: phase 0 carries the scatter-reduce messages, phase 1 the
- * all-gather messages, each posted in request order on every rank. One engine thread per
+ * one connection each way per peer. It carries phase 0 (the scatter-reduce messages) and
+ * phase 1 (the all-gather messages) alike, each message matched to its receive by tag (the
+ * chunk and the phase: AGOQ_NET_TAGGED), since a peer ahead may send one chunk's phase 0
+ * before an earlier chunk's phase 1. One engine thread per
  * group does all the work (posts, polls, codec, fp32 accumulation); the collective calls
  * only enqueue, test() only reads the request's state, so NCCL's proxy thread never runs
  * codec work.

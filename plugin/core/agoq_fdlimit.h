@@ -1,7 +1,7 @@
 /*
  * File descriptors against RLIMIT_NOFILE. Most distributions and containers start processes
  * with a soft limit of 1024 and a far higher hard one; a CollNet group holds one descriptor
- * per connection (4(n-1) per rank), NCCL's own sockets and the application's come on top. The
+ * per connection (2(n-1) per rank on the mesh, 2(a+b-2) on a grid), NCCL's own sockets and the application's come on top. The
  * soft limit is raised toward the hard one when a setup needs it (one INFO line), and where
  * even the hard one is short, the error names the limit, what is needed and how to raise it,
  * before any connection is tried: never a handshake timeout on some other rank.

@@ -58,8 +58,22 @@ int agoq_net_helper_threads(void);
 unsigned agoq_net_conn_fds(unsigned listen_flags);
 
 ncclResult_t agoq_net_listen(void* ctx, int dev, void* handle, void** listen_comm);
-/* The same with the transport's listen flags (AGOQ_TP_LISTEN_INLINE: CollNet). */
+/* The same with the transport's listen flags (AGOQ_TP_LISTEN_INLINE: CollNet), and
+ * AGOQ_NET_TAGGED for the receive comms it accepts. */
 ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* handle, void** listen_comm);
+/* Listen flag of the net core's own (the transport never sees it): the accepted receive
+ * comms match each message to the posted receive of the same tag, whatever the order of
+ * posting, as MPI does; a message whose receive is not posted yet waits in a bounded
+ * queue of the comm's (agoq_net_tagged.c). NCCL's own comms match in posting order. For a
+ * user that multiplexes several streams on one connection (CollNet: a chunk's
+ * contributions and its results, one connection per peer and direction). */
+#define AGOQ_NET_TAGGED 0x10000u
+/* A tagged comm's depth: the receives it has in flight at most (more: NCCL's NULL request,
+ * call again), and the messages it holds whose receive is not posted yet (more wait in the
+ * transport, and the sender with them). */
+#define AGOQ_NET_TAGGED_DEPTH AGOQ_TP_FEW_DEPTH
+/* On a tagged comm, a receive that takes the oldest message of any tag. */
+#define AGOQ_NET_TAG_ANY (-1)
 /* The comm's traffic is not p2p (CollNet's own connections): keep it off the net
  * context's p2p statistics lines. */
 void agoq_net_stats_detach(void* comm);

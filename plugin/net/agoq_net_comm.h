@@ -84,6 +84,8 @@ typedef struct agoq_comm {
   /* Bounce buffers registered with the transport for their message (verbs: a registration
    * on the data path, slow on hardware; said once per connection at INFO). */
   uint64_t bounce_regs;
+  /* AGOQ_NET_TAGGED receive comms: matching by tag (agoq_net_tagged.c); NULL otherwise. */
+  struct agoq_tagq* tagq;
 } agoq_comm;
 
 /* Wraps a new transport connection (takes it over; closes it on failure). */
@@ -96,6 +98,25 @@ void* agoq_mr_key(const void* mhandle, const void* data, size_t size);
 /* The receive side's agoq_tp_match_fn (arg: the comm): NCCL's matching rules. */
 ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot, uint8_t** dst);
 
+
+/* ---- tagged receive comms (agoq_net_tagged.c) ---- */
+
+/* Receives a tagged comm keeps posted with the transport, and so the most messages that may
+ * wait on it for their receive; also its request pool's size (every receive posted can wait
+ * for a message). */
+#define AGOQ_TAGQ_LANDINGS AGOQ_NET_TAGGED_DEPTH
+typedef struct agoq_tagq agoq_tagq;
+/* Makes comm (a receive comm, nothing posted yet) tagged: takes over the transport's match. */
+ncclResult_t agoq_tagq_create(agoq_comm* comm);
+/* After the transport is closed: frees the messages still held. */
+void agoq_tagq_destroy(agoq_comm* comm);
+/* Close, while the transport can still name the peer: messages that waited, at INFO. */
+void agoq_tagq_log(const agoq_comm* comm);
+/* irecv of req (one host buffer, its tag in tags[0], AGOQ_NET_TAG_ANY for any): takes a
+ * message already held, or waits for one. */
+ncclResult_t agoq_tagq_irecv(agoq_comm* comm, agoq_request* req);
+/* test: *done once req's bytes are in its buffer (size in req->actual[0]). */
+ncclResult_t agoq_tagq_test(agoq_comm* comm, agoq_request* req, bool* done);
 
 /* ---- device buffers (agoq_net_device.c) ---- */
 

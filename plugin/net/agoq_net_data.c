@@ -320,7 +320,7 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
     }
   }
   if (comm->st != NULL) req->post_ns = agoq_stats_clock_ns();
-  err = agoq_net_tp->post_recv(comm->tp, &req->xfer);
+  err = comm->tagq != NULL ? agoq_tagq_irecv(comm, req) : agoq_net_tp->post_recv(comm->tp, &req->xfer);
   if (err != ncclSuccess) {
     agoq_dev_release(comm, req);
     agoq_request_release(&comm->pool, req);
@@ -432,8 +432,20 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
     }
     return ncclSuccess;
   }
-  ncclResult_t err = agoq_net_tp->progress(comm->tp, &req->xfer);
-  if (agoq_net_tp->done(comm->tp, &req->xfer)) {
+  ncclResult_t err;
+  bool xfer_done;
+  if (comm->tagq != NULL && !comm->is_send) {
+    err = agoq_tagq_test(comm, req, &xfer_done);
+    if (xfer_done) {
+      agoq_request_finish(comm, req, req->actual, sizes);
+      *done = 1;
+      return ncclSuccess;
+    }
+  } else {
+    err = agoq_net_tp->progress(comm->tp, &req->xfer);
+    xfer_done = agoq_net_tp->done(comm->tp, &req->xfer);
+  }
+  if (xfer_done) {
     size_t actual[AGOQ_NET_MAX_RECVS] = {0};
     if (comm->is_send) {
       if (req->stage[0] >= 0) agoq_stage_put(&comm->stage, req->stage[0]);

@@ -27,11 +27,14 @@ ncclResult_t agoq_comm_create(bool is_send, int dev, agoq_tp_conn* tp, unsigned 
   /* NCCL keeps up to NCCL_NET_MAX_REQUESTS receives (each of up to maxRecvs buffers) and
    * NCCL_NET_MAX_REQUESTS x maxRecvs sends in flight; both sides get the larger bound. A
    * CollNet connection (AGOQ_TP_FEW) holds one operation per pipeline chunk: its depth (a
-   * 1024-rank grid's 248 connections per rank then take 2 MB of requests, not 31 MB). */
-  AGOQ_CHECK_GOTO(
-      agoq_request_pool_init(&comm->pool, (flags & AGOQ_TP_FEW) ? AGOQ_TP_FEW_DEPTH : AGOQ_REQUESTS_PER_COMM), res,
-      fail);
-  if (!is_send) agoq_net_tp->set_match(tp, agoq_net_match, comm);
+   * 1024-rank grid's 124 connections per rank then take 2 MB of requests, not 16 MB). */
+  bool tagged = !is_send && (flags & AGOQ_NET_TAGGED);
+  uint32_t depth = tagged ? AGOQ_TAGQ_LANDINGS : (flags & AGOQ_TP_FEW) ? AGOQ_TP_FEW_DEPTH : AGOQ_REQUESTS_PER_COMM;
+  AGOQ_CHECK_GOTO(agoq_request_pool_init(&comm->pool, depth), res, fail);
+  if (tagged)
+    AGOQ_CHECK_GOTO(agoq_tagq_create(comm), res, fail);
+  else if (!is_send)
+    agoq_net_tp->set_match(tp, agoq_net_match, comm);
   *out = comm;
   return ncclSuccess;
 fail:
@@ -44,9 +47,11 @@ void agoq_comm_destroy(agoq_comm* comm) {
     if (comm->typed_stats.frames > 0 || comm->typed_stats.unknown_type > 0)
       agoq_typed_stats_log(&comm->typed_stats, comm->is_send, agoq_comm_peer(comm));
     agoq_dev_log(comm);
+    agoq_tagq_log(comm);
     /* After this no helper thread touches a posted buffer, staging included. */
     agoq_net_tp->close(comm->tp);
   }
+  agoq_tagq_destroy(comm);
   /* After the transport: no helper thread writes into the pinned staging any more. */
   agoq_dev_close(comm);
   agoq_stage_fini(&comm->stage);
@@ -79,7 +84,7 @@ ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* han
   l->dev = dev;
   l->flags = flags;
   l->st_recv = c->st_recv;
-  res = agoq_net_tp->listen(dev, c->comm_id, flags, handle, &l->tp);
+  res = agoq_net_tp->listen(dev, c->comm_id, flags & ~AGOQ_NET_TAGGED, handle, &l->tp);
   if (res != ncclSuccess) {
     free(l);
     goto out;
@@ -114,7 +119,7 @@ ncclResult_t agoq_net_connect_flags(void* ctx, int dev, unsigned flags, void* ha
   AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_net_tp->ndevs(), res, out);
   *send_comm = NULL;
   agoq_tp_conn* tp = NULL;
-  AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, flags, handle, &tp), res, out);
+  AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, flags & ~AGOQ_NET_TAGGED, handle, &tp), res, out);
   if (tp == NULL) return ncclSuccess; /* the handshake is still under way */
   agoq_comm* comm;
   AGOQ_CHECK_GOTO(agoq_comm_create(true, dev, tp, flags, &comm), res, out);

@@ -86,6 +86,7 @@ typedef struct agoq_request {
   uint8_t direct_mask;
   int dev_why;                         /* send going exact: its agoq_exact_reason */
   size_t actual[AGOQ_NET_MAX_RECVS];   /* receiver: sizes to report once copied out */
+  bool tag_done;                       /* receive on a tagged comm: the bytes are in (actual[0]) */
   int64_t post_ns;             /* AGOQ_STATS: when isend/irecv posted it */
   bool quantized;              /* AGOQ_STATS: a frame went or came (wire time per path) */
   uint32_t pool_index;

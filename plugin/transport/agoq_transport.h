@@ -102,7 +102,7 @@ typedef struct agoq_tp_conn agoq_tp_conn;
 
 /* listen flags. INLINE: every message on the listen's connections is small and moves with
  * its header (CollNet frames, the verbs bootstrap): TCP opens no data sockets for them, so a
- * connection costs one descriptor (a CollNet group holds 4(n-1) connections). */
+ * connection costs one descriptor (a CollNet group holds 2(n-1) connections on its mesh). */
 #define AGOQ_TP_LISTEN_INLINE 1u
 /* listen and connect flag. FEW: the owner keeps few messages in flight on each connection
  * (CollNet: at most AGOQ_COLL_SLOTS per connection), so verbs rings hold AGOQ_TP_FEW_DEPTH

@@ -1,6 +1,6 @@
 #!/bin/sh
-# collnet.fdlimit (issue 28): a CollNet group of 16 ranks holds 4(n-1) = 60 connections per
-# rank. Below the descriptors it needs (with room for NCCL and the application):
+# collnet.fdlimit (issue 28): a CollNet group of 16 ranks holds 2(n-1) = 30 connections per
+# rank (one each way per peer). Below the descriptors it needs (with room for NCCL and the application):
 #  - hard limit too low: every rank fails at once with an error naming RLIMIT_NOFILE and the
 #    count, before any connection (it used to be handshake timeouts on other ranks);
 #  - only the soft limit low: the plugin raises it toward the hard one (an INFO line naming
@@ -19,7 +19,7 @@ hard=$(ulimit -Hn)
 if (ulimit -n 200 && run); then
   cat "$out"; echo "FAIL: 16 ranks formed a group under a hard limit of 200 descriptors"; exit 1
 fi
-if ! grep -q "a CollNet group of 16 ranks (60 connections to 15 peers) needs 60 file descriptors.*RLIMIT_NOFILE" "$out"; then
+if ! grep -q "a CollNet group of 16 ranks (30 connections to 15 peers) needs 30 file descriptors.*RLIMIT_NOFILE" "$out"; then
   cat "$out"; echo "FAIL: no error naming RLIMIT_NOFILE and what the group needs"; exit 1
 fi
 if grep -q -i "timed out\|handshake" "$out"; then

@@ -349,7 +349,7 @@ static void test_finalize_before_close(void** state) {
 }
 
 /* A listener holding AGOQ_MAX_PENDING_CONNECTIONS (16) unidentified connections drops the
- * oldest for a newcomer (issue 28: 4(n-1) CollNet connections arrive at once). 17 connectors
+ * oldest for a newcomer (issue 28: 2(n-1) CollNet connections arrive at once). 17 connectors
  * whose hellos are all in before the listener looks: the first is dropped without an answer.
  * It tries again (NCCL_SOCKET_RETRY_CNT) and every one of the 17 gets through; before, the
  * first failed with "closed the connection during the handshake" and with it the group. An

@@ -1,0 +1,236 @@
+/*
+ * Tagged receive comms (AGOQ_NET_TAGGED): each message goes to the posted receive of its
+ * tag, whatever the order the receives were posted in, so one connection can carry several
+ * streams whose messages interleave by timing (CollNet: a chunk's contributions and the
+ * results of an earlier chunk, one connection per peer and direction instead of one per
+ * phase).
+ *
+ * The transport matches in posting order only, so NCCL's requests are not what it sees.
+ * The comm keeps AGOQ_TAGQ_LANDINGS receives of its own ("landings") posted with the
+ * transport at all times; when a message's header arrives on a landing, match() looks for
+ * the user's receive of that tag:
+ *  - posted already: the bytes go straight into the user's buffer (no copy);
+ *  - not yet: into a buffer of the message's size (malloc'd), held by the landing until a
+ *    receive of that tag claims it (one copy), then freed.
+ * A landing holding an unclaimed message is not posted again, so at most AGOQ_TAGQ_LANDINGS
+ * messages per connection are ever waiting; beyond that the transport's own flow control
+ * holds the sender (TCP's socket buffers, the verbs ring's credits). A user must therefore
+ * never have more messages outstanding toward a tagged comm than that, counting those whose
+ * receive is not posted: CollNet has at most one per pipeline slot and phase (checked where
+ * it connects).
+ *
+ * Everything here runs on the thread that calls irecv or test (the transports call match
+ * only from there), as NCCL's contract has it for one comm.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/agoq_check.h"
+#include "net/agoq_net_comm.h"
+
+typedef enum {
+  AGOQ_LAND_IDLE = 0, /* not with the transport */
+  AGOQ_LAND_POSTED,   /* with the transport; `matched` once a header took it */
+  AGOQ_LAND_HELD      /* an unclaimed message, all of it in `buf` */
+} agoq_land_state;
+
+typedef struct {
+  agoq_xfer x; /* index: the landing's own, below AGOQ_TAGQ_LANDINGS */
+  agoq_land_state state;
+  bool matched;
+  int tag;
+  size_t size;
+  uint64_t stamp;     /* arrival order of unexpected messages (AGOQ_NET_TAG_ANY takes the oldest) */
+  agoq_request* req;  /* the receive the bytes are for; NULL: unclaimed */
+  uint8_t* buf;       /* an unexpected message's bytes; NULL when they go into req's buffer */
+} agoq_landing;
+
+struct agoq_tagq {
+  agoq_comm* comm;
+  agoq_landing land[AGOQ_TAGQ_LANDINGS];
+  /* Receives posted that no message matched yet, in posting order. */
+  agoq_request* waiting[AGOQ_TAGQ_LANDINGS];
+  int nwaiting;
+  uint64_t stamps;
+  uint64_t unexpected; /* messages that arrived before their receive: said at close */
+};
+
+static bool agoq_tag_fits(int posted, int tag) { return posted == AGOQ_NET_TAG_ANY || posted == tag; }
+
+static agoq_landing* agoq_landing_of(agoq_tagq* q, agoq_xfer* x) {
+  if (x->index >= AGOQ_TAGQ_LANDINGS || &q->land[x->index].x != x) return NULL;
+  return &q->land[x->index];
+}
+
+static ncclResult_t agoq_tagq_truncated(agoq_comm* comm, int tag, size_t size, size_t posted) {
+  AGOQ_WARN("connection from %s: message truncated: peer sent %zu bytes with tag %d, receive posted for %zu",
+            agoq_comm_peer(comm), size, tag, posted);
+  return ncclInvalidUsage;
+}
+
+/* The transport's match function on a tagged comm: x is one of the landings. */
+static ncclResult_t agoq_tagq_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uint32_t flags, int* slot,
+                                    uint8_t** dst) {
+  agoq_tagq* q = arg;
+  agoq_comm* comm = q->comm;
+  agoq_landing* l = agoq_landing_of(q, x);
+  if (l == NULL || l->state != AGOQ_LAND_POSTED || l->matched) {
+    AGOQ_WARN("connection from %s: the transport matched a message to a receive the tagged comm did not post",
+              agoq_comm_peer(comm));
+    return ncclInternalError;
+  }
+  if (flags & AGOQ_XFER_FRAME) {
+    /* Frames are NCCL's typed p2p, decoded into NCCL's buffers: never on a tagged comm. */
+    AGOQ_WARN("connection from %s: a codec frame on a tagged connection", agoq_comm_peer(comm));
+    return ncclInvalidUsage;
+  }
+  l->matched = true;
+  l->tag = tag;
+  l->size = (size_t)size;
+  for (int i = 0; i < q->nwaiting; i++) {
+    agoq_request* req = q->waiting[i];
+    if (!agoq_tag_fits(req->tags[0], tag)) continue;
+    if (size > req->posted[0]) return agoq_tagq_truncated(comm, tag, (size_t)size, req->posted[0]);
+    memmove(&q->waiting[i], &q->waiting[i + 1], (size_t)(q->nwaiting - i - 1) * sizeof q->waiting[0]);
+    q->nwaiting--;
+    l->req = req;
+    *dst = req->data[0];
+    x->reg[0] = req->xfer.reg[0];
+    *slot = 0;
+    return ncclSuccess;
+  }
+  /* Its receive is not posted yet: hold the bytes. */
+  l->buf = malloc(size > 0 ? (size_t)size : 1);
+  if (l->buf == NULL) {
+    AGOQ_WARN("connection from %s: out of memory holding a %llu-byte message that arrived before its receive",
+              agoq_comm_peer(comm), (unsigned long long)size);
+    return ncclSystemError;
+  }
+  l->stamp = ++q->stamps;
+  q->unexpected++;
+  *dst = l->buf;
+  x->reg[0] = NULL;
+  *slot = 0;
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_tagq_create(agoq_comm* comm) {
+  agoq_tagq* q = calloc(1, sizeof *q);
+  if (q == NULL) {
+    AGOQ_WARN("out of memory creating a tagged receive comm");
+    return ncclSystemError;
+  }
+  q->comm = comm;
+  for (uint32_t i = 0; i < AGOQ_TAGQ_LANDINGS; i++) q->land[i].x.index = i;
+  comm->tagq = q;
+  agoq_net_tp->set_match(comm->tp, agoq_tagq_match, q);
+  return ncclSuccess;
+}
+
+void agoq_tagq_destroy(agoq_comm* comm) {
+  agoq_tagq* q = comm->tagq;
+  if (q == NULL) return;
+  for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) free(q->land[i].buf);
+  free(q);
+  comm->tagq = NULL;
+}
+
+void agoq_tagq_log(const agoq_comm* comm) {
+  if (comm->tagq != NULL && comm->tagq->unexpected > 0)
+    AGOQ_INFO(NCCL_NET, "connection from %s: %llu messages arrived before their receive was posted (held, then copied)",
+              agoq_comm_peer(comm), (unsigned long long)comm->tagq->unexpected);
+}
+
+/* Every idle landing back with the transport. */
+static ncclResult_t agoq_tagq_post(agoq_tagq* q) {
+  for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) {
+    agoq_landing* l = &q->land[i];
+    if (l->state != AGOQ_LAND_IDLE) continue;
+    uint32_t index = l->x.index;
+    memset(&l->x, 0, sizeof l->x);
+    l->x.index = index;
+    l->x.n = 1;
+    l->matched = false;
+    l->req = NULL;
+    l->state = AGOQ_LAND_POSTED;
+    ncclResult_t res = agoq_net_tp->post_recv(q->comm->tp, &l->x);
+    if (res != ncclSuccess) {
+      l->state = AGOQ_LAND_IDLE;
+      return res;
+    }
+  }
+  return ncclSuccess;
+}
+
+/* A held message's bytes into the receive that claimed it; the landing is free again. */
+static void agoq_tagq_deliver(agoq_landing* l) {
+  if (l->size > 0) memcpy(l->req->data[0], l->buf, l->size);
+  free(l->buf);
+  l->buf = NULL;
+  l->req->tag_done = true;
+  l->req->actual[0] = l->size;
+  l->req = NULL;
+  l->state = AGOQ_LAND_IDLE;
+}
+
+/* Landings whose bytes are all in: their receive completes, or they hold the message. */
+static void agoq_tagq_reap(agoq_tagq* q) {
+  for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) {
+    agoq_landing* l = &q->land[i];
+    if (l->state != AGOQ_LAND_POSTED || !l->matched || !agoq_net_tp->done(q->comm->tp, &l->x)) continue;
+    if (l->buf == NULL) {
+      l->req->tag_done = true;
+      l->req->actual[0] = l->x.size[0];
+      l->req = NULL;
+      l->state = AGOQ_LAND_IDLE;
+    } else if (l->req != NULL) {
+      agoq_tagq_deliver(l);
+    } else {
+      l->state = AGOQ_LAND_HELD;
+    }
+  }
+}
+
+ncclResult_t agoq_tagq_irecv(agoq_comm* comm, agoq_request* req) {
+  agoq_tagq* q = comm->tagq;
+  if (req->n_bufs != 1 || req->dev_mask != 0) {
+    AGOQ_WARN("irecv on tagged connection from %s: only single host buffers are supported (%d buffers%s)",
+              agoq_comm_peer(comm), req->n_bufs, req->dev_mask != 0 ? ", device memory" : "");
+    return ncclInvalidUsage;
+  }
+  req->tag_done = false;
+  /* The oldest unclaimed message of this tag, arrived or arriving. */
+  agoq_landing* held = NULL;
+  for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) {
+    agoq_landing* l = &q->land[i];
+    bool unclaimed = l->state == AGOQ_LAND_HELD || (l->state == AGOQ_LAND_POSTED && l->matched && l->buf != NULL &&
+                                                   l->req == NULL);
+    if (unclaimed && agoq_tag_fits(req->tags[0], l->tag) && (held == NULL || l->stamp < held->stamp)) held = l;
+  }
+  if (held != NULL) {
+    if (held->size > req->posted[0]) {
+      ncclResult_t res = agoq_tagq_truncated(comm, held->tag, held->size, req->posted[0]);
+      agoq_net_tp->fail(comm->tp, res);
+      return res;
+    }
+    held->req = req;
+    if (held->state == AGOQ_LAND_HELD) agoq_tagq_deliver(held);
+  } else {
+    /* Every landing is posted or holds a message, and a receive is outstanding for each
+     * message not yet held: the pool (AGOQ_TAGQ_LANDINGS) bounds the waiting list. */
+    q->waiting[q->nwaiting++] = req;
+  }
+  return agoq_tagq_post(q);
+}
+
+ncclResult_t agoq_tagq_test(agoq_comm* comm, agoq_request* req, bool* done) {
+  agoq_tagq* q = comm->tagq;
+  ncclResult_t err = ncclSuccess;
+  if (!req->tag_done) {
+    err = agoq_net_tp->progress(comm->tp, NULL);
+    agoq_tagq_reap(q);
+    if (err == ncclSuccess) err = agoq_tagq_post(q);
+  }
+  *done = req->tag_done;
+  return *done ? ncclSuccess : err;
+}
