@@ -30,6 +30,7 @@
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_cost.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 #include "core/agoq_eventfd.h"
 #include "net/agoq_net.h"
@@ -49,6 +50,7 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
   s->req = r;
   s->seq = g->next_seq;
   s->post_recvs = s->post_sends = 0;
+  s->step = NULL;
   if (agoq_coll_on_grid(g)) return agoq_coll_grid_slot_setup(g, s, r, c);
   int n = g->nranks, me = g->rank;
   agoq_coll_chunk_layout(r, c, n, s->sb, s->sl);
@@ -65,9 +67,8 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
   }
   s->s_len[me] = 0;
   s->res_len = 0;
-  if (r->kind == AGOQ_COLL_ALLGATHER) return ncclSuccess;
-  if (r->gpu) return agoq_coll_gpu_reserve(g, s);
-  return r->quantized ? agoq_coll_quant_reserve(g, s) : agoq_coll_exact_reserve(g, s);
+  s->step = agoq_coll_step_for(r);
+  return s->step->reserve(g, s);
 }
 
 /* ---- posting ----------------------------------------------------------------------------- */
@@ -77,6 +78,7 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
 static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
   if (agoq_coll_on_grid(g)) return agoq_coll_grid_post(g, s);
   agoq_coll_req* r = s->req;
+  const agoq_coll_step_impl* step = s->step;
   int n = g->nranks, me = g->rank;
   size_t m = s->sl[me];
   bool p1 = agoq_coll_has_p1(r), p2 = agoq_coll_has_p2(r), posted = true;
@@ -87,32 +89,26 @@ static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     if (!phase2 && p1 && m > 0) {
       AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P1R, j, s->rbuf.p + (size_t)j * s->r_stride, s->r_stride, &posted));
     } else if (phase2 && p2 && s->sl[j] > 0) {
-      if (r->quantized) {
-        AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, j, s->gbuf.p + s->g_off[j],
-                                  agoq_coll_quant_result_cap(g, s->sl[j]), &posted));
-      } else {
-        AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, j, agoq_coll_dst_at(r, s->sb[j]), s->sl[j] * r->esz, &posted));
-      }
+      uint8_t* at;
+      size_t cap;
+      step->p2_place(g, s, j, &at, &cap);
+      AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, j, at, cap, &posted));
     }
     if (!posted) return ncclSuccess;
   }
   /* A GPU request's frames are all encoded on the device first (agoq_coll_gpu.c). */
-  if (r->gpu) {
-    bool ready = false;
-    AGOQ_CHECK(agoq_coll_gpu_encode(g, s, &ready));
-    if (!ready) return ncclSuccess;
-  }
+  bool ready = false;
+  AGOQ_CHECK(step->prepare(g, s, &ready));
+  if (!ready) return ncclSuccess;
   /* Sends go to me+1, me+2, ... so the ranks do not all start on the same peer. */
   for (; s->post_sends < n; s->post_sends++) {
     int j = (me + 1 + s->post_sends) % n;
     if (!p1 || s->sl[j] == 0) continue;
-    if (r->quantized && !r->gpu && s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
-    if (j == me) continue; /* our own contribution stays here, encoded like the others */
-    size_t raw = s->sl[j] * r->esz;
-    if (r->quantized)
-      AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P1S, j, s->sbuf.p + s->s_off[j], s->s_len[j], raw, &posted));
-    else
-      AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P1S, j, agoq_coll_src_at(r, s->sb[j]), raw, raw, &posted));
+    const uint8_t* msg;
+    size_t len;
+    AGOQ_CHECK(step->p1_message(g, s, j, &msg, &len));
+    if (j == me) continue; /* our own contribution stays here, made like the others */
+    AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P1S, j, msg, len, s->sl[j] * r->esz, &posted));
     if (!posted) return ncclSuccess;
   }
   s->stage = AGOQ_SLOT_WAIT_P1;
@@ -223,7 +219,6 @@ static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
 /* ---- completions --------------------------------------------------------------------------- */
 
 static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size) {
-  agoq_coll_req* r = s->req;
   switch (kind) {
     case AGOQ_CQ_P1S: s->pend_p1s--; return ncclSuccess;
     case AGOQ_CQ_P2S: s->pend_p2s--; return ncclSuccess;
@@ -235,12 +230,7 @@ static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
   }
   s->pend_p2r--;
   if (agoq_coll_on_grid(g)) return agoq_coll_grid_received(g, s, kind, j, size);
-  if (r->gpu) return agoq_coll_gpu_decode(g, s, j, size);
-  if (r->quantized) return agoq_coll_quant_decode(g, s, j, size);
-  if ((size_t)size == s->sl[j] * r->esz) return ncclSuccess;
-  AGOQ_WARN("CollNet: rank %d sent %d bytes for a slice of %zu bytes (ranks disagree on the call?)", j, size,
-            s->sl[j] * r->esz);
-  return ncclInvalidUsage;
+  return s->step->received(g, s, j, size);
 }
 
 /* Tests the oldest pending operation of each connection, and the next ones while they are
@@ -276,24 +266,6 @@ static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
 
 /* ---- reduction of this rank's slice ------------------------------------------------------ */
 
-static ncclResult_t agoq_slot_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
-  agoq_coll_req* r = s->req;
-  size_t m = s->sl[g->rank];
-  if (m == 0) return ncclSuccess;
-  if (r->kind == AGOQ_COLL_ALLGATHER) {
-    const uint8_t* src = agoq_coll_src_at(r, s->sb[g->rank]);
-    uint8_t* dst = agoq_coll_dst_at(r, s->sb[g->rank]);
-    if (src != dst) memmove(dst, src, m);
-    return ncclSuccess;
-  }
-  int64_t t0 = agoq_coll_now_ns();
-  uint64_t crc0 = agoq_frame_crc_ns(); /* the contributions' checks and the result's seal */
-  ncclResult_t res = r->quantized ? agoq_coll_quant_reduce(g, s) : agoq_coll_exact_reduce(g, s);
-  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
-  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
-  return res;
-}
-
 /* Reduces and sends results strictly in chunk order. */
 static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
   if (agoq_coll_on_grid(g)) return agoq_coll_grid_advance(g, progressed);
@@ -302,13 +274,9 @@ static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
     agoq_coll_slot* s = agoq_slot_of(g, g->reduce_seq);
     if (s->stage == AGOQ_SLOT_WAIT_P1) {
       if (s->pend_p1r > 0) return ncclSuccess;
-      if (s->req->gpu) {
-        bool reduced = false;
-        AGOQ_CHECK(agoq_coll_gpu_reduce(g, s, &reduced));
-        if (!reduced) return ncclSuccess; /* the device is at it: the next pass looks again */
-      } else {
-        AGOQ_CHECK(agoq_slot_reduce(g, s));
-      }
+      bool reduced = false;
+      AGOQ_CHECK(s->step->reduce(g, s, &reduced));
+      if (!reduced) return ncclSuccess; /* the device is at it: the next pass looks again */
       s->stage = AGOQ_SLOT_POST_P2;
       *progressed = true;
     }
@@ -316,13 +284,13 @@ static ncclResult_t agoq_engine_reduce(agoq_coll_comm* g, bool* progressed) {
     agoq_coll_req* r = s->req;
     size_t m = s->sl[me];
     if (agoq_coll_has_p2(r) && m > 0) {
+      const uint8_t* msg;
+      size_t len;
+      s->step->p2_message(g, s, &msg, &len);
       for (; s->post_sends < n - 1; s->post_sends++) {
         int j = (me + 1 + s->post_sends) % n;
         bool posted;
-        if (r->kind == AGOQ_COLL_ALLGATHER)
-          AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P2S, j, agoq_coll_src_at(r, s->sb[me]), m, m, &posted));
-        else
-          AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P2S, j, s->res.p, s->res_len, m * r->esz, &posted));
+        AGOQ_CHECK(agoq_coll_post_send(g, s, AGOQ_CQ_P2S, j, msg, len, m * r->esz, &posted));
         if (!posted) return ncclSuccess;
       }
     }
@@ -338,9 +306,9 @@ static ncclResult_t agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
     agoq_coll_slot* s = &g->slots[i];
     if (s->stage != AGOQ_SLOT_WAIT_ALL || s->pend_p1s > 0 || s->pend_p2s > 0 || s->pend_p2r > 0) continue;
     agoq_coll_req* r = s->req;
-    if (r->gpu) { /* the decodes into NCCL's buffer must have completed */
+    if (s->step != NULL) { /* the mesh: its results must all be in place (a GPU's decodes) */
       bool decoded = false;
-      AGOQ_CHECK(agoq_coll_gpu_retire(g, s, &decoded));
+      AGOQ_CHECK(s->step->retire(g, s, &decoded));
       if (!decoded) continue;
     }
     s->stage = AGOQ_SLOT_FREE;

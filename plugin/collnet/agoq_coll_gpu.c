@@ -24,6 +24,7 @@
 
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 
 /* Pipeline slot i uses the link's event and results after the requests' (agoq_coll_device.c
@@ -484,3 +485,26 @@ ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
   }
   return ncclSuccess;
 }
+
+/* ---- the GPU step (agoq_coll_step.h) ------------------------------------------------------ */
+
+/* Made by prepare (every slice at once, on the device). */
+static ncclResult_t agoq_gpu_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,
+                                        size_t* len) {
+  (void)g;
+  *p = s->sbuf.p + s->s_off[j];
+  *len = s->s_len[j];
+  return ncclSuccess;
+}
+
+const agoq_coll_step_impl agoq_coll_step_gpu = {
+    .name = "GPU quantized",
+    .reserve = agoq_coll_gpu_reserve,
+    .p2_place = agoq_coll_step_frame_place,
+    .prepare = agoq_coll_gpu_encode,
+    .p1_message = agoq_gpu_p1_message,
+    .reduce = agoq_coll_gpu_reduce,
+    .p2_message = agoq_coll_step_result,
+    .received = agoq_coll_gpu_decode,
+    .retire = agoq_coll_gpu_retire,
+};

@@ -194,6 +194,7 @@ typedef struct {
   size_t* g_off;
   agoq_coll_gpu_step gpu_step; /* GPU requests */
   struct agoq_coll_gslot* gs;  /* a grid group's chunk state (agoq_coll_grid.c); NULL on the mesh */
+  const struct agoq_coll_step_impl* step; /* the mesh: how the chunk's slice work runs (agoq_coll_step.h) */
 } agoq_coll_slot;
 
 /* A pipeline slot's memory for GPU requests, carved when the group's link is created:

@@ -13,6 +13,7 @@
 
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 
 size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n) {
@@ -180,3 +181,35 @@ ncclResult_t agoq_coll_quant_frame_check(agoq_coll_comm* g, const agoq_coll_slot
             result ? "result " : "", k, b, e, agoq_codec_status_str(st), len, result ? "" : "nothing decoded, ");
   return ncclSystemError;
 }
+
+/* ---- the host quantized step (agoq_coll_step.h) ------------------------------------------- */
+
+static ncclResult_t agoq_quant_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,
+                                          size_t* len) {
+  if (s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
+  *p = s->sbuf.p + s->s_off[j];
+  *len = s->s_len[j];
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_quant_reduce_step(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
+  *done = true;
+  if (s->sl[g->rank] == 0) return ncclSuccess;
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns(); /* the contributions' checks and the result's seal */
+  ncclResult_t res = agoq_coll_quant_reduce(g, s);
+  agoq_coll_step_charge(g, s->req, t0, crc0);
+  return res;
+}
+
+const agoq_coll_step_impl agoq_coll_step_quant = {
+    .name = "host quantized",
+    .reserve = agoq_coll_quant_reserve,
+    .p2_place = agoq_coll_step_frame_place,
+    .prepare = agoq_coll_step_ready,
+    .p1_message = agoq_quant_p1_message,
+    .reduce = agoq_quant_reduce_step,
+    .p2_message = agoq_coll_step_result,
+    .received = agoq_coll_quant_decode,
+    .retire = agoq_coll_step_ready,
+};

@@ -7,6 +7,7 @@
 
 #include "agoq_fpconv.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 
 /* Max/Min pick one input: a NaN loses against a number, -0 is below +0, ties keep the
@@ -256,3 +257,83 @@ ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   s->res_len = bytes;
   return ncclSuccess;
 }
+
+/* ---- the exact and all-gather steps (agoq_coll_step.h) -------------------------------------- */
+
+static void agoq_exact_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap) {
+  (void)g;
+  *p = agoq_coll_dst_at(s->req, s->sb[j]); /* straight into place */
+  *cap = s->sl[j] * s->req->esz;
+}
+
+static ncclResult_t agoq_exact_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,
+                                          size_t* len) {
+  (void)g;
+  *p = agoq_coll_src_at(s->req, s->sb[j]);
+  *len = s->sl[j] * s->req->esz;
+  return ncclSuccess;
+}
+
+static ncclResult_t agoq_exact_reduce_step(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
+  *done = true;
+  if (s->sl[g->rank] == 0) return ncclSuccess;
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns();
+  ncclResult_t res = agoq_coll_exact_reduce(g, s);
+  agoq_coll_step_charge(g, s->req, t0, crc0);
+  return res;
+}
+
+/* The owner's raw slice: exactly its bytes, or the ranks disagree on the call. */
+static ncclResult_t agoq_exact_received(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
+  (void)g;
+  size_t want = s->sl[j] * s->req->esz;
+  if ((size_t)size == want) return ncclSuccess;
+  AGOQ_WARN("CollNet: rank %d sent %d bytes for a slice of %zu bytes (ranks disagree on the call?)", j, size, want);
+  return ncclInvalidUsage;
+}
+
+const agoq_coll_step_impl agoq_coll_step_exact = {
+    .name = "host exact",
+    .reserve = agoq_coll_exact_reserve,
+    .p2_place = agoq_exact_p2_place,
+    .prepare = agoq_coll_step_ready,
+    .p1_message = agoq_exact_p1_message,
+    .reduce = agoq_exact_reduce_step,
+    .p2_message = agoq_coll_step_result,
+    .received = agoq_exact_received,
+    .retire = agoq_coll_step_ready,
+};
+
+static ncclResult_t agoq_gather_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
+  (void)g;
+  (void)s;
+  return ncclSuccess; /* every byte moves between NCCL's buffers */
+}
+
+/* This rank's own bytes into place (the window's input and output may be one buffer). */
+static ncclResult_t agoq_gather_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
+  size_t m = s->sl[g->rank];
+  const uint8_t* src = agoq_coll_src_at(s->req, s->sb[g->rank]);
+  uint8_t* dst = agoq_coll_dst_at(s->req, s->sb[g->rank]);
+  if (m > 0 && src != dst) memmove(dst, src, m);
+  *done = true;
+  return ncclSuccess;
+}
+
+static void agoq_gather_p2_message(agoq_coll_comm* g, agoq_coll_slot* s, const uint8_t** p, size_t* len) {
+  *p = agoq_coll_src_at(s->req, s->sb[g->rank]);
+  *len = s->sl[g->rank];
+}
+
+const agoq_coll_step_impl agoq_coll_step_gather = {
+    .name = "all-gather",
+    .reserve = agoq_gather_reserve,
+    .p2_place = agoq_exact_p2_place,
+    .prepare = agoq_coll_step_ready,
+    .p1_message = agoq_exact_p1_message, /* no phase 1: never asked */
+    .reduce = agoq_gather_reduce,
+    .p2_message = agoq_gather_p2_message,
+    .received = agoq_exact_received,
+    .retire = agoq_coll_step_ready,
+};

@@ -34,7 +34,7 @@
 #include "abi/agoq_nccl_common.h"
 #include "net/agoq_net.h"
 
-#define AGOQ_COLL_MAX_RANKS 1024 /* nodes in one group */
+#define AGOQ_COLL_MAX_RANKS 4096 /* nodes in one group (beyond 16 on a grid: 252 connections per rank at 4096) */
 #define AGOQ_COLL_MAX_PARTS 16   /* SGE parts per iallgather/ireducescatter (NCCL passes 1) */
 
 /* One scatter/gather element, as NCCL's ncclNetSGE_vN_t (its memory handle last, so that

@@ -55,6 +55,10 @@ struct agoq_tagq {
   uint64_t unexpected; /* messages that arrived before their receive: said at close */
 };
 
+/* The peer, for log lines (asked of the transport: this file calls nothing else of the net
+ * core's, so that setup and the data path can call it without a circle). */
+static const char* agoq_tagq_peer(const agoq_comm* comm) { return agoq_net_tp->peer(comm->tp); }
+
 static bool agoq_tag_fits(int posted, int tag) { return posted == AGOQ_NET_TAG_ANY || posted == tag; }
 
 static agoq_landing* agoq_landing_of(agoq_tagq* q, agoq_xfer* x) {
@@ -64,7 +68,7 @@ static agoq_landing* agoq_landing_of(agoq_tagq* q, agoq_xfer* x) {
 
 static ncclResult_t agoq_tagq_truncated(agoq_comm* comm, int tag, size_t size, size_t posted) {
   AGOQ_WARN("connection from %s: message truncated: peer sent %zu bytes with tag %d, receive posted for %zu",
-            agoq_comm_peer(comm), size, tag, posted);
+            agoq_tagq_peer(comm), size, tag, posted);
   return ncclInvalidUsage;
 }
 
@@ -76,12 +80,12 @@ static ncclResult_t agoq_tagq_match(void* arg, agoq_xfer* x, int tag, uint64_t s
   agoq_landing* l = agoq_landing_of(q, x);
   if (l == NULL || l->state != AGOQ_LAND_POSTED || l->matched) {
     AGOQ_WARN("connection from %s: the transport matched a message to a receive the tagged comm did not post",
-              agoq_comm_peer(comm));
+              agoq_tagq_peer(comm));
     return ncclInternalError;
   }
   if (flags & AGOQ_XFER_FRAME) {
     /* Frames are NCCL's typed p2p, decoded into NCCL's buffers: never on a tagged comm. */
-    AGOQ_WARN("connection from %s: a codec frame on a tagged connection", agoq_comm_peer(comm));
+    AGOQ_WARN("connection from %s: a codec frame on a tagged connection", agoq_tagq_peer(comm));
     return ncclInvalidUsage;
   }
   l->matched = true;
@@ -103,7 +107,7 @@ static ncclResult_t agoq_tagq_match(void* arg, agoq_xfer* x, int tag, uint64_t s
   l->buf = malloc(size > 0 ? (size_t)size : 1);
   if (l->buf == NULL) {
     AGOQ_WARN("connection from %s: out of memory holding a %llu-byte message that arrived before its receive",
-              agoq_comm_peer(comm), (unsigned long long)size);
+              agoq_tagq_peer(comm), (unsigned long long)size);
     return ncclSystemError;
   }
   l->stamp = ++q->stamps;
@@ -138,7 +142,7 @@ void agoq_tagq_destroy(agoq_comm* comm) {
 void agoq_tagq_log(const agoq_comm* comm) {
   if (comm->tagq != NULL && comm->tagq->unexpected > 0)
     AGOQ_INFO(NCCL_NET, "connection from %s: %llu messages arrived before their receive was posted (held, then copied)",
-              agoq_comm_peer(comm), (unsigned long long)comm->tagq->unexpected);
+              agoq_tagq_peer(comm), (unsigned long long)comm->tagq->unexpected);
 }
 
 /* Every idle landing back with the transport. */
@@ -195,7 +199,7 @@ ncclResult_t agoq_tagq_irecv(agoq_comm* comm, agoq_request* req) {
   agoq_tagq* q = comm->tagq;
   if (req->n_bufs != 1 || req->dev_mask != 0) {
     AGOQ_WARN("irecv on tagged connection from %s: only single host buffers are supported (%d buffers%s)",
-              agoq_comm_peer(comm), req->n_bufs, req->dev_mask != 0 ? ", device memory" : "");
+              agoq_tagq_peer(comm), req->n_bufs, req->dev_mask != 0 ? ", device memory" : "");
     return ncclInvalidUsage;
   }
   req->tag_done = false;

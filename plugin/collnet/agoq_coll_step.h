@@ -1,0 +1,83 @@
+/*
+ * The step interface: what a chunk's own slice needs done, apart from moving messages, on
+ * the one-level mesh. The engine (agoq_coll_engine.c) posts, polls and orders the stages;
+ * everything that depends on where the bytes are and what they are (host or device memory,
+ * frames or raw values) sits behind one of these tables, so the engine names no codec, no
+ * reduction and no GPU function:
+ *  - agoq_coll_step_quant (agoq_coll_quant.c): frames encoded, summed in fp32 and decoded on
+ *    the CPU;
+ *  - agoq_coll_step_gpu (agoq_coll_gpu.c): the same frames, made and used by the GPU, only
+ *    frames crossing PCIe (asynchronous: prepare, reduce and retire say when it is done);
+ *  - agoq_coll_step_exact (agoq_coll_reduce.c): raw values reduced in rank order on the CPU;
+ *  - agoq_coll_step_gather (agoq_coll_reduce.c): all-gather, nothing reduced.
+ * A grid group's chunks have stages of their own (agoq_coll_grid.c), on the host only.
+ */
+#ifndef AGOQ_COLL_STEP_H
+#define AGOQ_COLL_STEP_H
+
+#include "agoq_frame.h"
+#include "collnet/agoq_coll_internal.h"
+
+typedef struct agoq_coll_step_impl {
+  const char* name;
+  /* The slot's buffers for its chunk (its slices laid out in s->sb, s->sl). */
+  ncclResult_t (*reserve)(agoq_coll_comm* g, agoq_coll_slot* s);
+  /* Where the phase-2 message of slice j's owner lands, and at most how many bytes. */
+  void (*p2_place)(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap);
+  /* Once the receives are posted, before the first phase-1 send: *ready false while the
+   * device is still making the frames (call again on a later pass). */
+  ncclResult_t (*prepare)(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready);
+  /* Slice j's phase-1 message (j == this rank: its own contribution, kept here), made now
+   * where it is made on demand. */
+  ncclResult_t (*p1_message)(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p, size_t* len);
+  /* Every contribution to this rank's slice is in: the slice reduced, in rank order, and its
+   * phase-2 message made; *done false while the device is at it. */
+  ncclResult_t (*reduce)(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
+  /* This rank's phase-2 message (after reduce). */
+  void (*p2_message)(agoq_coll_comm* g, agoq_coll_slot* s, const uint8_t** p, size_t* len);
+  /* The phase-2 message of slice j's owner arrived (size bytes): checked, into place. */
+  ncclResult_t (*received)(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
+  /* Every send and receive of the slot is complete: *done once the results are all in place. */
+  ncclResult_t (*retire)(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
+} agoq_coll_step_impl;
+
+extern const agoq_coll_step_impl agoq_coll_step_quant;
+extern const agoq_coll_step_impl agoq_coll_step_gpu;
+extern const agoq_coll_step_impl agoq_coll_step_exact;
+extern const agoq_coll_step_impl agoq_coll_step_gather;
+
+/* The implementation request r's chunks run on the mesh. */
+static inline const agoq_coll_step_impl* agoq_coll_step_for(const agoq_coll_req* r) {
+  if (r->kind == AGOQ_COLL_ALLGATHER) return &agoq_coll_step_gather;
+  if (r->gpu) return &agoq_coll_step_gpu;
+  return r->quantized ? &agoq_coll_step_quant : &agoq_coll_step_exact;
+}
+
+/* Steps that have nothing to wait for. */
+static inline ncclResult_t agoq_coll_step_ready(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
+  (void)g;
+  (void)s;
+  *ready = true;
+  return ncclSuccess;
+}
+
+/* The result message the reduction left in the slot (every path but all-gather). */
+static inline void agoq_coll_step_result(agoq_coll_comm* g, agoq_coll_slot* s, const uint8_t** p, size_t* len) {
+  (void)g;
+  *p = s->res.p;
+  *len = s->res_len;
+}
+
+/* A quantized result frame's place, host or GPU path alike: its region of the slot's gbuf. */
+static inline void agoq_coll_step_frame_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap) {
+  *p = s->gbuf.p + s->g_off[j];
+  *cap = agoq_coll_quant_result_cap(g, s->sl[j]);
+}
+
+/* Adds the CPU codec and CRC time since t0 / crc0 to the request's path statistics. */
+static inline void agoq_coll_step_charge(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0) {
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
+}
+
+#endif
