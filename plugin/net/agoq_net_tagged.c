@@ -10,8 +10,11 @@
  * transport at all times; when a message's header arrives on a landing, match() looks for
  * the user's receive of that tag:
  *  - posted already: the bytes go straight into the user's buffer (no copy);
- *  - not yet: into a buffer of the message's size (malloc'd), held by the landing until a
- *    receive of that tag claims it (one copy), then freed.
+ *  - not yet: into a buffer at least the message's size, held by the landing until a
+ *    receive of that tag claims it (one copy). Freed buffers are kept for the next ones (at
+ *    most AGOQ_TAGQ_SPARE): with few peers a message is large (a 2-rank group's is half a
+ *    chunk) and often early, and a fresh allocation of that size is a fresh mapping whose
+ *    every page faults.
  * A landing holding an unclaimed message is not posted again, so at most AGOQ_TAGQ_LANDINGS
  * messages per connection are ever waiting; beyond that the transport's own flow control
  * holds the sender (TCP's socket buffers, the verbs ring's credits). A user must therefore
@@ -43,7 +46,11 @@ typedef struct {
   uint64_t stamp;     /* arrival order of unexpected messages (AGOQ_NET_TAG_ANY takes the oldest) */
   agoq_request* req;  /* the receive the bytes are for; NULL: unclaimed */
   uint8_t* buf;       /* an unexpected message's bytes; NULL when they go into req's buffer */
+  size_t buf_cap;
 } agoq_landing;
+
+/* Buffers kept for held messages once their message is claimed. */
+#define AGOQ_TAGQ_SPARE 4
 
 struct agoq_tagq {
   agoq_comm* comm;
@@ -53,7 +60,45 @@ struct agoq_tagq {
   int nwaiting;
   uint64_t stamps;
   uint64_t unexpected; /* messages that arrived before their receive: said at close */
+  uint8_t* spare[AGOQ_TAGQ_SPARE];
+  size_t spare_cap[AGOQ_TAGQ_SPARE];
+  int nspare;
 };
+
+/* A buffer of at least size bytes for a held message: a kept one when it is large enough. */
+static uint8_t* agoq_tagq_buf_get(agoq_tagq* q, size_t size, size_t* cap) {
+  if (size == 0) size = 1;
+  for (int i = q->nspare - 1; i >= 0; i--) {
+    if (q->spare_cap[i] < size) continue;
+    uint8_t* p = q->spare[i];
+    *cap = q->spare_cap[i];
+    q->nspare--;
+    q->spare[i] = q->spare[q->nspare];
+    q->spare_cap[i] = q->spare_cap[q->nspare];
+    return p;
+  }
+  *cap = size;
+  return malloc(size);
+}
+
+static void agoq_tagq_buf_put(agoq_tagq* q, uint8_t* p, size_t cap) {
+  if (q->nspare < AGOQ_TAGQ_SPARE) {
+    q->spare[q->nspare] = p;
+    q->spare_cap[q->nspare++] = cap;
+    return;
+  }
+  /* Full: the smallest kept one makes room, if this one is larger. */
+  int small = 0;
+  for (int i = 1; i < q->nspare; i++)
+    if (q->spare_cap[i] < q->spare_cap[small]) small = i;
+  if (q->spare_cap[small] < cap) {
+    free(q->spare[small]);
+    q->spare[small] = p;
+    q->spare_cap[small] = cap;
+  } else {
+    free(p);
+  }
+}
 
 /* The peer, for log lines (asked of the transport: this file calls nothing else of the net
  * core's, so that setup and the data path can call it without a circle). */
@@ -104,7 +149,7 @@ static ncclResult_t agoq_tagq_match(void* arg, agoq_xfer* x, int tag, uint64_t s
     return ncclSuccess;
   }
   /* Its receive is not posted yet: hold the bytes. */
-  l->buf = malloc(size > 0 ? (size_t)size : 1);
+  l->buf = agoq_tagq_buf_get(q, (size_t)size, &l->buf_cap);
   if (l->buf == NULL) {
     AGOQ_WARN("connection from %s: out of memory holding a %llu-byte message that arrived before its receive",
               agoq_tagq_peer(comm), (unsigned long long)size);
@@ -135,6 +180,7 @@ void agoq_tagq_destroy(agoq_comm* comm) {
   agoq_tagq* q = comm->tagq;
   if (q == NULL) return;
   for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) free(q->land[i].buf);
+  for (int i = 0; i < q->nspare; i++) free(q->spare[i]);
   free(q);
   comm->tagq = NULL;
 }
@@ -167,9 +213,9 @@ static ncclResult_t agoq_tagq_post(agoq_tagq* q) {
 }
 
 /* A held message's bytes into the receive that claimed it; the landing is free again. */
-static void agoq_tagq_deliver(agoq_landing* l) {
+static void agoq_tagq_deliver(agoq_tagq* q, agoq_landing* l) {
   if (l->size > 0) memcpy(l->req->data[0], l->buf, l->size);
-  free(l->buf);
+  agoq_tagq_buf_put(q, l->buf, l->buf_cap);
   l->buf = NULL;
   l->req->tag_done = true;
   l->req->actual[0] = l->size;
@@ -188,7 +234,7 @@ static void agoq_tagq_reap(agoq_tagq* q) {
       l->req = NULL;
       l->state = AGOQ_LAND_IDLE;
     } else if (l->req != NULL) {
-      agoq_tagq_deliver(l);
+      agoq_tagq_deliver(q, l);
     } else {
       l->state = AGOQ_LAND_HELD;
     }
@@ -218,7 +264,7 @@ ncclResult_t agoq_tagq_irecv(agoq_comm* comm, agoq_request* req) {
       return res;
     }
     held->req = req;
-    if (held->state == AGOQ_LAND_HELD) agoq_tagq_deliver(held);
+    if (held->state == AGOQ_LAND_HELD) agoq_tagq_deliver(q, held);
   } else {
     /* Every landing is posted or holds a message, and a receive is outstanding for each
      * message not yet held: the pool (AGOQ_TAGQ_LANDINGS) bounds the waiting list. */
