@@ -24,11 +24,10 @@ static ncclResult_t agoq_tuner_get_coll_info_v5(void* ctx, ncclFunc_t coll_type,
                                   nchannels);
 }
 
-/* v6: "no opinion" on the chunk size is leaving NCCL's value in place. */
 static ncclResult_t agoq_tuner_get_chunk_size_v6(void* ctx, ncclFunc_t coll_type, size_t nbytes,
                                                  int algo, int proto, int nchannels,
                                                  size_t* chunk_size) {
-  return ncclSuccess;
+  return agoq_tuner_get_chunk_size(ctx, (int)coll_type, nbytes, algo, proto, nchannels, chunk_size);
 }
 
 AGOQ_EXPORT const ncclTuner_v5_t ncclTunerPlugin_v5 = {

@@ -23,6 +23,13 @@
 #include "tuner/agoq_tuner_cost.h"
 
 #define AGOQ_TUNER_MAGIC 0x4e555441u /* "ATUN" */
+/* NCCL's constants for the chunk size (init.cc DEFAULT_BUFFSIZE, device.h NCCL_STEPS,
+ * coll_net.cc COLLNET_GROUP_NSUBS: channels per CollNet call), and the chunks per channel
+ * and GPU of the chain agoq's getChunkSize keeps (the bar of NCCL's own 128 KiB chunks). */
+#define AGOQ_TUNER_NCCL_BUFFSIZE (4 << 20)
+#define AGOQ_TUNER_NCCL_STEPS 8
+#define AGOQ_TUNER_COLLNET_GROUP 8
+#define AGOQ_TUNER_CHAIN_CHUNKS_PER_GPU 8
 
 typedef struct {
   uint32_t magic;
@@ -41,6 +48,8 @@ typedef struct {
    * its data-parallel group's creation (use_sharp) and deletes it otherwise. */
   bool collnet_env_set;
   char collnet_env[48];
+  size_t chain_step; /* NCCL_BUFFSIZE / NCCL_STEPS as NCCL computes it: the largest chunk it takes */
+  _Atomic int logged_chunk; /* the chunk line was printed */
   _Atomic int logged_steer; /* the per-communicator lines were printed: compression chosen */
   _Atomic int logged_cost;  /* ... NCCL's other choice cheaper */
   _Atomic int logged_keep;  /* ... and eligible but CollNet unusable */
@@ -109,6 +118,12 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
   const char* collnet_env = agoq_nccl_env_str("NCCL_COLLNET_ENABLE");
   c->collnet_env_set = collnet_env != NULL;
   if (collnet_env != NULL) snprintf(c->collnet_env, sizeof c->collnet_env, "%s", collnet_env);
+  /* NCCL's buffSizes[SIMPLE]: NCCL_BUFFSIZE unless it is -2 (unset), then 4 MiB (init.cc
+   * computeBuffSizes); a step is an eighth (NCCL_STEPS). */
+  int64_t buffsize = agoq_nccl_param("NCCL_BUFFSIZE", -2);
+  if (buffsize == -2) buffsize = AGOQ_TUNER_NCCL_BUFFSIZE;
+  c->chain_step = buffsize > 0 ? (size_t)buffsize / AGOQ_TUNER_NCCL_STEPS : 0;
+  atomic_init(&c->logged_chunk, 0);
   atomic_init(&c->logged_steer, 0);
   atomic_init(&c->logged_cost, 0);
   atomic_init(&c->logged_keep, 0);
@@ -244,6 +259,28 @@ ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
               agoq_param_str(AGOQ_PARAM_FORMAT), e.agoq_us, c->sched.grid.a, c->sched.grid.b, c->nnodes, e.ratio,
               e.net_us, e.collnet_us, e.codec_us, c->codec_mbps, e.best_other_us, e.algo, e.proto,
               e.compress ? "compression is cheaper, NCCL will pick it" : "NCCL's choice is cheaper and stands");
+  return ncclSuccess;
+}
+
+ncclResult_t agoq_tuner_get_chunk_size(void* ctx, int coll_type, size_t nbytes, int algo, int proto, int nchannels,
+                                       size_t* chunk) {
+  agoq_tuner_ctx* c = ctx;
+  if (c == NULL || c->magic != AGOQ_TUNER_MAGIC || chunk == NULL || *chunk == 0 || nchannels <= 0 ||
+      c->nnodes < 2 || algo != AGOQ_NCCL_ALGO_COLLNET_CHAIN || proto != AGOQ_NCCL_PROTO_SIMPLE)
+    return ncclSuccess;
+  size_t gpus = c->nranks / c->nnodes > 0 ? c->nranks / c->nnodes : 1; /* the chain's depth */
+  size_t want = *chunk;
+  while (want * 2 <= c->chain_step &&
+         nbytes / ((size_t)nchannels * want * 2) >= AGOQ_TUNER_CHAIN_CHUNKS_PER_GPU * gpus)
+    want *= 2;
+  if (want == *chunk) return ncclSuccess;
+  if (atomic_exchange(&c->logged_chunk, 1) == 0)
+    AGOQ_INFO(NCCL_TUNING, "tuner: comm %llx: %s of %zu bytes on CollNetChain in chunks of %zu bytes instead of "
+                           "NCCL's %zu (CollNet calls of up to %zu bytes; at most NCCL_BUFFSIZE/8 = %zu, %d chunks "
+                           "per channel and GPU of the chain at least); said once per communicator",
+              (unsigned long long)c->comm_id, coll_type == ncclFuncAllReduce ? "AllReduce" : "a collective", nbytes,
+              want, *chunk, AGOQ_TUNER_COLLNET_GROUP * want, c->chain_step, AGOQ_TUNER_CHAIN_CHUNKS_PER_GPU);
+  *chunk = want;
   return ncclSuccess;
 }
 

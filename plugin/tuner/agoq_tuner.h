@@ -23,6 +23,16 @@ ncclResult_t agoq_tuner_init(void** ctx, uint64_t comm_id, size_t nranks, size_t
 ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
                                       float** cost_table, int num_algo, int num_proto,
                                       int* nchannels);
+/* v6 getChunkSize. NCCL cuts a CollNetChain AllReduce into chunks of at most 256 KiB per
+ * channel and halves them unless a channel gets 64 (then 8) chunks per GPU of the chain; the
+ * proxy hands agoq one CollNet call per 8 channels and chunk, so a 64 MiB reduction reaches
+ * agoq as calls of 1 MiB, each cut again into a piece per peer. Where the communicator spans
+ * nodes, the chunk is doubled, up to NCCL's step (NCCL_BUFFSIZE / 8, the most NCCL takes),
+ * while each channel still gets 8 chunks per GPU of the chain, the bar NCCL itself accepts
+ * for its 128 KiB chunks (the chain's fill then costs at most an eighth). Other algorithms,
+ * protocols and communicators keep NCCL's value. Always ncclSuccess. */
+ncclResult_t agoq_tuner_get_chunk_size(void* ctx, int coll_type, size_t nbytes, int algo, int proto, int nchannels,
+                                       size_t* chunk);
 ncclResult_t agoq_tuner_finalize(void* ctx);
 
 #endif

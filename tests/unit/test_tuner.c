@@ -340,7 +340,7 @@ static void test_never_fails(void** state) {
   assert_int_equal(ncclTunerPlugin_v6.getCollInfo(ctx, ncclFuncAllReduce, 64 << 20, 1, NULL, NA,
                                                   NP, 0, &nch),
                    ncclSuccess);
-  /* v6 getChunkSize: no opinion, NCCL's value stays. */
+  /* v6 getChunkSize: not CollNetChain, NCCL's value stays (test_chunk_size_raised). */
   size_t chunk = 131072;
   assert_non_null(ncclTunerPlugin_v6.getChunkSize);
   assert_int_equal(ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllReduce, 64 << 20,
@@ -352,6 +352,44 @@ static void test_never_fails(void** state) {
   assert_int_equal(ncclTunerPlugin_v5.finalize(NULL), ncclSuccess);
   assert_string_equal(ncclTunerPlugin_v5.name, "AGOQ");
   assert_string_equal(ncclTunerPlugin_v6.name, "AGOQ");
+}
+
+/* v6 getChunkSize on CollNetChain, 4 GPUs per node (tuner_open: 8 ranks on 2 nodes): NCCL's
+ * chunk doubled up to its step while each of the 8 channels keeps 8 chunks per GPU of the
+ * chain (32); every other case keeps NCCL's value. */
+static size_t chain_chunk(void* ctx, size_t nbytes, int algo, int proto, size_t nccl) {
+  size_t chunk = nccl;
+  assert_int_equal(ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllReduce, nbytes, algo, proto, 8, &chunk),
+                   ncclSuccess);
+  return chunk;
+}
+
+static void test_chunk_size_raised(void** state) {
+  (void)state;
+  const int chain = AGOQ_NCCL_ALGO_COLLNET_CHAIN, simple = AGOQ_NCCL_PROTO_SIMPLE;
+  unsetenv("NCCL_BUFFSIZE");
+  void* ctx = tuner_open(6, "int8");
+  /* 256 MiB: 512 KiB (the step of NCCL's 4 MiB buffer) leaves 64 chunks per channel. */
+  assert_int_equal(chain_chunk(ctx, 256u << 20, chain, simple, 131072), 524288);
+  /* 64 MiB: 256 KiB leaves 32; 512 KiB would leave 16. */
+  assert_int_equal(chain_chunk(ctx, 64u << 20, chain, simple, 131072), 262144);
+  /* 8 MiB: already 16 chunks of NCCL's 64 KiB per channel; 128 KiB would leave 8. */
+  assert_int_equal(chain_chunk(ctx, 8u << 20, chain, simple, 65536), 65536);
+  /* Other algorithms and protocols: NCCL's. */
+  assert_int_equal(chain_chunk(ctx, 256u << 20, AGOQ_NCCL_ALGO_COLLNET_DIRECT, simple, 131072), 131072);
+  assert_int_equal(chain_chunk(ctx, 256u << 20, AGOQ_NCCL_ALGO_RING, simple, 131072), 131072);
+  assert_int_equal(chain_chunk(ctx, 256u << 20, chain, AGOQ_NCCL_PROTO_SIMPLE - 1, 131072), 131072);
+  tuner_close(6, ctx);
+  /* NCCL_BUFFSIZE=8 MiB, read as NCCL reads it: steps of 1 MiB. */
+  setenv("NCCL_BUFFSIZE", "0x800000", 1);
+  ctx = tuner_open(6, "int8");
+  assert_int_equal(chain_chunk(ctx, 1u << 30, chain, simple, 262144), 1048576);
+  tuner_close(6, ctx);
+  unsetenv("NCCL_BUFFSIZE");
+  /* One node: no CollNet network to spare messages on. */
+  ctx = tuner_open_nodes(6, "int8", 1);
+  assert_int_equal(chain_chunk(ctx, 256u << 20, chain, simple, 131072), 131072);
+  tuner_close(6, ctx);
 }
 
 /* ---- the "compression inactive" WARN: only when known true ---- */
@@ -554,6 +592,7 @@ int main(void) {
       cmocka_unit_test(test_integer_allreduce_untouched),
       cmocka_unit_test(test_unchanged_otherwise),
       cmocka_unit_test(test_never_fails),
+      cmocka_unit_test(test_chunk_size_raised),
       cmocka_unit_test(test_warns_once_for_float_allreduce_without_collnet),
       cmocka_unit_test(test_never_warns_unless_known_true),
       cmocka_unit_test(test_init_does_not_warn),
