@@ -13,7 +13,14 @@ _Thread_local int agoq_sim_rank = -1;
 
 typedef struct sim_msg {
   struct sim_msg* next;
+  /* The bytes: the sender's own buffer (src) until the message is delivered or the sender
+   * sees its send complete, whichever comes first; then, if it is still on its way, a copy
+   * (data). NCCL's contract keeps a send's buffer valid until then, and copying every message
+   * at posting held a whole chunk's frames per rank: 4 GB over 4096 simulated ranks. */
+  const uint8_t* src;
   uint8_t* data;
+  struct agoq_tp_conn* sconn; /* the sending end, while src is used */
+  agoq_xfer* sx;
   size_t size;
   int tag;
   uint32_t flags;
@@ -22,10 +29,12 @@ typedef struct sim_msg {
   double ready;          /* last byte at the receiver's NIC; INFINITY until its turn there */
 } sim_msg;
 
-/* A posted transfer and when it completes (INFINITY: not yet known). */
+/* A posted transfer and when it completes (INFINITY: not yet known); a send's message while
+ * it still reads the sender's buffer. */
 typedef struct {
   agoq_xfer* x;
   double done_at;
+  struct sim_msg* m;
 } sim_rec;
 
 struct agoq_tp_conn {
@@ -382,6 +391,26 @@ static int sim_rec_add(agoq_tp_conn* c, agoq_xfer* x, double done_at) {
   return 0;
 }
 
+/* The message no longer reads its sender's buffer (delivered, or copied). */
+static void sim_msg_detach(sim_msg* m) {
+  if (m->sconn != NULL)
+    for (int k = 0; k < m->sconn->nrecs; k++)
+      if (m->sconn->recs[k].m == m) m->sconn->recs[k].m = NULL;
+  m->sconn = NULL;
+  m->src = NULL;
+}
+
+/* A message on its way takes a copy of its bytes: its sender is done with the buffer. */
+static int sim_msg_own(sim_msg* m) {
+  if (m->src != NULL && m->size > 0) {
+    m->data = malloc(m->size);
+    if (m->data == NULL) return -1;
+    memcpy(m->data, m->src, m->size);
+  }
+  sim_msg_detach(m);
+  return 0;
+}
+
 static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
   pthread_mutex_lock(&sim.mu);
   ncclResult_t res = c->err;
@@ -389,11 +418,13 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
   if (res != ncclSuccess) goto out;
   size_t size = x->size[0];
   m = calloc(1, sizeof *m);
-  if (m == NULL || (size > 0 && (m->data = malloc(size)) == NULL)) {
+  if (m == NULL) {
     res = ncclSystemError;
     goto out;
   }
-  if (size > 0) memcpy(m->data, x->data[0], size);
+  m->src = x->data[0];
+  m->sconn = c;
+  m->sx = x;
   m->size = size;
   m->tag = x->tag;
   m->flags = x->flags;
@@ -419,6 +450,7 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
     res = ncclSystemError;
     goto out;
   }
+  c->recs[c->nrecs - 1].m = m;
   agoq_tp_conn* r = c->peer;
   if (r == NULL) { /* the far end closed: the bytes go nowhere, as on a broken connection */
     res = ncclRemoteError;
@@ -463,7 +495,8 @@ static ncclResult_t sim_deliver(agoq_tp_conn* c) {
       c->err = res;
       return res;
     }
-    if (m->size > 0) memcpy(dst, m->data, m->size);
+    if (m->size > 0) memcpy(dst, m->data != NULL ? m->data : m->src, m->size);
+    sim_msg_detach(m);
     rec->x->size[slot] = m->size;
     rec->x->matched_mask |= 1u << slot;
     rec->done_at = sim.now;
@@ -498,6 +531,8 @@ static bool sim_done(agoq_tp_conn* c, const agoq_xfer* x) {
     done = c->recs[k].done_at <= sim.now || (!sim.model && isfinite(c->recs[k].done_at));
     if (done) {
       sim.events++;
+      /* The sender may reuse its buffer from now on: a message still on its way copies it. */
+      if (c->recs[k].m != NULL && sim_msg_own(c->recs[k].m) != 0 && c->err == ncclSuccess) c->err = ncclSystemError;
       memmove(&c->recs[k], &c->recs[k + 1], (size_t)(c->nrecs - k - 1) * sizeof *c->recs);
       c->nrecs--;
     }
@@ -531,11 +566,15 @@ static void sim_close(agoq_tp_conn* c) {
       break;
     }
   if (c->owner >= 0 && c->owner < sim.nranks) sim.st[c->owner].conns--;
+  /* Sends still on their way stop reading this end's buffers. */
+  for (int k = 0; k < c->nrecs; k++)
+    if (c->recs[k].m != NULL) (void)sim_msg_own(c->recs[k].m);
   while (c->qhead != NULL) {
     sim_msg* m = c->qhead;
     c->qhead = m->next;
     for (int i = 0; i < sim.nrx; i++)
       if (sim.rx[i].m == m) sim.rx[i].m = NULL;
+    sim_msg_detach(m);
     free(m->data);
     free(m);
   }
