@@ -19,7 +19,7 @@
 #include "perf_dtype.h"
 
 #define CN_HANDLE_SIZE 128
-#define CN_MAX_RANKS 16
+#define CN_MAX_RANKS 32 /* above 16 the group runs the two-level grid (issue 28) */
 #define CN_MAX_INFLIGHT 8     /* NCCL groups up to 8 channels' calls (COLLNET_GROUP_NSUBS) */
 #define CN_DEATH_LIMIT_MS 10000 /* survivors must see a dead rank's collective fail by then */
 #define CN_WAIT_MS 120000     /* longest wait for one batch of calls or one hub exchange */
