@@ -37,6 +37,13 @@
 
 _Static_assert(AGOQ_COLL_COST_CALLS == AGOQ_COLL_SLOTS, "the cost model's pipeline is the engine's");
 
+/* The step implementation request r's chunks run on the mesh (agoq_coll_step.h). */
+static const agoq_coll_step_impl* agoq_step_for(const agoq_coll_req* r) {
+  if (r->kind == AGOQ_COLL_ALLGATHER) return &agoq_coll_step_gather;
+  if (r->gpu) return &agoq_coll_step_gpu;
+  return r->quantized ? &agoq_coll_step_quant : &agoq_coll_step_exact;
+}
+
 static agoq_coll_slot* agoq_slot_of(agoq_coll_comm* g, uint64_t seq) { return &g->slots[seq % AGOQ_COLL_SLOTS]; }
 
 /* ---- slot setup -------------------------------------------------------------------------- */
@@ -67,7 +74,7 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
   }
   s->s_len[me] = 0;
   s->res_len = 0;
-  s->step = agoq_coll_step_for(r);
+  s->step = agoq_step_for(r);
   return s->step->reserve(g, s);
 }
 
@@ -233,8 +240,9 @@ static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
   return s->step->received(g, s, j, size);
 }
 
-/* Tests the oldest pending operation of each connection, and the next ones while they are
- * done: operations on one connection complete in posting order. */
+/* Tests the oldest pending operation of each connection and kind (a phase's sends or
+ * receives), and the next ones while they are done: a kind's operations on one connection
+ * complete in posting order (its messages are sent in chunk order). */
 static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
   for (int pi = 0; pi < g->npeers; pi++) {
     int j = g->peers[pi];

@@ -498,9 +498,8 @@ static ncclResult_t agoq_gpu_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, in
 }
 
 const agoq_coll_step_impl agoq_coll_step_gpu = {
-    .name = "GPU quantized",
     .reserve = agoq_coll_gpu_reserve,
-    .p2_place = agoq_coll_step_frame_place,
+    .p2_place = agoq_coll_quant_p2_place,
     .prepare = agoq_coll_gpu_encode,
     .p1_message = agoq_gpu_p1_message,
     .reduce = agoq_coll_gpu_reduce,

@@ -31,6 +31,7 @@
 
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 
 typedef struct {
@@ -889,16 +890,6 @@ static ncclResult_t agoq_grid_send_step(agoq_coll_comm* g, agoq_coll_slot* s, in
   return ncclSuccess;
 }
 
-static ncclResult_t agoq_grid_timed(agoq_coll_comm* g, agoq_coll_slot* s, ncclResult_t (*fn)(agoq_coll_comm*,
-                                                                                           agoq_coll_slot*)) {
-  int64_t t0 = agoq_coll_now_ns();
-  uint64_t crc0 = agoq_frame_crc_ns();
-  ncclResult_t res = fn(g, s);
-  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
-  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->crc_ns, agoq_frame_crc_ns() - crc0);
-  return res;
-}
-
 /* One stage of one slot; *moved once the slot is past it. */
 static ncclResult_t agoq_grid_stage(agoq_coll_comm* g, agoq_coll_slot* s, bool* moved, bool* progressed) {
   struct agoq_coll_gslot* gs = s->gs;
@@ -909,7 +900,7 @@ static ncclResult_t agoq_grid_stage(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
     case AGOQ_SLOT_G_ROW:
       if (!gs->row_done) {
         if (gs->pend_rowr > 0) return ncclSuccess;
-        AGOQ_CHECK(agoq_grid_timed(g, s, agoq_grid_row_reduce));
+        AGOQ_CHECK(agoq_coll_timed(g, s, agoq_grid_row_reduce));
         gs->row_done = *progressed = true;
       }
       AGOQ_CHECK(agoq_grid_send_step(g, s, AGOQ_COLL_COL_RS, &sent));
@@ -919,7 +910,7 @@ static ncclResult_t agoq_grid_stage(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
     case AGOQ_SLOT_G_COL:
       if (!gs->col_done) {
         if (gs->pend_colr > 0) return ncclSuccess;
-        AGOQ_CHECK(agoq_grid_timed(g, s, agoq_grid_col_reduce));
+        AGOQ_CHECK(agoq_coll_timed(g, s, agoq_grid_col_reduce));
         gs->col_done = *progressed = true;
       }
       if (agoq_grid_has_ag(r)) {
@@ -931,7 +922,7 @@ static ncclResult_t agoq_grid_stage(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
     case AGOQ_SLOT_G_AG:
       if (!gs->ag_done) {
         if (gs->pend_colg > 0) return ncclSuccess;
-        AGOQ_CHECK(agoq_grid_timed(g, s, agoq_grid_ag_pack));
+        AGOQ_CHECK(agoq_coll_timed(g, s, agoq_grid_ag_pack));
         gs->ag_done = *progressed = true;
       }
       AGOQ_CHECK(agoq_grid_send_step(g, s, AGOQ_COLL_ROW_AG, &sent));

@@ -391,6 +391,9 @@ ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
 ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j);
 /* Accumulates this rank's slice in fp32 and re-quantizes it (reducescatter: rounds it). */
 ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
+/* Where the result frame of slice j's owner lands, host or GPU path alike: its region of
+ * the slot's gbuf, at most *cap bytes. */
+void agoq_coll_quant_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap);
 /* Decodes rank j's result frame (size bytes) into place. */
 ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
 /* A received quantized frame: a contribution to this rank's slice (phase 1), or its owner's

@@ -184,6 +184,11 @@ ncclResult_t agoq_coll_quant_frame_check(agoq_coll_comm* g, const agoq_coll_slot
 
 /* ---- the host quantized step (agoq_coll_step.h) ------------------------------------------- */
 
+void agoq_coll_quant_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap) {
+  *p = s->gbuf.p + s->g_off[j];
+  *cap = agoq_coll_quant_result_cap(g, s->sl[j]);
+}
+
 static ncclResult_t agoq_quant_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,
                                           size_t* len) {
   if (s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
@@ -193,19 +198,12 @@ static ncclResult_t agoq_quant_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, 
 }
 
 static ncclResult_t agoq_quant_reduce_step(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
-  *done = true;
-  if (s->sl[g->rank] == 0) return ncclSuccess;
-  int64_t t0 = agoq_coll_now_ns();
-  uint64_t crc0 = agoq_frame_crc_ns(); /* the contributions' checks and the result's seal */
-  ncclResult_t res = agoq_coll_quant_reduce(g, s);
-  agoq_coll_step_charge(g, s->req, t0, crc0);
-  return res;
+  return agoq_coll_step_reduce_now(g, s, done, agoq_coll_quant_reduce);
 }
 
 const agoq_coll_step_impl agoq_coll_step_quant = {
-    .name = "host quantized",
     .reserve = agoq_coll_quant_reserve,
-    .p2_place = agoq_coll_step_frame_place,
+    .p2_place = agoq_coll_quant_p2_place,
     .prepare = agoq_coll_step_ready,
     .p1_message = agoq_quant_p1_message,
     .reduce = agoq_quant_reduce_step,

@@ -275,13 +275,7 @@ static ncclResult_t agoq_exact_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, 
 }
 
 static ncclResult_t agoq_exact_reduce_step(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
-  *done = true;
-  if (s->sl[g->rank] == 0) return ncclSuccess;
-  int64_t t0 = agoq_coll_now_ns();
-  uint64_t crc0 = agoq_frame_crc_ns();
-  ncclResult_t res = agoq_coll_exact_reduce(g, s);
-  agoq_coll_step_charge(g, s->req, t0, crc0);
-  return res;
+  return agoq_coll_step_reduce_now(g, s, done, agoq_coll_exact_reduce);
 }
 
 /* The owner's raw slice: exactly its bytes, or the ranks disagree on the call. */
@@ -294,7 +288,6 @@ static ncclResult_t agoq_exact_received(agoq_coll_comm* g, agoq_coll_slot* s, in
 }
 
 const agoq_coll_step_impl agoq_coll_step_exact = {
-    .name = "host exact",
     .reserve = agoq_coll_exact_reserve,
     .p2_place = agoq_exact_p2_place,
     .prepare = agoq_coll_step_ready,
@@ -327,7 +320,6 @@ static void agoq_gather_p2_message(agoq_coll_comm* g, agoq_coll_slot* s, const u
 }
 
 const agoq_coll_step_impl agoq_coll_step_gather = {
-    .name = "all-gather",
     .reserve = agoq_gather_reserve,
     .p2_place = agoq_exact_p2_place,
     .prepare = agoq_coll_step_ready,

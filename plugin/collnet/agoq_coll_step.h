@@ -19,7 +19,6 @@
 #include "collnet/agoq_coll_internal.h"
 
 typedef struct agoq_coll_step_impl {
-  const char* name;
   /* The slot's buffers for its chunk (its slices laid out in s->sb, s->sl). */
   ncclResult_t (*reserve)(agoq_coll_comm* g, agoq_coll_slot* s);
   /* Where the phase-2 message of slice j's owner lands, and at most how many bytes. */
@@ -46,13 +45,6 @@ extern const agoq_coll_step_impl agoq_coll_step_gpu;
 extern const agoq_coll_step_impl agoq_coll_step_exact;
 extern const agoq_coll_step_impl agoq_coll_step_gather;
 
-/* The implementation request r's chunks run on the mesh. */
-static inline const agoq_coll_step_impl* agoq_coll_step_for(const agoq_coll_req* r) {
-  if (r->kind == AGOQ_COLL_ALLGATHER) return &agoq_coll_step_gather;
-  if (r->gpu) return &agoq_coll_step_gpu;
-  return r->quantized ? &agoq_coll_step_quant : &agoq_coll_step_exact;
-}
-
 /* Steps that have nothing to wait for. */
 static inline ncclResult_t agoq_coll_step_ready(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
   (void)g;
@@ -68,16 +60,25 @@ static inline void agoq_coll_step_result(agoq_coll_comm* g, agoq_coll_slot* s, c
   *len = s->res_len;
 }
 
-/* A quantized result frame's place, host or GPU path alike: its region of the slot's gbuf. */
-static inline void agoq_coll_step_frame_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap) {
-  *p = s->gbuf.p + s->g_off[j];
-  *cap = agoq_coll_quant_result_cap(g, s->sl[j]);
+/* fn(g, s), CPU codec work of the slot's chunk: its time and its CRC time (checks of frames
+ * received, seals of frames made) charged to the request's path statistics. The mesh's host
+ * steps and the grid's stages alike. */
+static inline ncclResult_t agoq_coll_timed(agoq_coll_comm* g, agoq_coll_slot* s,
+                                           ncclResult_t (*fn)(agoq_coll_comm*, agoq_coll_slot*)) {
+  int64_t t0 = agoq_coll_now_ns();
+  uint64_t crc0 = agoq_frame_crc_ns();
+  ncclResult_t res = fn(g, s);
+  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
+  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->crc_ns, agoq_frame_crc_ns() - crc0);
+  return res;
 }
 
-/* Adds the CPU codec and CRC time since t0 / crc0 to the request's path statistics. */
-static inline void agoq_coll_step_charge(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0) {
-  agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
-  agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
+/* A mesh step's reduction on the CPU, done when it returns (nothing when this rank's slice is
+ * empty), timed. */
+static inline ncclResult_t agoq_coll_step_reduce_now(agoq_coll_comm* g, agoq_coll_slot* s, bool* done,
+                                                     ncclResult_t (*reduce)(agoq_coll_comm*, agoq_coll_slot*)) {
+  *done = true;
+  return s->sl[g->rank] == 0 ? ncclSuccess : agoq_coll_timed(g, s, reduce);
 }
 
 #endif

@@ -68,6 +68,8 @@ ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* han
  * user that multiplexes several streams on one connection (CollNet: a chunk's
  * contributions and its results, one connection per peer and direction). */
 #define AGOQ_NET_TAGGED 0x10000u
+/* The part of a caller's flags that is the transport's (AGOQ_TP_*). */
+static inline unsigned agoq_net_tp_flags(unsigned flags) { return flags & ~AGOQ_NET_TAGGED; }
 /* A tagged comm's depth: the receives it has in flight at most (more: NCCL's NULL request,
  * call again), and the messages it holds whose receive is not posted yet (more wait in the
  * transport, and the sender with them). */

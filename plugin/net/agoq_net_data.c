@@ -434,7 +434,7 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   }
   ncclResult_t err;
   bool xfer_done;
-  if (comm->tagq != NULL && !comm->is_send) {
+  if (comm->tagq != NULL) { /* receive comms only */
     err = agoq_tagq_test(comm, req, &xfer_done);
     if (xfer_done) {
       agoq_request_finish(comm, req, req->actual, sizes);

@@ -146,7 +146,7 @@ ncclResult_t agoq_net_get_properties(int dev, agoq_net_props* p) {
 int agoq_net_helper_threads(void) { return agoq_net_configured() ? agoq_net_tp->helper_threads() : 0; }
 
 unsigned agoq_net_conn_fds(unsigned listen_flags) {
-  return agoq_net_configured() ? agoq_net_tp->conn_fds(listen_flags & ~AGOQ_NET_TAGGED) : 1;
+  return agoq_net_configured() ? agoq_net_tp->conn_fds(agoq_net_tp_flags(listen_flags)) : 1;
 }
 
 bool agoq_net_placement_cpus(int dev, cpu_set_t* out) {

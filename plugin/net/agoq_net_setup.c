@@ -84,7 +84,7 @@ ncclResult_t agoq_net_listen_flags(void* ctx, int dev, unsigned flags, void* han
   l->dev = dev;
   l->flags = flags;
   l->st_recv = c->st_recv;
-  res = agoq_net_tp->listen(dev, c->comm_id, flags & ~AGOQ_NET_TAGGED, handle, &l->tp);
+  res = agoq_net_tp->listen(dev, c->comm_id, agoq_net_tp_flags(flags), handle, &l->tp);
   if (res != ncclSuccess) {
     free(l);
     goto out;
@@ -119,7 +119,7 @@ ncclResult_t agoq_net_connect_flags(void* ctx, int dev, unsigned flags, void* ha
   AGOQ_ARG_CHECK(dev >= 0 && dev < agoq_net_tp->ndevs(), res, out);
   *send_comm = NULL;
   agoq_tp_conn* tp = NULL;
-  AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, flags & ~AGOQ_NET_TAGGED, handle, &tp), res, out);
+  AGOQ_CHECK_GOTO(agoq_net_tp->connect(dev, c->comm_id, agoq_net_tp_flags(flags), handle, &tp), res, out);
   if (tp == NULL) return ncclSuccess; /* the handshake is still under way */
   agoq_comm* comm;
   AGOQ_CHECK_GOTO(agoq_comm_create(true, dev, tp, flags, &comm), res, out);

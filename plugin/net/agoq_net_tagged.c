@@ -212,11 +212,14 @@ static ncclResult_t agoq_tagq_post(agoq_tagq* q) {
   return ncclSuccess;
 }
 
-/* A held message's bytes into the receive that claimed it; the landing is free again. */
+/* The landing's message is all in and claimed: a held one is copied into the receive's
+ * buffer, the receive completes and the landing is free again. */
 static void agoq_tagq_deliver(agoq_tagq* q, agoq_landing* l) {
-  if (l->size > 0) memcpy(l->req->data[0], l->buf, l->size);
-  agoq_tagq_buf_put(q, l->buf, l->buf_cap);
-  l->buf = NULL;
+  if (l->buf != NULL) {
+    if (l->size > 0) memcpy(l->req->data[0], l->buf, l->size);
+    agoq_tagq_buf_put(q, l->buf, l->buf_cap);
+    l->buf = NULL;
+  }
   l->req->tag_done = true;
   l->req->actual[0] = l->size;
   l->req = NULL;
@@ -228,16 +231,10 @@ static void agoq_tagq_reap(agoq_tagq* q) {
   for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) {
     agoq_landing* l = &q->land[i];
     if (l->state != AGOQ_LAND_POSTED || !l->matched || !agoq_net_tp->done(q->comm->tp, &l->x)) continue;
-    if (l->buf == NULL) {
-      l->req->tag_done = true;
-      l->req->actual[0] = l->x.size[0];
-      l->req = NULL;
-      l->state = AGOQ_LAND_IDLE;
-    } else if (l->req != NULL) {
+    if (l->req != NULL)
       agoq_tagq_deliver(q, l);
-    } else {
+    else
       l->state = AGOQ_LAND_HELD;
-    }
   }
 }
 
@@ -253,8 +250,7 @@ ncclResult_t agoq_tagq_irecv(agoq_comm* comm, agoq_request* req) {
   agoq_landing* held = NULL;
   for (unsigned i = 0; i < AGOQ_TAGQ_LANDINGS; i++) {
     agoq_landing* l = &q->land[i];
-    bool unclaimed = l->state == AGOQ_LAND_HELD || (l->state == AGOQ_LAND_POSTED && l->matched && l->buf != NULL &&
-                                                   l->req == NULL);
+    bool unclaimed = l->buf != NULL && l->req == NULL; /* held, or arriving into its own buffer */
     if (unclaimed && agoq_tag_fits(req->tags[0], l->tag) && (held == NULL || l->stamp < held->stamp)) held = l;
   }
   if (held != NULL) {

@@ -20,7 +20,6 @@ typedef struct sim_msg {
   const uint8_t* src;
   uint8_t* data;
   struct agoq_tp_conn* sconn; /* the sending end, while src is used */
-  agoq_xfer* sx;
   size_t size;
   int tag;
   uint32_t flags;
@@ -424,7 +423,6 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
   }
   m->src = x->data[0];
   m->sconn = c;
-  m->sx = x;
   m->size = size;
   m->tag = x->tag;
   m->flags = x->flags;
