@@ -72,6 +72,11 @@ size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n) {
   return total;
 }
 
+size_t agoq_frame_size_nominal(const agoq_codec_params* p, size_t n) {
+  if (agoq_codec_params_check(p) != AGOQ_CODEC_OK || n > AGOQ_FRAME_MAX_COUNT) return 0;
+  return (size_t)AGOQ_FRAME_HEADER_SIZE + agoq_codec_body_size(p, n, 0);
+}
+
 double agoq_frame_wire_ratio(const agoq_codec_params* p, size_t n) {
   if (n == 0 || agoq_codec_params_check(p) != AGOQ_CODEC_OK) return 1.0;
   double wire = (double)AGOQ_FRAME_HEADER_SIZE + (double)agoq_codec_body_size(p, n, 0);

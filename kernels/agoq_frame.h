@@ -65,6 +65,10 @@ void agoq_frame_crc_clock_set(agoq_frame_clock_fn clock);
 uint64_t agoq_frame_crc_ns(void);
 
 size_t agoq_frame_size_max(const agoq_codec_params* p, size_t n);
+/* The size of a frame of n elements none of whose blocks escapes raw: what a frame of
+ * finite values of ordinary range takes (a receiver can size for it and spill the rest).
+ * 0 for invalid parameters. */
+size_t agoq_frame_size_nominal(const agoq_codec_params* p, size_t n);
 /* Bytes on the wire over bytes of input for one frame of n elements with no escaped block
  * (the header, the body, one scale per block and the escape bitmap), at most 1: a frame no
  * smaller than its payload is sent exact. 1 for n = 0 or invalid parameters. */

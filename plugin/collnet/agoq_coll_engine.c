@@ -74,6 +74,8 @@ static ncclResult_t agoq_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_c
   }
   s->s_len[me] = 0;
   s->res_len = 0;
+  s->r_max = 0; /* the phase-1 regions' size, unless the step's reserve says they spill */
+  s->nominal = false;
   s->step = agoq_step_for(r);
   return s->step->reserve(g, s);
 }
@@ -94,12 +96,14 @@ static ncclResult_t agoq_slot_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     bool phase2 = s->post_recvs % 2;
     if (j == me) continue;
     if (!phase2 && p1 && m > 0) {
-      AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P1R, j, s->rbuf.p + (size_t)j * s->r_stride, s->r_stride, &posted));
+      size_t max = s->r_max > s->r_stride ? s->r_max : s->r_stride;
+      AGOQ_CHECK(agoq_coll_post_recv_max(g, s, AGOQ_CQ_P1R, j, s->rbuf.p + (size_t)j * s->r_stride, s->r_stride,
+                                         max, &posted));
     } else if (phase2 && p2 && s->sl[j] > 0) {
       uint8_t* at;
-      size_t cap;
-      step->p2_place(g, s, j, &at, &cap);
-      AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, j, at, cap, &posted));
+      size_t cap, max;
+      step->p2_place(g, s, j, &at, &cap, &max);
+      AGOQ_CHECK(agoq_coll_post_recv_max(g, s, AGOQ_CQ_P2R, j, at, cap, max, &posted));
     }
     if (!posted) return ncclSuccess;
   }
@@ -191,6 +195,20 @@ static void agoq_engine_take(agoq_coll_comm* g, agoq_coll_req* list) {
   }
 }
 
+/* The cap on spilled messages: more held than the slots' own receive staging, while some
+ * chunk is in flight (the one that holds them retires; a lone chunk always runs). */
+static bool agoq_engine_spill_full(const agoq_coll_comm* g) {
+  if (g->spill_held == 0) return false;
+  size_t staging = 0;
+  bool busy = false;
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    const agoq_coll_slot* s = &g->slots[i];
+    staging += s->own.rbuf.cap + s->own.gbuf.cap;
+    busy = busy || s->stage != AGOQ_SLOT_FREE;
+  }
+  return busy && g->spill_held > staging;
+}
+
 static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
   for (;;) {
     if (g->next_seq > 0) {
@@ -207,6 +225,7 @@ static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
     if (r == NULL) return ncclSuccess;
     agoq_coll_slot* s = agoq_slot_of(g, g->next_seq);
     if (s->stage != AGOQ_SLOT_FREE) return ncclSuccess;
+    if (agoq_engine_spill_full(g)) return ncclSuccess;
     if (r->chunks_admitted == 0) {
       /* Its input must be in host memory first: copied from the device (the later requests
        * wait behind it, as every rank admits in call order), its host parts joined. */
@@ -252,7 +271,9 @@ static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
         agoq_coll_slot* s = &g->slots[q->slot[q->head]];
         void** reqp = agoq_coll_op_req(s, kind, j);
         int done = 0, size = 0;
-        ncclResult_t res = agoq_net_test(*reqp, &done, &size);
+        uint8_t* spill = NULL;
+        bool recv = kind == AGOQ_CQ_P1R || kind == AGOQ_CQ_P2R;
+        ncclResult_t res = recv ? agoq_net_test_spill(*reqp, &done, &size, &spill) : agoq_net_test(*reqp, &done, &size);
         if (res != ncclSuccess) {
           if (agoq_coll_fail(g, res))
             AGOQ_WARN("CollNet rank %d: %s rank %d failed (%s); the group's requests fail", g->rank,
@@ -262,6 +283,7 @@ static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
         }
         if (!done) break;
         *reqp = NULL;
+        if (spill != NULL) agoq_coll_spill_take(g, s, kind, j, spill, (size_t)size);
         q->head = (q->head + 1) % AGOQ_COLL_SLOTS;
         q->count--;
         *progressed = true;
@@ -321,6 +343,7 @@ static ncclResult_t agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
     }
     s->stage = AGOQ_SLOT_FREE;
     s->req = NULL;
+    agoq_coll_spill_free(g, s);
     *progressed = true;
     if (++r->chunks_done == r->nchunks) AGOQ_CHECK(agoq_engine_complete(g, r));
   }
@@ -336,6 +359,7 @@ static void agoq_engine_abort(agoq_coll_comm* g, ncclResult_t res) {
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
     g->slots[i].stage = AGOQ_SLOT_FREE;
     g->slots[i].req = NULL;
+    agoq_coll_spill_free(g, &g->slots[i]);
   }
   for (int i = 0; i < g->nranks * AGOQ_CQ_COUNT; i++) g->cq[i].count = 0;
   agoq_coll_req* queued = agoq_engine_dequeue(g);
@@ -513,9 +537,14 @@ static void agoq_slot_free_arrays(agoq_coll_slot* s) {
   free(s->s_off);
   free(s->s_len);
   free(s->g_off);
+  free(s->p1r_at);
+  free(s->p2r_at);
+  free(s->spills);
+  free(s->s_at);
   s->sb = s->sl = s->s_off = s->s_len = s->g_off = NULL;
   s->p1s = s->p1r = s->p2s = s->p2r = NULL;
   s->p1r_size = NULL;
+  s->p1r_at = s->p2r_at = s->spills = s->s_at = NULL;
 }
 
 static ncclResult_t agoq_slot_alloc(agoq_coll_slot* s, int n) {
@@ -530,14 +559,20 @@ static ncclResult_t agoq_slot_alloc(agoq_coll_slot* s, int n) {
   s->s_off = calloc(un, sizeof *s->s_off);
   s->s_len = calloc(un, sizeof *s->s_len);
   s->g_off = calloc(un, sizeof *s->g_off);
-  if (s->sb && s->sl && s->p1s && s->p1r && s->p2s && s->p2r && s->p1r_size && s->s_off && s->s_len && s->g_off)
+  s->p1r_at = calloc(un, sizeof *s->p1r_at);
+  s->p2r_at = calloc(un, sizeof *s->p2r_at);
+  s->spills = calloc(3 * un + 1, sizeof *s->spills);
+  s->s_at = calloc(un, sizeof *s->s_at);
+  if (s->sb && s->sl && s->p1s && s->p1r && s->p2s && s->p2r && s->p1r_size && s->s_off && s->s_len && s->g_off &&
+      s->p1r_at && s->p2r_at && s->spills && s->s_at)
     return ncclSuccess;
   AGOQ_WARN("out of memory allocating CollNet pipeline state for %d ranks", n);
   agoq_slot_free_arrays(s); /* s->sb NULL again: the next chunk tries anew */
   return ncclSystemError;
 }
 
-static void agoq_slot_release(agoq_coll_slot* s) {
+static void agoq_slot_release(agoq_coll_comm* g, agoq_coll_slot* s) {
+  agoq_coll_spill_free(g, s);
   agoq_slot_free_arrays(s);
   agoq_coll_buf_free(&s->own.sbuf);
   agoq_coll_buf_free(&s->own.rbuf);
@@ -643,9 +678,22 @@ void agoq_coll_engine_stop(agoq_coll_comm* g) {
   if (join) pthread_join(g->thread, NULL);
 }
 
+size_t agoq_coll_staging_bytes(const agoq_coll_comm* g) {
+  size_t total = 0;
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    const agoq_coll_slot_bufs* b = &g->slots[i].own;
+    total += b->sbuf.cap + b->rbuf.cap + b->acc.cap + b->res.cap + b->gbuf.cap + agoq_coll_grid_staging(&g->slots[i]);
+  }
+  return total;
+}
+
 void agoq_coll_engine_free(agoq_coll_comm* g) {
   agoq_coll_grid_free(g);
-  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) agoq_slot_release(&g->slots[i]);
+  if (g->spill_msgs > 0)
+    AGOQ_INFO(NCCL_NET, "CollNet rank %d: %llu messages outgrew their staging (blocks escaped raw) and went through "
+              "buffers of their own, at most %zu bytes held at once", g->rank, (unsigned long long)g->spill_msgs,
+              g->spill_peak);
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) agoq_slot_release(g, &g->slots[i]);
   free(g->cq);
   g->cq = NULL;
   free(g->reduce_in);

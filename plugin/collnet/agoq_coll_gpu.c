@@ -301,7 +301,7 @@ static agoq_codec_status agoq_gpu_parse_step(void* arg, const uint8_t* f, size_t
 static ncclResult_t agoq_gpu_check_contribution(agoq_coll_comm* g, agoq_coll_slot* s, int k, agoq_frame_info* info,
                                                 const void** body) {
   agoq_gpu_parse_arg a = {.g = g, .count = s->sl[g->rank], .info = info, .body = body};
-  return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_CONTRIBUTION, k, true, s->rbuf.p + (size_t)k * s->r_stride,
+  return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_CONTRIBUTION, k, true, s->p1r_at[k],
                                      (size_t)s->p1r_size[k], agoq_gpu_parse_step, &a);
 }
 
@@ -467,7 +467,7 @@ ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, i
   agoq_gpu_parse_arg a = {
       .g = g, .r = r, .t0 = agoq_coll_now_ns(), .crc0 = agoq_frame_crc_ns(), .count = s->sl[j], .info = &info,
       .body = &c.body};
-  ncclResult_t res = agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->gbuf.p + s->g_off[j],
+  ncclResult_t res = agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->p2r_at[j],
                                                  (size_t)size, agoq_gpu_parse_step, &a);
   if (res != ncclSuccess) return res;
   res = agoq_gpu_queue(g, s, true, agoq_gpu_decode_result, &c);

@@ -69,9 +69,13 @@ struct agoq_coll_gslot {
    * receive][index in the plan]; 0 elements: no message), computed once at setup. */
   size_t* melems[AGOQ_COLL_STEPS][2];
   size_t* mcap[AGOQ_COLL_STEPS][2];
+  /* A message's region: its bytes when no block escapes raw. A larger one, up to mcap, goes
+   * from (sends) or into (receives: agoq_net_irecv_spill) a buffer of its own. */
+  size_t* mnom[AGOQ_COLL_STEPS][2];
   size_t mine_elems; /* elements of this rank's pieces (its columns, every row) */
   size_t own_len;    /* quantized: this rank's own frames, packed at sbuf + s_off[me] */
-  size_t pack_len;   /* the row all-gather message in pack */
+  size_t pack_len;   /* the row all-gather message in pack (or pack_at: it outgrew pack) */
+  uint8_t* pack_at;
   size_t isz;        /* bytes of one partial sum: fp32, or the type itself */
   int pend_rowr, pend_colr, pend_colg; /* receives still to come, by step */
   bool row_done, col_done, ag_done;    /* the stage's computation ran; its sends are being posted */
@@ -232,9 +236,10 @@ static const agoq_coll_span* agoq_gspans(const agoq_coll_comm* g, const agoq_gms
   return g->plan->spans + m->span0;
 }
 
-/* Elements a message's pieces hold, and the bytes it needs at most as `what`. */
+/* Elements a message's pieces hold, and the bytes it needs as `what`: at most, or (nominal)
+ * when none of its frames' blocks escapes raw. */
 static size_t agoq_gmsg_size(const agoq_coll_comm* g, const agoq_coll_slot* s, const agoq_coll_span* sp, int ns,
-                             agoq_gcontent what, size_t* elems) {
+                             agoq_gcontent what, bool nominal, size_t* elems) {
   const struct agoq_coll_gslot* gs = s->gs;
   const agoq_coll_req* r = s->req;
   agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
@@ -246,8 +251,8 @@ static size_t agoq_gmsg_size(const agoq_coll_comm* g, const agoq_coll_slot* s, c
     if (m == 0) continue;
     e += m;
     switch (what) {
-      case AGOQ_GC_IN_FRAMES: bytes += agoq_grid_align16(agoq_frame_size_max(&pin, m)); break;
-      case AGOQ_GC_OUT_FRAMES: bytes += agoq_grid_align16(agoq_frame_size_max(&p32, m)); break;
+      case AGOQ_GC_IN_FRAMES: bytes += agoq_grid_align16(agoq_coll_frame_cap(&pin, m, nominal)); break;
+      case AGOQ_GC_OUT_FRAMES: bytes += agoq_grid_align16(agoq_coll_frame_cap(&p32, m, nominal)); break;
       case AGOQ_GC_RAW: bytes += m * r->esz; break;
       case AGOQ_GC_PARTIAL: bytes += m * gs->isz; break;
     }
@@ -394,6 +399,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   gs->pend_rowr = gs->pend_colr = gs->pend_colg = 0;
   gs->row_done = gs->col_done = gs->ag_done = false;
   gs->own_len = gs->pack_len = 0;
+  gs->pack_at = NULL;
   /* This rank's pieces: offsets in acc, and its final pieces' places in res and csum. */
   size_t acc_elems = 0, fin_elems = 0, res_cap = 0;
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
@@ -419,7 +425,9 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       for (int k = 0; k < p->nmsg[st][d]; k++) {
         const agoq_gmsg* m = &p->msg[st][d][k];
         gs->melems[st][d][k] = 0;
-        gs->mcap[st][d][k] = runs ? agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, &gs->melems[st][d][k]) : 0;
+        gs->mcap[st][d][k] =
+            runs ? agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, false, &gs->melems[st][d][k]) : 0;
+        gs->mnom[st][d][k] = runs ? agoq_gmsg_size(g, s, agoq_gspans(g, m), m->nspans, what, true, NULL) : 0;
       }
     if (!runs) continue;
     for (int k = 0; k < p->nmsg[st][0]; k++) {
@@ -431,12 +439,13 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       if (st == AGOQ_COLL_ROW_RS || (st == AGOQ_COLL_COL_RS && what == AGOQ_GC_OUT_FRAMES)) {
         s->s_off[m->peer] = sb; /* row and column peers are distinct ranks */
         s->s_len[m->peer] = 0;
-        sb += agoq_grid_align16(cap);
+        /* The row reduce-scatter's frames at their nominal size (agoq_grid_encode_send). */
+        sb += agoq_grid_align16(st == AGOQ_COLL_ROW_RS ? gs->mnom[st][0][k] : cap);
       }
     }
     for (int k = 0; k < p->nmsg[st][1]; k++) {
       const agoq_gmsg* m = &p->msg[st][1][k];
-      size_t elems = gs->melems[st][1][k], cap = gs->mcap[st][1][k], first;
+      size_t elems = gs->melems[st][1][k], cap = gs->mnom[st][1][k], first;
       if (elems == 0) continue;
       switch (st) {
         case AGOQ_COLL_ROW_RS: s->pend_p1r++; gs->pend_rowr++; break;
@@ -455,12 +464,14 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       }
     }
   }
-  (void)agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_RAW, &gs->mine_elems);
+  (void)agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_RAW, false, &gs->mine_elems);
   if (agoq_grid_has_rs(r) && r->quantized) {
     s->s_off[me] = sb;
-    sb += agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_IN_FRAMES, NULL);
+    sb += agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_IN_FRAMES, false, NULL);
   }
-  if (agoq_grid_has_ag(r)) pack = agoq_gmsg_size(g, s, p->mine, p->ncols, agoq_grid_content(g, r, AGOQ_COLL_ROW_AG), NULL);
+  /* Nominal: a row all-gather message whose frames outgrow it is built in a buffer of its own. */
+  if (agoq_grid_has_ag(r))
+    pack = agoq_gmsg_size(g, s, p->mine, p->ncols, agoq_grid_content(g, r, AGOQ_COLL_ROW_AG), true, NULL);
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.sbuf, sb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, rb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.gbuf, gb));
@@ -479,8 +490,8 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
 /* ---- posting ----------------------------------------------------------------------------------- */
 
 /* Encodes the frames of a message's pieces from this rank's input, packed from out. */
-static ncclResult_t agoq_grid_encode(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_span* sp, int ns,
-                                     bool sealed, uint8_t* out, size_t cap, size_t* len) {
+static agoq_codec_status agoq_grid_encode_st(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_span* sp, int ns,
+                                             bool sealed, uint8_t* out, size_t cap, size_t* len) {
   agoq_coll_req* r = s->req;
   struct agoq_coll_gslot* gs = s->gs;
   agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype);
@@ -500,8 +511,32 @@ static ncclResult_t agoq_grid_encode(agoq_coll_comm* g, agoq_coll_slot* s, const
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   *len = end;
+  return st;
+}
+
+static ncclResult_t agoq_grid_encode(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_coll_span* sp, int ns,
+                                     bool sealed, uint8_t* out, size_t cap, size_t* len) {
+  agoq_codec_status st = agoq_grid_encode_st(g, s, sp, ns, sealed, out, cap, len);
   if (st == AGOQ_CODEC_OK) return ncclSuccess;
-  AGOQ_WARN("CollNet: quantizing a piece of %zu elements failed: %s", gs->pl[idx], agoq_codec_status_str(st));
+  AGOQ_WARN("CollNet: quantizing this rank's own pieces failed: %s", agoq_codec_status_str(st));
+  return ncclInternalError;
+}
+
+/* A row reduce-scatter message's frames into its region of sbuf (nominal bytes); when blocks
+ * escaped raw and they do not fit, into a buffer of their own (max bytes). s_at says where. */
+static ncclResult_t agoq_grid_encode_send(agoq_coll_comm* g, agoq_coll_slot* s, const agoq_gmsg* m, size_t nom,
+                                         size_t max) {
+  const agoq_coll_span* sp = agoq_gspans(g, m);
+  uint8_t* out = s->sbuf.p + s->s_off[m->peer];
+  agoq_codec_status st = agoq_grid_encode_st(g, s, sp, m->nspans, true, out, nom, &s->s_len[m->peer]);
+  if (st == AGOQ_CODEC_ESPACE && nom < max) {
+    out = agoq_coll_spill_alloc(g, s, max);
+    if (out == NULL) return ncclSystemError;
+    st = agoq_grid_encode_st(g, s, sp, m->nspans, true, out, max, &s->s_len[m->peer]);
+  }
+  s->s_at[m->peer] = out;
+  if (st == AGOQ_CODEC_OK) return ncclSuccess;
+  AGOQ_WARN("CollNet: quantizing the row message for rank %d failed: %s", m->peer, agoq_codec_status_str(st));
   return ncclInternalError;
 }
 
@@ -562,12 +597,14 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     while (st < AGOQ_COLL_STEPS && k >= p->nmsg[st][1]) k -= p->nmsg[st][1], st++;
     if (st == AGOQ_COLL_STEPS) break;
     const agoq_gmsg* m = &p->msg[st][1][k];
-    size_t cap = gs->mcap[st][1][k];
+    size_t nom = gs->mnom[st][1][k], max = gs->mcap[st][1][k];
     if (gs->melems[st][1][k] == 0) continue; /* none this chunk, or a step this call has not */
     if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS)
-      AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P1R, m->peer, s->rbuf.p + gs->r_off[m->peer], cap, &posted));
+      AGOQ_CHECK(agoq_coll_post_recv_max(g, s, AGOQ_CQ_P1R, m->peer, s->rbuf.p + gs->r_off[m->peer], nom, max,
+                                         &posted));
     else
-      AGOQ_CHECK(agoq_coll_post_recv(g, s, AGOQ_CQ_P2R, m->peer, agoq_grid_p2_dst(g, s, st, m), cap, &posted));
+      AGOQ_CHECK(agoq_coll_post_recv_max(g, s, AGOQ_CQ_P2R, m->peer, agoq_grid_p2_dst(g, s, st, m), nom, max,
+                                         &posted));
     if (!posted) return ncclSuccess;
   }
   if (agoq_grid_has_rs(r)) {
@@ -581,9 +618,8 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
       size_t len;
       if (r->quantized) {
         if (s->s_len[m->peer] == 0)
-          AGOQ_CHECK(agoq_grid_encode(g, s, sp, m->nspans, true, s->sbuf.p + s->s_off[m->peer], cap,
-                                      &s->s_len[m->peer]));
-        data = s->sbuf.p + s->s_off[m->peer];
+          AGOQ_CHECK(agoq_grid_encode_send(g, s, m, gs->mnom[AGOQ_COLL_ROW_RS][0][s->post_sends], cap));
+        data = s->s_at[m->peer];
         len = s->s_len[m->peer];
       } else if (agoq_gmsg_contig(s, &g->grid, sp, m->nspans, &first)) {
         data = agoq_coll_src_at(r, first);
@@ -632,13 +668,13 @@ ncclResult_t agoq_coll_grid_received(agoq_coll_comm* g, agoq_coll_slot* s, int k
   if (r->quantized) {
     int64_t t0 = agoq_coll_now_ns();
     uint64_t crc0 = agoq_frame_crc_ns();
-    ncclResult_t res = agoq_grid_decode_msg(g, s, j, s->gbuf.p + s->g_off[j], (size_t)size, sp, m->nspans);
+    ncclResult_t res = agoq_grid_decode_msg(g, s, j, s->p2r_at[j], (size_t)size, sp, m->nspans);
     agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
     agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
     return res;
   }
   size_t first;
-  if (!agoq_gmsg_contig(s, &g->grid, sp, m->nspans, &first)) agoq_grid_unpack_raw(g, s, sp, m->nspans, s->gbuf.p + s->g_off[j]);
+  if (!agoq_gmsg_contig(s, &g->grid, sp, m->nspans, &first)) agoq_grid_unpack_raw(g, s, sp, m->nspans, s->p2r_at[j]);
   return ncclSuccess;
 }
 
@@ -656,7 +692,7 @@ static ncclResult_t agoq_grid_row_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     for (int q = p->row_first; q < p->row_first + p->row_len; q++) {
       bool own = q == me;
       if (!own && p->msg_of[AGOQ_COLL_ROW_RS][1][q] < 0) continue;
-      const uint8_t* msg = own ? s->sbuf.p + s->s_off[me] : s->rbuf.p + gs->r_off[q];
+      const uint8_t* msg = own ? s->sbuf.p + s->s_off[me] : s->p1r_at[q];
       size_t size = own ? gs->own_len : (size_t)s->p1r_size[q], off = 0, end = 0;
       agoq_piece_it it = agoq_pieces(p->mine, p->ncols);
       int idx;
@@ -683,7 +719,7 @@ static ncclResult_t agoq_grid_row_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     size_t m = gs->pl[idx];
     if (m == 0) continue;
     for (int q = p->row_first; q < p->row_first + p->row_len; q++)
-      g->reduce_in[q - p->row_first] = q == me ? agoq_coll_src_at(r, gs->pb[idx]) : s->rbuf.p + gs->r_off[q] + at;
+      g->reduce_in[q - p->row_first] = q == me ? agoq_coll_src_at(r, gs->pb[idx]) : s->p1r_at[q] + at;
     agoq_coll_reduce_partial(r->dtype, r->op, g->reduce_in, p->row_len, m, s->acc.p + gs->aoff[idx] * gs->isz);
     at += m * r->esz;
   }
@@ -728,7 +764,7 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
         int from = agoq_coll_grid_player(gr, row, c);
         size_t size = (size_t)s->p1r_size[from], off = 0;
         agoq_gsum_arg a = {.acc = csum, .first = row == 0, .threads = g->codec_threads};
-        AGOQ_CHECK(agoq_gframe_next(g, from, s->rbuf.p + gs->r_off[from], size, &off, true, m, agoq_gsum_step, &a));
+        AGOQ_CHECK(agoq_gframe_next(g, from, s->p1r_at[from], size, &off, true, m, agoq_gsum_step, &a));
         if (off != size) return agoq_grid_size_check(g, from, size, off);
       }
     } else {
@@ -739,7 +775,7 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
         }
         int from = agoq_coll_grid_player(gr, row, c);
         AGOQ_CHECK(agoq_grid_size_check(g, from, (size_t)s->p1r_size[from], m * gs->isz));
-        g->reduce_in[row] = s->rbuf.p + gs->r_off[from];
+        g->reduce_in[row] = s->p1r_at[from];
       }
     }
     if (!r->quantized) {
@@ -781,6 +817,7 @@ static ncclResult_t agoq_grid_ag_pack(agoq_coll_comm* g, agoq_coll_slot* s) {
   int R = agoq_coll_grid_row(gr, g->rank);
   size_t first;
   if (!r->quantized) {
+    gs->pack_at = gs->pack.p;
     if (!agoq_gmsg_contig(s, gr, p->mine, p->ncols, &first))
       gs->pack_len = agoq_grid_pack_raw(g, s, p->mine, p->ncols, false, gs->pack.p);
     return ncclSuccess;
@@ -788,35 +825,39 @@ static ncclResult_t agoq_grid_ag_pack(agoq_coll_comm* g, agoq_coll_slot* s) {
   for (int k = 0; k < p->nmsg[AGOQ_COLL_COL_AG][1]; k++) {
     const agoq_gmsg* m = &p->msg[AGOQ_COLL_COL_AG][1][k];
     if (gs->melems[AGOQ_COLL_COL_AG][1][k] == 0) continue;
-    AGOQ_CHECK(agoq_grid_decode_msg(g, s, m->peer, s->gbuf.p + s->g_off[m->peer], (size_t)gs->p2r_size[m->peer],
+    AGOQ_CHECK(agoq_grid_decode_msg(g, s, m->peer, s->p2r_at[m->peer], (size_t)gs->p2r_size[m->peer],
                                     agoq_gspans(g, m), m->nspans));
   }
-  size_t end = 0;
-  for (int i = 0; i < p->ncols; i++) {
-    for (int row = 0; row < gr->b; row++) {
-      int idx = agoq_coll_grid_piece(gr, p->cols[i], row);
-      if (gs->pl[idx] == 0) continue;
-      const uint8_t* f;
-      size_t len;
-      if (row == R) {
-        f = s->res.p + gs->foff[i];
-        len = gs->flen[i];
-      } else {
-        int from = agoq_coll_grid_player(gr, row, p->cols[i]);
-        f = s->gbuf.p + s->g_off[from];
-        len = (size_t)gs->p2r_size[from];
+  /* Its frames back to back, 16-byte aligned: sized first, built second. */
+  gs->pack_at = gs->pack.p;
+  for (int pass = 0; pass < 2; pass++) {
+    size_t end = 0;
+    for (int i = 0; i < p->ncols; i++) {
+      for (int row = 0; row < gr->b; row++) {
+        int idx = agoq_coll_grid_piece(gr, p->cols[i], row);
+        if (gs->pl[idx] == 0) continue;
+        const uint8_t* f;
+        size_t len;
+        if (row == R) {
+          f = s->res.p + gs->foff[i];
+          len = gs->flen[i];
+        } else {
+          int from = agoq_coll_grid_player(gr, row, p->cols[i]);
+          f = s->p2r_at[from];
+          len = (size_t)gs->p2r_size[from];
+        }
+        size_t off = agoq_grid_align16(end);
+        if (pass == 1) memcpy(gs->pack_at + off, f, len);
+        end = off + len;
       }
-      size_t off = agoq_grid_align16(end);
-      if (off + len > gs->pack.cap) {
-        AGOQ_WARN("CollNet rank %d: the row all-gather message outgrew its buffer (%zu bytes): internal error",
-                  g->rank, gs->pack.cap);
-        return ncclInternalError;
-      }
-      memcpy(gs->pack.p + off, f, len);
-      end = off + len;
+    }
+    gs->pack_len = end;
+    if (pass == 0 && end > gs->pack.cap) {
+      /* Blocks escaped raw: larger than nominal frames. */
+      gs->pack_at = agoq_coll_spill_alloc(g, s, end);
+      if (gs->pack_at == NULL) return ncclSystemError;
     }
   }
-  gs->pack_len = end;
   return ncclSuccess;
 }
 
@@ -876,7 +917,7 @@ static ncclResult_t agoq_grid_send_step(agoq_coll_comm* g, agoq_coll_slot* s, in
         if (!r->quantized && agoq_gmsg_contig(s, gr, sp, m->nspans, &first)) {
           data = agoq_coll_dst_at(r, first);
         } else {
-          data = gs->pack.p;
+          data = gs->pack_at;
           len = gs->pack_len;
         }
         break;
@@ -974,10 +1015,15 @@ static void agoq_gslot_free(struct agoq_coll_gslot* gs) {
     for (int d = 0; d < 2; d++) {
       free(gs->melems[st][d]);
       free(gs->mcap[st][d]);
+      free(gs->mnom[st][d]);
     }
   agoq_coll_buf_free(&gs->csum);
   agoq_coll_buf_free(&gs->pack);
   free(gs);
+}
+
+size_t agoq_coll_grid_staging(const agoq_coll_slot* s) {
+  return s->gs == NULL ? 0 : s->gs->csum.cap + s->gs->pack.cap;
 }
 
 ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g) { return agoq_gplan_make(g, &g->plan); }
@@ -1001,6 +1047,7 @@ static ncclResult_t agoq_gslot_alloc(agoq_coll_comm* g, agoq_coll_slot* s) {
       size_t nm = (size_t)(g->plan->nmsg[st][d] > 0 ? g->plan->nmsg[st][d] : 1);
       AGOQ_CALLOC_GOTO(gs->melems[st][d], nm, res, fail);
       AGOQ_CALLOC_GOTO(gs->mcap[st][d], nm, res, fail);
+      AGOQ_CALLOC_GOTO(gs->mnom[st][d], nm, res, fail);
     }
   s->gs = gs;
   return ncclSuccess;

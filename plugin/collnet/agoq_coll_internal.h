@@ -174,6 +174,18 @@ typedef struct {
   void** p2s;
   void** p2r;
   int* p1r_size; /* bytes received */
+  /* Where each receive's bytes are: its region of the slot's buffers, posted at the size of
+   * frames whose blocks compress, or the buffer its message spilled into when larger
+   * (agoq_net_irecv_spill; listed in spills, freed when the chunk retires). */
+  uint8_t** p1r_at;
+  uint8_t** p2r_at;
+  /* Where the quantized phase-1 message for peer j (or this rank's own frame) is: its region
+   * of sbuf, sized alike, or a buffer of its own when its frames did not fit (listed in
+   * spills too). */
+  uint8_t** s_at;
+  uint8_t** spills; /* at most 3 per peer (two receives, one send) and a grid's row message */
+  int nspills;
+  size_t spill_bytes;
   int post_recvs; /* next peer whose receives to post (POSTING) */
   int post_sends; /* sends posted so far (POSTING / POST_P2), in rotated order */
   int pend_p1s, pend_p1r, pend_p2s, pend_p2r; /* not yet completed */
@@ -187,6 +199,8 @@ typedef struct {
   size_t* s_len;
   agoq_coll_buf rbuf; /* phase-1 receives, one region per rank */
   size_t r_stride;
+  size_t r_max;       /* the largest phase-1 message a region takes, spilling past r_stride */
+  bool nominal;       /* the mesh's frame regions are sized for nominal frames (host quantized) */
   agoq_coll_buf acc;  /* fp32 (or typed) accumulator of this rank's slice */
   agoq_coll_buf res;  /* this rank's phase-2 message */
   size_t res_len;
@@ -258,6 +272,12 @@ typedef struct agoq_coll_comm {
   int codec_threads;       /* threads of one slice's codec call, the engine included */
   agoq_coll_slot slots[AGOQ_COLL_SLOTS];
   uint64_t next_seq, reduce_seq;
+  /* Messages that spilled past their receive's region (blocks that escaped raw): bytes held
+   * now, at most, and in all. While more is held than the slots' own receive staging, no new
+   * chunk is admitted until the chunks in flight retire: data that stops compressing costs
+   * pipelining, not unbounded memory. */
+  size_t spill_held, spill_peak;
+  uint64_t spill_msgs;
   /* A grid group (grid.b > 1): its messages per step, and the chunk each stage (row reduce,
    * column reduce, row all-gather) works on next, each in chunk order (agoq_coll_grid.c). */
   struct agoq_coll_gplan* plan;
@@ -333,6 +353,9 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* comm);
 /* Stops and joins the engine (idempotent); requests it had not completed fail. */
 void agoq_coll_engine_stop(agoq_coll_comm* comm);
 void agoq_coll_engine_free(agoq_coll_comm* comm);
+/* Bytes of staging the group's pipeline slots hold now (every buffer they grew), for the
+ * simulation's and tests' figures; under step_mu or with the engine held. */
+size_t agoq_coll_staging_bytes(const agoq_coll_comm* comm);
 
 
 /* ---- agoq_coll_post.c ---- */
@@ -348,6 +371,17 @@ void** agoq_coll_op_req(agoq_coll_slot* s, int kind, int peer);
  * the net core is busy (NCCL's NULL request), so the caller retries the same operation. */
 ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
                                  bool* posted);
+/* The same for a message of up to max bytes (max > size: a larger one spills, and the
+ * receive's p1r_at / p2r_at entry then points at its own buffer once it completes). */
+ncclResult_t agoq_coll_post_recv_max(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                     size_t max, bool* posted);
+/* Slot s's completed receive of kind from j spilled into buf (len bytes): taken into its list. */
+void agoq_coll_spill_take(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, uint8_t* buf, size_t len);
+/* A buffer of len bytes for a message of slot s that outgrew its region (NULL: out of memory,
+ * warned); freed when the chunk retires. */
+uint8_t* agoq_coll_spill_alloc(agoq_coll_comm* g, agoq_coll_slot* s, size_t len);
+/* Frees the slot's spilled messages (the chunk retired or was abandoned). */
+void agoq_coll_spill_free(agoq_coll_comm* g, agoq_coll_slot* s);
 ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
                                  size_t size, size_t raw, bool* posted);
 
@@ -356,6 +390,8 @@ static inline bool agoq_coll_on_grid(const agoq_coll_comm* g) { return g->grid.b
 /* The plan and every slot's grid state (engine start), and their release (idempotent). */
 ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g);
 void agoq_coll_grid_free(agoq_coll_comm* g);
+/* Bytes of the grid state's own buffers in slot s (agoq_coll_staging_bytes). */
+size_t agoq_coll_grid_staging(const agoq_coll_slot* s);
 /* Chunk c of r in slot s: its pieces, pending counts and buffers. */
 ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_req* r, size_t c);
 /* POSTING: every receive, then the row reduce-scatter's sends. */
@@ -386,6 +422,12 @@ size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n);
  * frames' offsets in sbuf (s_off) and gbuf (g_off) when given, and rbuf's stride. */
 void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, const size_t* sl, size_t* s_off,
                            size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need);
+/* With nominal, the receive regions (rbuf's stride, gbuf's regions) are sized for frames
+ * none of whose blocks escapes (a larger message spills); without, for the worst case. */
+void agoq_coll_quant_sizes_as(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, bool nominal, const size_t* sl,
+                              size_t* s_off, size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need);
+/* A frame of n elements of params p, none of whose blocks escapes / in the worst case. */
+size_t agoq_coll_frame_cap(const agoq_codec_params* p, size_t n, bool nominal);
 ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
 /* Quantizes slice j of the chunk into its phase-1 frame. */
 ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j);
@@ -393,7 +435,7 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
 ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s);
 /* Where the result frame of slice j's owner lands, host or GPU path alike: its region of
  * the slot's gbuf, at most *cap bytes. */
-void agoq_coll_quant_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap);
+void agoq_coll_quant_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap, size_t* max);
 /* Decodes rank j's result frame (size bytes) into place. */
 ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
 /* A received quantized frame: a contribution to this rank's slice (phase 1), or its owner's

@@ -57,16 +57,62 @@ void** agoq_coll_op_req(agoq_coll_slot* s, int kind, int peer) {
   }
 }
 
-ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
-                                 bool* posted) {
+ncclResult_t agoq_coll_post_recv_max(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                     size_t max, bool* posted) {
   void** reqp = agoq_coll_op_req(s, kind, j);
   int tag = agoq_coll_tag(kind, s->seq);
-  void* bufs[1] = {data};
-  size_t sizes[1] = {size};
-  AGOQ_CHECK(agoq_net_irecv(g->recv[j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
+  if (max > size) {
+    AGOQ_CHECK(agoq_net_irecv_spill(g->recv[j], data, size, max, tag, reqp));
+  } else {
+    void* bufs[1] = {data};
+    size_t sizes[1] = {size};
+    AGOQ_CHECK(agoq_net_irecv(g->recv[j], 1, bufs, sizes, &tag, NULL, NULL, reqp));
+  }
   *posted = *reqp != NULL;
-  if (*posted) agoq_cq_push(agoq_coll_cq(g, j, kind), g, s);
+  if (*posted) {
+    (kind == AGOQ_CQ_P1R ? s->p1r_at : s->p2r_at)[j] = data;
+    agoq_cq_push(agoq_coll_cq(g, j, kind), g, s);
+  }
   return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_post_recv(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
+                                 bool* posted) {
+  return agoq_coll_post_recv_max(g, s, kind, j, data, size, size, posted);
+}
+
+/* ---- spilled messages ---------------------------------------------------------------------- */
+
+/* At most one receive per peer and phase, one send per peer and one row all-gather message
+ * per chunk: the list (3n + 1 entries) has room. */
+static void agoq_coll_spill_keep(agoq_coll_comm* g, agoq_coll_slot* s, uint8_t* buf, size_t len) {
+  s->spills[s->nspills++] = buf;
+  s->spill_bytes += len;
+  g->spill_held += len;
+  g->spill_msgs++;
+  if (g->spill_held > g->spill_peak) g->spill_peak = g->spill_held;
+}
+
+void agoq_coll_spill_take(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, uint8_t* buf, size_t len) {
+  (kind == AGOQ_CQ_P1R ? s->p1r_at : s->p2r_at)[j] = buf;
+  agoq_coll_spill_keep(g, s, buf, len);
+}
+
+uint8_t* agoq_coll_spill_alloc(agoq_coll_comm* g, agoq_coll_slot* s, size_t len) {
+  uint8_t* buf = malloc(len > 0 ? len : 1);
+  if (buf == NULL) {
+    AGOQ_WARN("CollNet rank %d: out of memory for a %zu-byte message that outgrew its staging", g->rank, len);
+    return NULL;
+  }
+  agoq_coll_spill_keep(g, s, buf, len);
+  return buf;
+}
+
+void agoq_coll_spill_free(agoq_coll_comm* g, agoq_coll_slot* s) {
+  for (int i = 0; i < s->nspills; i++) free(s->spills[i]);
+  s->nspills = 0;
+  g->spill_held -= s->spill_bytes;
+  s->spill_bytes = 0;
 }
 
 ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,

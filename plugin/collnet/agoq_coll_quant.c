@@ -23,21 +23,30 @@ size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n) {
 
 static size_t agoq_coll_align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
+size_t agoq_coll_frame_cap(const agoq_codec_params* p, size_t n, bool nominal) {
+  return nominal ? agoq_frame_size_nominal(p, n) : agoq_frame_size_max(p, n);
+}
+
 void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, const size_t* sl, size_t* s_off,
                            size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need) {
+  agoq_coll_quant_sizes_as(g, dtype, p2, false, sl, s_off, g_off, r_stride, need);
+}
+
+void agoq_coll_quant_sizes_as(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, bool nominal, const size_t* sl,
+                              size_t* s_off, size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need) {
   int n = g->nranks, me = g->rank;
   size_t m = sl[me];
-  agoq_codec_params pin = agoq_coll_params(g, dtype);
+  agoq_codec_params pin = agoq_coll_params(g, dtype), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
   size_t total = 0, gtotal = 0;
   /* Every frame starts 16-byte aligned: the CUDA codec needs 4, vector loads like 16. */
   for (int j = 0; j < n; j++) {
     if (s_off != NULL) s_off[j] = total;
     if (g_off != NULL) g_off[j] = gtotal;
     if (sl[j] == 0) continue;
-    total += agoq_coll_align16(agoq_frame_size_max(&pin, sl[j]));
-    if (j != me && p2) gtotal += agoq_coll_align16(agoq_coll_quant_result_cap(g, sl[j]));
+    total += agoq_coll_align16(agoq_coll_frame_cap(&pin, sl[j], nominal));
+    if (j != me && p2) gtotal += agoq_coll_align16(agoq_coll_frame_cap(&p32, sl[j], nominal));
   }
-  *r_stride = m > 0 ? agoq_coll_align16(agoq_frame_size_max(&pin, m)) : 0;
+  *r_stride = m > 0 ? agoq_coll_align16(agoq_coll_frame_cap(&pin, m, nominal)) : 0;
   memset(need, 0, sizeof *need);
   need->sbuf.cap = total;
   need->gbuf.cap = gtotal;
@@ -49,7 +58,14 @@ void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, c
 ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_req* r = s->req;
   agoq_coll_slot_bufs need;
-  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), s->sl, s->s_off, s->g_off, &s->r_stride, &need);
+  /* Frames' regions, sent and received, are sized for frames whose blocks compress; a larger
+   * one spills into a buffer of its own. */
+  agoq_coll_quant_sizes_as(g, r->codec_dtype, agoq_coll_has_p2(r), true, s->sl, s->s_off, s->g_off, &s->r_stride,
+                           &need);
+  agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype);
+  size_t m = s->sl[g->rank];
+  s->r_max = m > 0 ? agoq_frame_size_max(&pin, m) : 0;
+  s->nominal = true;
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.sbuf, need.sbuf.cap));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.gbuf, need.gbuf.cap));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, need.rbuf.cap));
@@ -68,9 +84,18 @@ ncclResult_t agoq_coll_quant_encode(agoq_coll_comm* g, agoq_coll_slot* s, int j)
   agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns();
-  agoq_codec_status st = agoq_frame_encode_mt(&p, agoq_coll_src_at(r, s->sb[j]), s->sl[j], j != g->rank,
-                                              s->sbuf.p + s->s_off[j], s->sbuf.cap - s->s_off[j], &s->s_len[j],
-                                              g->codec_threads);
+  uint8_t* out = s->sbuf.p + s->s_off[j];
+  size_t cap = s->nominal ? agoq_coll_align16(agoq_frame_size_nominal(&p, s->sl[j])) : s->sbuf.cap - s->s_off[j];
+  const void* src = agoq_coll_src_at(r, s->sb[j]);
+  agoq_codec_status st = agoq_frame_encode_mt(&p, src, s->sl[j], j != g->rank, out, cap, &s->s_len[j], g->codec_threads);
+  if (st == AGOQ_CODEC_ESPACE && s->nominal) {
+    /* Blocks escaped raw: the frame outgrew its region; it goes from a buffer of its own. */
+    cap = agoq_frame_size_max(&p, s->sl[j]);
+    out = agoq_coll_spill_alloc(g, s, cap);
+    if (out == NULL) return ncclSystemError;
+    st = agoq_frame_encode_mt(&p, src, s->sl[j], j != g->rank, out, cap, &s->s_len[j], g->codec_threads);
+  }
+  s->s_at[j] = out;
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
   if (st != AGOQ_CODEC_OK) {
@@ -101,7 +126,7 @@ ncclResult_t agoq_coll_quant_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   float* acc = (float*)s->acc.p;
   /* acc = y_0, then acc += y_k in rank order: the bits do not depend on arrival order. */
   for (int k = 0; k < n; k++) {
-    const uint8_t* f = k == me ? s->sbuf.p + s->s_off[me] : s->rbuf.p + (size_t)k * s->r_stride;
+    const uint8_t* f = k == me ? s->s_at[me] : s->p1r_at[k];
     size_t len = k == me ? s->s_len[me] : (size_t)s->p1r_size[k];
     agoq_quant_sum_arg a = {.acc = acc, .m = m, .first = k == 0, .threads = g->codec_threads};
     /* Our own frame never travelled: it has no payload CRC. */
@@ -154,7 +179,7 @@ static agoq_codec_status agoq_quant_result_step(void* arg, const uint8_t* f, siz
 
 ncclResult_t agoq_coll_quant_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
   agoq_quant_result_arg a = {.g = g, .s = s, .j = j};
-  return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->gbuf.p + s->g_off[j], (size_t)size,
+  return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->p2r_at[j], (size_t)size,
                                      agoq_quant_result_step, &a);
 }
 
@@ -184,15 +209,19 @@ ncclResult_t agoq_coll_quant_frame_check(agoq_coll_comm* g, const agoq_coll_slot
 
 /* ---- the host quantized step (agoq_coll_step.h) ------------------------------------------- */
 
-void agoq_coll_quant_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap) {
+void agoq_coll_quant_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap, size_t* max) {
+  /* Host slots (agoq_coll_quant_reserve) are laid out for nominal frames, GPU slots
+   * (agoq_coll_gpu_reserve) for the worst case. */
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
   *p = s->gbuf.p + s->g_off[j];
-  *cap = agoq_coll_quant_result_cap(g, s->sl[j]);
+  *max = agoq_coll_quant_result_cap(g, s->sl[j]);
+  *cap = agoq_coll_frame_cap(&p32, s->sl[j], s->nominal);
 }
 
 static ncclResult_t agoq_quant_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,
                                           size_t* len) {
   if (s->s_len[j] == 0) AGOQ_CHECK(agoq_coll_quant_encode(g, s, j));
-  *p = s->sbuf.p + s->s_off[j];
+  *p = s->s_at[j];
   *len = s->s_len[j];
   return ncclSuccess;
 }

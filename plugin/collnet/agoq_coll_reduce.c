@@ -249,7 +249,7 @@ ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
                 s->p1r_size[k], bytes);
       return ncclInvalidUsage;
     }
-    g->reduce_in[k] = s->rbuf.p + (size_t)k * s->r_stride;
+    g->reduce_in[k] = s->p1r_at[k];
   }
   /* Into staging first: the input and output buffers may be the same memory. */
   agoq_coll_reduce_exact(r->dtype, r->op, g->reduce_in, n, m, s->res.p, (float*)s->acc.p);
@@ -260,10 +260,10 @@ ncclResult_t agoq_coll_exact_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 /* ---- the exact and all-gather steps (agoq_coll_step.h) -------------------------------------- */
 
-static void agoq_exact_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap) {
+static void agoq_exact_p2_place(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap, size_t* max) {
   (void)g;
   *p = agoq_coll_dst_at(s->req, s->sb[j]); /* straight into place */
-  *cap = s->sl[j] * s->req->esz;
+  *cap = *max = s->sl[j] * s->req->esz;
 }
 
 static ncclResult_t agoq_exact_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,

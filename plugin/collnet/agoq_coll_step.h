@@ -21,8 +21,9 @@
 typedef struct agoq_coll_step_impl {
   /* The slot's buffers for its chunk (its slices laid out in s->sb, s->sl). */
   ncclResult_t (*reserve)(agoq_coll_comm* g, agoq_coll_slot* s);
-  /* Where the phase-2 message of slice j's owner lands, and at most how many bytes. */
-  void (*p2_place)(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap);
+  /* Where the phase-2 message of slice j's owner lands (cap bytes), and at most how many
+   * bytes it may have (max > cap: a larger one spills into a buffer of its own). */
+  void (*p2_place)(agoq_coll_comm* g, agoq_coll_slot* s, int j, uint8_t** p, size_t* cap, size_t* max);
   /* Once the receives are posted, before the first phase-1 send: *ready false while the
    * device is still making the frames (call again on a later pass). */
   ncclResult_t (*prepare)(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready);

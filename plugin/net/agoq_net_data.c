@@ -267,9 +267,9 @@ ncclResult_t agoq_net_match(void* arg, agoq_xfer* x, int tag, uint64_t size, uin
   return ncclSuccess;
 }
 
-ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
-                            void** phandles, void** request) {
-  (void)phandles;
+/* irecv, with a spill maximum (agoq_net_irecv_spill; 0: none). */
+static ncclResult_t agoq_net_irecv_max(void* recv_comm, int n, void** data, size_t* sizes, int* tags,
+                                       void** mhandles, size_t spill_max, void** request) {
   agoq_comm* comm = agoq_comm_from(recv_comm, AGOQ_RECV_MAGIC);
   if (comm == NULL || request == NULL || n < 1 || n > AGOQ_NET_MAX_RECVS || data == NULL || sizes == NULL) {
     AGOQ_WARN("irecv: invalid arguments (comm %p, n %d)", recv_comm, n);
@@ -311,6 +311,7 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
   req->dev_mask = dev_mask;
   req->direct_ok = direct_ok;
   req->polled = polled;
+  req->spill_max = spill_max;
   if (dev_mask != 0) {
     bool again = false;
     err = agoq_dev_recv_start(comm, req, &again);
@@ -328,6 +329,22 @@ ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, 
   }
   *request = req;
   return ncclSuccess;
+}
+
+ncclResult_t agoq_net_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                            void** phandles, void** request) {
+  (void)phandles;
+  return agoq_net_irecv_max(recv_comm, n, data, sizes, tags, mhandles, 0, request);
+}
+
+ncclResult_t agoq_net_irecv_spill(void* recv_comm, void* data, size_t size, size_t max, int tag, void** request) {
+  agoq_comm* comm = agoq_comm_from(recv_comm, AGOQ_RECV_MAGIC);
+  if (comm == NULL || comm->tagq == NULL || max < size) {
+    AGOQ_WARN("irecv: a spilling receive needs a tagged receive comm (comm %p) and a maximum of at least its size "
+              "(%zu < %zu)", recv_comm, max, size);
+    return ncclInternalError;
+  }
+  return agoq_net_irecv_max(recv_comm, 1, &data, &size, &tag, NULL, max, request);
 }
 
 ncclResult_t agoq_net_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
@@ -406,7 +423,7 @@ static ncclResult_t agoq_dev_failed(agoq_comm* comm, ncclResult_t res) {
   return res;
 }
 
-ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
+static ncclResult_t agoq_net_test_req(void* request, int* done, int* sizes, uint8_t** spill) {
   agoq_request* req = request;
   if (req == NULL || done == NULL || req->magic != AGOQ_REQUEST_MAGIC || req->comm == NULL) {
     AGOQ_WARN("test: invalid request %p", request);
@@ -437,6 +454,10 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
   if (comm->tagq != NULL) { /* receive comms only */
     err = agoq_tagq_test(comm, req, &xfer_done);
     if (xfer_done) {
+      if (spill != NULL) {
+        *spill = req->spill; /* the caller's now; released with the request otherwise */
+        req->spill = NULL;
+      }
       agoq_request_finish(comm, req, req->actual, sizes);
       *done = 1;
       return ncclSuccess;
@@ -478,6 +499,15 @@ ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
               comm->is_send ? "send" : "receive", agoq_comm_peer(comm), agoq_result_str(err));
   }
   return err;
+}
+
+ncclResult_t agoq_net_test(void* request, int* done, int* sizes) {
+  return agoq_net_test_req(request, done, sizes, NULL);
+}
+
+ncclResult_t agoq_net_test_spill(void* request, int* done, int* size, uint8_t** spill) {
+  *spill = NULL;
+  return agoq_net_test_req(request, done, size, spill);
 }
 
 int agoq_net_wait_fds(void* p, struct pollfd* out, int max, bool* hidden) {

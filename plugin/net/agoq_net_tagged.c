@@ -15,6 +15,10 @@
  *    most AGOQ_TAGQ_SPARE): with few peers a message is large (a 2-rank group's is half a
  *    chunk) and often early, and a fresh allocation of that size is a fresh mapping whose
  *    every page faults.
+ * A receive posted with agoq_net_irecv_spill accepts a message larger than its buffer, up to
+ * its maximum: such a message goes into a buffer of its own size (the held one, when it came
+ * early, without a copy), which test hands to the caller. CollNet posts its receives at the
+ * size of a frame whose blocks compress, instead of reserving every block's raw worst case.
  * A landing holding an unclaimed message is not posted again, so at most AGOQ_TAGQ_LANDINGS
  * messages per connection are ever waiting; beyond that the transport's own flow control
  * holds the sender (TCP's socket buffers, the verbs ring's credits). A user must therefore
@@ -60,6 +64,7 @@ struct agoq_tagq {
   int nwaiting;
   uint64_t stamps;
   uint64_t unexpected; /* messages that arrived before their receive: said at close */
+  uint64_t spilled;    /* messages larger than their receive's buffer (agoq_net_irecv_spill) */
   uint8_t* spare[AGOQ_TAGQ_SPARE];
   size_t spare_cap[AGOQ_TAGQ_SPARE];
   int nspare;
@@ -106,6 +111,11 @@ static const char* agoq_tagq_peer(const agoq_comm* comm) { return agoq_net_tp->p
 
 static bool agoq_tag_fits(int posted, int tag) { return posted == AGOQ_NET_TAG_ANY || posted == tag; }
 
+/* The largest message a receive takes: its buffer, or its spill maximum. */
+static size_t agoq_tagq_max(const agoq_request* req) {
+  return req->spill_max > req->posted[0] ? req->spill_max : req->posted[0];
+}
+
 static agoq_landing* agoq_landing_of(agoq_tagq* q, agoq_xfer* x) {
   if (x->index >= AGOQ_TAGQ_LANDINGS || &q->land[x->index].x != x) return NULL;
   return &q->land[x->index];
@@ -139,24 +149,31 @@ static ncclResult_t agoq_tagq_match(void* arg, agoq_xfer* x, int tag, uint64_t s
   for (int i = 0; i < q->nwaiting; i++) {
     agoq_request* req = q->waiting[i];
     if (!agoq_tag_fits(req->tags[0], tag)) continue;
-    if (size > req->posted[0]) return agoq_tagq_truncated(comm, tag, (size_t)size, req->posted[0]);
+    if (size > agoq_tagq_max(req)) return agoq_tagq_truncated(comm, tag, (size_t)size, agoq_tagq_max(req));
     memmove(&q->waiting[i], &q->waiting[i + 1], (size_t)(q->nwaiting - i - 1) * sizeof q->waiting[0]);
     q->nwaiting--;
     l->req = req;
-    *dst = req->data[0];
-    x->reg[0] = req->xfer.reg[0];
     *slot = 0;
-    return ncclSuccess;
+    if (size <= req->posted[0]) {
+      *dst = req->data[0];
+      x->reg[0] = req->xfer.reg[0];
+      return ncclSuccess;
+    }
+    break; /* larger than its buffer: a buffer of its own, handed over at delivery */
   }
-  /* Its receive is not posted yet: hold the bytes. */
+  /* Its receive is not posted yet (hold the bytes), or its buffer is too small (spill). */
   l->buf = agoq_tagq_buf_get(q, (size_t)size, &l->buf_cap);
   if (l->buf == NULL) {
-    AGOQ_WARN("connection from %s: out of memory holding a %llu-byte message that arrived before its receive",
-              agoq_tagq_peer(comm), (unsigned long long)size);
+    AGOQ_WARN("connection from %s: out of memory taking a %llu-byte message %s", agoq_tagq_peer(comm),
+              (unsigned long long)size, l->req != NULL ? "larger than its receive's buffer" : "that arrived before its receive");
     return ncclSystemError;
   }
-  l->stamp = ++q->stamps;
-  q->unexpected++;
+  if (l->req == NULL) {
+    l->stamp = ++q->stamps;
+    q->unexpected++;
+  } else {
+    q->spilled++;
+  }
   *dst = l->buf;
   x->reg[0] = NULL;
   *slot = 0;
@@ -186,9 +203,11 @@ void agoq_tagq_destroy(agoq_comm* comm) {
 }
 
 void agoq_tagq_log(const agoq_comm* comm) {
-  if (comm->tagq != NULL && comm->tagq->unexpected > 0)
-    AGOQ_INFO(NCCL_NET, "connection from %s: %llu messages arrived before their receive was posted (held, then copied)",
-              agoq_tagq_peer(comm), (unsigned long long)comm->tagq->unexpected);
+  const agoq_tagq* q = comm->tagq;
+  if (q != NULL && (q->unexpected > 0 || q->spilled > 0))
+    AGOQ_INFO(NCCL_NET, "connection from %s: %llu messages arrived before their receive was posted (held, then "
+              "copied), %llu were larger than their receive's buffer (spilled)", agoq_tagq_peer(comm),
+              (unsigned long long)q->unexpected, (unsigned long long)q->spilled);
 }
 
 /* Every idle landing back with the transport. */
@@ -215,7 +234,10 @@ static ncclResult_t agoq_tagq_post(agoq_tagq* q) {
 /* The landing's message is all in and claimed: a held one is copied into the receive's
  * buffer, the receive completes and the landing is free again. */
 static void agoq_tagq_deliver(agoq_tagq* q, agoq_landing* l) {
-  if (l->buf != NULL) {
+  if (l->buf != NULL && l->size > l->req->posted[0]) {
+    l->req->spill = l->buf; /* larger than the receive's buffer: handed over as it is */
+    l->buf = NULL;
+  } else if (l->buf != NULL) {
     if (l->size > 0) memcpy(l->req->data[0], l->buf, l->size);
     agoq_tagq_buf_put(q, l->buf, l->buf_cap);
     l->buf = NULL;
@@ -254,8 +276,8 @@ ncclResult_t agoq_tagq_irecv(agoq_comm* comm, agoq_request* req) {
     if (unclaimed && agoq_tag_fits(req->tags[0], l->tag) && (held == NULL || l->stamp < held->stamp)) held = l;
   }
   if (held != NULL) {
-    if (held->size > req->posted[0]) {
-      ncclResult_t res = agoq_tagq_truncated(comm, held->tag, held->size, req->posted[0]);
+    if (held->size > agoq_tagq_max(req)) {
+      ncclResult_t res = agoq_tagq_truncated(comm, held->tag, held->size, agoq_tagq_max(req));
       agoq_net_tp->fail(comm->tp, res);
       return res;
     }

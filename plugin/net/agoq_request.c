@@ -26,6 +26,9 @@ fail:
 }
 
 void agoq_request_pool_fini(agoq_request_pool* pool) {
+  /* A receive's spilled message its caller never took (the comm closed first). */
+  for (uint32_t b = 0; b < pool->nblocks; b++)
+    for (uint32_t i = 0; pool->blocks[b] != NULL && i < pool->block; i++) free(pool->blocks[b][i].spill);
   for (uint32_t b = 0; b < pool->nblocks; b++) free(pool->blocks[b]);
   free(pool->free_stack);
   memset(pool, 0, sizeof *pool);
@@ -68,6 +71,8 @@ ncclResult_t agoq_request_alloc(agoq_request_pool* pool, agoq_request_kind kind,
 }
 
 void agoq_request_release(agoq_request_pool* pool, agoq_request* req) {
+  free(req->spill); /* NULL unless its caller never took it */
+  req->spill = NULL;
   req->magic = 0;
   req->kind = AGOQ_REQ_FREE;
   pool->free_stack[pool->free_count++] = req->pool_index;

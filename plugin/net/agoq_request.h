@@ -87,6 +87,11 @@ typedef struct agoq_request {
   int dev_why;                         /* send going exact: its agoq_exact_reason */
   size_t actual[AGOQ_NET_MAX_RECVS];   /* receiver: sizes to report once copied out */
   bool tag_done;                       /* receive on a tagged comm: the bytes are in (actual[0]) */
+  /* receive on a tagged comm (agoq_net_irecv_spill): a message up to spill_max bytes is
+   * accepted; one larger than posted[0] lands in `spill` (malloc'd, its size) instead of
+   * data[0], handed to the caller by agoq_net_test_spill (freed here if it never is) */
+  size_t spill_max;
+  uint8_t* spill;
   int64_t post_ns;             /* AGOQ_STATS: when isend/irecv posted it */
   bool quantized;              /* AGOQ_STATS: a frame went or came (wire time per path) */
   uint32_t pool_index;

@@ -178,6 +178,17 @@ static void test_roundtrip(void** state) {
   assert_int_equal(agoq_frame_decode(fr, len, (agoq_dtype)9, y, 0), AGOQ_CODEC_EARG);
   assert_int_equal(agoq_frame_size_max(&p, (size_t)AGOQ_FRAME_MAX_COUNT + 1), 0);
   assert_int_equal(agoq_frame_size_max(&p, 1000), 48 + 8 + 32 + 1000 + 8 * 128 * 4);
+  /* Nominal: no block escapes; what a frame of ordinary values takes exactly. */
+  assert_int_equal(agoq_frame_size_nominal(&p, (size_t)AGOQ_FRAME_MAX_COUNT + 1), 0);
+  assert_int_equal(agoq_frame_size_nominal(&p, 1000), 48 + 8 + 32 + 1000);
+  static float ordinary[1000];
+  static uint8_t big[48 + 8 + 32 + 1000 + 8 * 128 * 4];
+  for (int i = 0; i < 1000; i++) ordinary[i] = (float)(i % 37) - 18.0f;
+  assert_int_equal(agoq_frame_encode(&p, ordinary, 1000, true, big, sizeof big, &len), AGOQ_CODEC_OK);
+  assert_int_equal(len, agoq_frame_size_nominal(&p, 1000));
+  ordinary[500] = 1.0f / 0.0f; /* one escaped block: past nominal */
+  assert_int_equal(agoq_frame_encode(&p, ordinary, 1000, true, big, sizeof big, &len), AGOQ_CODEC_OK);
+  assert_true(len > agoq_frame_size_nominal(&p, 1000));
 }
 
 static void test_truncated(void** state) {

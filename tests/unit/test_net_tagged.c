@@ -207,6 +207,93 @@ static void test_truncation_is_an_error(void** state) {
   pair_close(&p);
 }
 
+static void* post_spill(pair* p, uint8_t* data, size_t n, size_t max, int tag) {
+  void* req = NULL;
+  assert_int_equal(agoq_net_irecv_spill(p->recv, data, n, max, tag, &req), ncclSuccess);
+  assert_non_null(req);
+  return req;
+}
+
+/* Tests a spilling receive until done: its size, and *spill as test gave it. */
+static int wait_spill(void* req, uint8_t** spill) {
+  int done = 0, size = -1;
+  double deadline = now_s() + 30;
+  while (!done && now_s() < deadline) assert_int_equal(agoq_net_test_spill(req, &done, &size, spill), ncclSuccess);
+  assert_true(done);
+  return size;
+}
+
+/* A spilling receive (agoq_net_irecv_spill) whose buffer is smaller than the message: the
+ * message, up to the maximum, comes in a buffer of its own, whether the receive was posted
+ * first or the message was held; the receive's buffer is untouched. A message that fits
+ * goes into the buffer, with no spill. */
+static void test_spill_takes_larger_messages(void** state) {
+  (void)state;
+  pair p;
+  tagged_open(&p);
+  enum { SMALL = MSG / 4 };
+  static uint8_t small[3][SMALL], out[3][MSG];
+  memset(small, 0xee, sizeof small);
+  /* Posted first: tag 1, then held: tag 2 (tag 3 sent after it says it is in). */
+  void* first = post_spill(&p, small[0], SMALL, MSG, 1);
+  int tags[3] = {1, 2, 3};
+  send_all(&p, out, tags, 3);
+  uint8_t* spill = NULL;
+  assert_int_equal(wait_spill(first, &spill), MSG);
+  assert_non_null(spill);
+  check(spill, 1);
+  free(spill);
+  assert_int_equal(wait_done(post_recv(&p, out[2], MSG, 3)), MSG);
+  assert_int_equal(wait_spill(post_spill(&p, small[1], SMALL, MSG, 2), &spill), MSG);
+  assert_non_null(spill);
+  check(spill, 2);
+  free(spill);
+  for (size_t i = 0; i < SMALL; i++) assert_int_equal(small[0][i] & small[1][i], 0xee);
+  /* A message that fits its buffer lands there. */
+  uint8_t fits[SMALL];
+  fill(fits, SMALL, 4);
+  void* r = post_spill(&p, small[2], SMALL, MSG, 4);
+  assert_int_equal(wait_done(post_send(&p, fits, SMALL, 4)), SMALL);
+  spill = (uint8_t*)&spill;
+  assert_int_equal(wait_spill(r, &spill), SMALL);
+  assert_null(spill);
+  assert_memory_equal(small[2], fits, SMALL);
+  pair_close(&p);
+}
+
+/* Past the spill maximum is truncation, as for any receive; a spilled message its caller
+ * does not take (plain test) is freed with the request (ASan's leak check). */
+static void test_spill_maximum_is_enforced(void** state) {
+  (void)state;
+  pair p;
+  tagged_open(&p);
+  static uint8_t small[64], out[2][MSG];
+  int tags[2] = {7, 8};
+  void* untaken = post_spill(&p, small, sizeof small, MSG, 8);
+  send_all(&p, out, tags, 2);
+  /* Once tag 8 (sent second) is in, tag 7's message is held. */
+  assert_int_equal(wait_done(untaken), MSG);
+  void* req = NULL;
+  assert_int_equal(agoq_net_irecv_spill(p.recv, small, sizeof small, MSG - 1, 7, &req), ncclInvalidUsage);
+  assert_null(req);
+  pair_close(&p);
+  /* Posted first, too small a maximum: test fails it. */
+  tagged_open(&p);
+  req = post_spill(&p, small, sizeof small, MSG - 1, 9);
+  (void)post_send(&p, out[0], MSG, 9);
+  int done = 0, size = -1;
+  uint8_t* spill = NULL;
+  ncclResult_t res = ncclSuccess;
+  double deadline = now_s() + 30;
+  while (res == ncclSuccess && !done && now_s() < deadline) res = agoq_net_test_spill(req, &done, &size, &spill);
+  assert_false(done);
+  assert_int_equal(res, ncclInvalidUsage);
+  assert_null(spill);
+  /* A maximum below the buffer is a caller's error. */
+  assert_int_equal(agoq_net_irecv_spill(p.recv, small, sizeof small, 8, 10, &req), ncclInternalError);
+  pair_close(&p);
+}
+
 /* Grouped receives and device memory have no tagged form: refused, not misrouted. */
 static void test_grouped_receive_refused(void** state) {
   (void)state;
@@ -230,6 +317,8 @@ int main(void) {
       cmocka_unit_test(test_held_messages_are_bounded),
       cmocka_unit_test(test_truncation_is_an_error),
       cmocka_unit_test(test_grouped_receive_refused),
+      cmocka_unit_test(test_spill_takes_larger_messages),
+      cmocka_unit_test(test_spill_maximum_is_enforced),
   };
   return cmocka_run_group_tests(tests, setup_env, NULL);
 }

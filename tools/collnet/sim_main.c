@@ -42,6 +42,8 @@ typedef struct {
   int ngbps;
   bool check; /* exit 1 unless the messages sent are the schedule's, every rank's bits equal */
   double model_tol; /* with check: and the cost model within this fraction of the time (< 0: not asked) */
+  bool inplace;     /* NCCL's in-place all-reduce (PyTorch's): the result in the send buffer */
+  double staging_max; /* with check: every rank's slot staging at most this many bytes (< 0: not asked) */
 } sim_opts;
 
 static void sim_count_msg(void* arg, const agoq_coll_msg* m) {
@@ -202,7 +204,8 @@ static void sim_usage(const char* prog) {
   fprintf(stderr,
           "usage: %s [-N ranks] [--grid auto|AxB] [-d bf16|fp32|fp16|int32] [--format int8|int4|fp8e4m3|fp8e5m2|none]\n"
           "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK]\n"
-          "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--check] [--model-tol fraction]\n",
+          "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--inplace] [--check]\n"
+          "          [--model-tol fraction] [--staging-max bytes]\n",
           prog);
   exit(2);
 }
@@ -211,11 +214,13 @@ int main(int argc, char** argv) {
   const char* prog = argv[0];
   sim_opts o = {.n = 64, .grid = "auto", .dtype = ncclBfloat16, .format = "int8", .bytes = 4u << 20,
                 .call = 2u << 20, .chunk = 1u << 20, .inflight = 8, .alpha = AGOQ_COLL_COST_ALPHA_S,
-                .o = AGOQ_COLL_COST_O_S, .gbps = {25, 100, 400}, .ngbps = 3, .model_tol = -1};
+                .o = AGOQ_COLL_COST_O_S, .gbps = {25, 100, 400}, .ngbps = 3, .model_tol = -1,
+                .staging_max = -1};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
-    if (!strcmp(a, "--check")) { /* the one option without a value */
-      o.check = true;
+    if (!strcmp(a, "--check") || !strcmp(a, "--inplace")) { /* the options without a value */
+      if (a[2] == 'c') o.check = true;
+      else o.inplace = true;
       continue;
     }
     if (i + 1 >= argc) sim_usage(prog);
@@ -231,6 +236,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--inflight")) o.inflight = agoq_args_int_or_exit(prog, a, v, 1, 32);
     else if (!strcmp(a, "--model-tol")) {
       if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
+    } else if (!strcmp(a, "--staging-max")) {
+      if (agoq_args_parse_double(v, 0, 1e15, &o.staging_max) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--alpha-us")) o.alpha = agoq_args_ll_or_exit(prog, a, v, 0, 1000000) * 1e-6;
     else if (!strcmp(a, "--o-us")) {
       double us;
@@ -317,15 +324,17 @@ int main(int argc, char** argv) {
     sim_rank* k = &ranks[r];
     k->comm = sa[r].comm;
     k->send = malloc(o.bytes);
-    k->recv = malloc(o.bytes);
+    k->recv = o.inplace ? k->send : malloc(o.bytes);
     if (!k->send || !k->recv) {
       fprintf(stderr, "out of memory for rank %d's buffers\n", r);
       return 1;
     }
     perf_input_fill(o.dtype, k->send, o.bytes / esz, perf_rank_seed(7, r), n, 0);
     agoq_sim_rank = r;
-    if (agoq_coll_reg_mr(k->comm, k->send, o.bytes, NCCL_PTR_HOST, &k->smh) != ncclSuccess ||
-        agoq_coll_reg_mr(k->comm, k->recv, o.bytes, NCCL_PTR_HOST, &k->rmh) != ncclSuccess)
+    if (agoq_coll_reg_mr(k->comm, k->send, o.bytes, NCCL_PTR_HOST, &k->smh) != ncclSuccess)
+      return 1;
+    if (o.inplace) k->rmh = k->smh;
+    else if (agoq_coll_reg_mr(k->comm, k->recv, o.bytes, NCCL_PTR_HOST, &k->rmh) != ncclSuccess)
       return 1;
   }
   agoq_format fmt = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
@@ -352,6 +361,8 @@ int main(int argc, char** argv) {
     double bps = o.gbps[gi] * 1e9 / 8;
     uint64_t seq0 = ((agoq_coll_comm*)ranks[0].comm)->next_seq;
     agoq_sim_model(true, o.alpha, o.o, bps);
+    for (int r = 0; r < n && o.inplace && gi > 0; r++) /* the last run's result is in the input */
+      perf_input_fill(o.dtype, ranks[r].send, o.bytes / esz, perf_rank_seed(7, r), n, 0);
     double w0 = sim_wall(), vt = 0;
     if (sim_run(&o, ranks, &vt) != 0) return 1;
     double chunks = (double)(((agoq_coll_comm*)ranks[0].comm)->next_seq - seq0);
@@ -380,6 +391,23 @@ int main(int argc, char** argv) {
       bad++;
     }
   }
+  /* Staging the slots grew to (every buffer, measured from the groups), and the spills. */
+  size_t stage_max = 0, spill_peak = 0;
+  uint64_t spills = 0;
+  for (int r = 0; r < n; r++) {
+    const agoq_coll_comm* g = ranks[r].comm;
+    size_t b = agoq_coll_staging_bytes(g);
+    if (b > stage_max) stage_max = b;
+    if (g->spill_peak > spill_peak) spill_peak = g->spill_peak;
+    spills += g->spill_msgs;
+  }
+  printf("# staging: slot buffers per rank at most %zu bytes (rank 0: %zu) for %d slots; %llu messages spilled, a "
+         "rank held at most %zu bytes of them\n", stage_max, agoq_coll_staging_bytes(ranks[0].comm), AGOQ_COLL_SLOTS,
+         (unsigned long long)spills, spill_peak);
+  if (o.staging_max >= 0 && (double)stage_max > o.staging_max) {
+    printf("# STAGING: a rank's slots hold %zu bytes, more than %.0f\n", stage_max, o.staging_max);
+    bad++;
+  }
   /* Bits: every rank's result equal to rank 0's; the error against the fp64 sum. */
   int diverged = 0;
   for (int r = 1; r < n; r++) diverged += memcmp(ranks[r].recv, ranks[0].recv, o.bytes) != 0;
@@ -402,12 +430,12 @@ int main(int argc, char** argv) {
     agoq_sim_rank = r;
     agoq_coll_engine_hold(k->comm, false);
     (void)agoq_coll_dereg_mr(k->comm, k->smh);
-    (void)agoq_coll_dereg_mr(k->comm, k->rmh);
+    if (!o.inplace) (void)agoq_coll_dereg_mr(k->comm, k->rmh);
     (void)agoq_coll_close_coll(k->comm);
     (void)agoq_coll_close_listen(sa[r].listen);
     (void)agoq_coll_finalize(ctx[r]);
+    if (!o.inplace) free(k->recv);
     free(k->send);
-    free(k->recv);
     free(handles[r]);
   }
   free(ctx);
