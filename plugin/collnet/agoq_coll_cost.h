@@ -70,6 +70,13 @@ double agoq_coll_cost_partial_ratio(int dtype, int op, bool quantized, bool fram
 /* A chunk's cost on the profile: arithmetic only. */
 void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out);
 
+/* The chunk the engine really cuts from calls of call_bytes (bytes in all, when fewer): the
+ * configured chunk, or the whole call when that is smaller (a call is never joined with the
+ * next). Evaluate a call's cost with it, not with the configured chunk. */
+static inline double agoq_coll_cost_chunk(double chunk_bytes, double call_bytes, double bytes) {
+  double call = call_bytes > 0 && call_bytes < bytes ? call_bytes : bytes;
+  return chunk_bytes < call ? chunk_bytes : call;
+}
 /* Seconds for `bytes` per rank posted as calls of call_bytes, at most `calls` outstanding
  * (NCCL's CollNet: calls of up to 2 MiB, several in flight), each cut into chunks of
  * chunk_bytes, at most `slots` chunks in the pipeline: one chunk's time, then one period per

@@ -26,7 +26,8 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT);
   cfg->block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK); /* 32|64|...|1024 */
   cfg->min_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_MIN_BYTES);
-  cfg->chunk_bytes = (uint64_t)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  long long chunk = agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  cfg->chunk_bytes = chunk < 0 ? 0 : (uint64_t)chunk; /* 0: auto, resolved with the group's grid */
   char why[192];
   if (agoq_coll_grid_parse(agoq_param_str(AGOQ_PARAM_COLLNET_GRID), &cfg->grid_a, &cfg->grid_b, why, sizeof why) != 0) {
     AGOQ_WARN("%s", why);

@@ -36,7 +36,7 @@ typedef struct {
   agoq_format format;
   uint32_t block;
   uint64_t min_bytes;
-  uint64_t chunk_bytes;
+  uint64_t chunk_bytes; /* 0 = auto in the context and the handle; a group's is resolved */
   int grid_a, grid_b; /* AGOQ_COLLNET_GRID: columns and rows; 0 and 0 = automatic */
   bool quant_partials; /* AGOQ_COLLNET_PARTIALS=quantized: the column reduce-scatter in AGOQ_FORMAT */
   int timeout_s;

@@ -25,6 +25,10 @@ static void agoq_coll_grid_set(agoq_coll_grid* g, int n, int a, int b) {
   g->last = n - a * (b - 1);
 }
 
+size_t agoq_coll_chunk_auto(const agoq_coll_grid* g) {
+  return g->b > 1 ? AGOQ_COLL_CHUNK_GRID : AGOQ_COLL_CHUNK_MESH;
+}
+
 void agoq_coll_grid_auto(int n, agoq_coll_grid* g) {
   if (n <= AGOQ_COLL_GRID_DIRECT_MAX) {
     agoq_coll_grid_set(g, n, n > 0 ? n : 1, 1);

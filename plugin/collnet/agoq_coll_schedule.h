@@ -51,6 +51,13 @@ int agoq_coll_grid_make(int n, int a, int b, agoq_coll_grid* g, char* why, size_
  * mesh up to AGOQ_COLL_GRID_DIRECT_MAX; else a = the least divisor of n from ceil(sqrt(n)) to
  * 2*sqrt(n) (an exact grid, a >= b); else a = ceil(sqrt(n)) with a short last row. */
 void agoq_coll_grid_auto(int n, agoq_coll_grid* g);
+/* AGOQ_COLLNET_CHUNK=auto on grid g: the pipeline chunk in input bytes, the same on every
+ * rank. A chunk costs every rank the schedule's messages (2(a+b-2) on a grid) whatever its
+ * size, so a grid takes NCCL's largest CollNetChain call (2 MiB), which makes one call one
+ * chunk; the one-level mesh keeps 1 MiB, because it is where the GPU data path runs, whose
+ * pinned frames are sized for the worst case per chunk (docs/design-collnet.md). */
+enum { AGOQ_COLL_CHUNK_MESH = 1 << 20, AGOQ_COLL_CHUNK_GRID = 2 << 20 };
+size_t agoq_coll_chunk_auto(const agoq_coll_grid* g);
 
 static inline int agoq_coll_grid_row(const agoq_coll_grid* g, int rank) { return rank / g->a; }
 static inline int agoq_coll_grid_col(const agoq_coll_grid* g, int rank) { return rank % g->a; }

@@ -111,6 +111,8 @@ static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_g
   g->nranks = nranks;
   g->dev = lc->dev;
   g->grid = *grid;
+  /* AGOQ_COLLNET_CHUNK=auto (0 in the handle, so on every rank): from the grid. */
+  if (g->cfg.chunk_bytes == 0) g->cfg.chunk_bytes = agoq_coll_chunk_auto(grid);
   atomic_init(&g->error, ncclSuccess);
   AGOQ_CALLOC_GOTO(g->send, nranks, res, fail);
   AGOQ_CALLOC_GOTO(g->recv, nranks, res, fail);

@@ -122,7 +122,10 @@ static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW
       case 0: snprintf(value, sizeof value, "%s", agoq_format_name(s->format)); break;
       case 1: snprintf(value, sizeof value, "%u", (unsigned)s->block); break;
       case 2: agoq_cw_size_text(s->min_bytes, value, sizeof value); break;
-      case 3: agoq_cw_size_text(s->chunk_bytes, value, sizeof value); break;
+      case 3:
+        if (s->chunk_bytes == 0) snprintf(value, sizeof value, "auto");
+        else agoq_cw_size_text(s->chunk_bytes, value, sizeof value);
+        break;
       case 4: agoq_coll_grid_text(s->grid_a, s->grid_b, value, sizeof value); break;
       default: snprintf(value, sizeof value, "%s", s->quant_partials ? "quantized" : "fp32"); break;
     }

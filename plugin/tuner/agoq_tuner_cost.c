@@ -40,7 +40,8 @@ void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s) {
       agoq_coll_grid_make(n, a, b, &s->grid, why, sizeof why) != 0)
     agoq_coll_grid_auto(n, &s->grid);
   if (agoq_coll_profile_make(&s->grid, &s->prof) != 0) return;
-  s->chunk_bytes = (double)agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  long long chunk = agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  s->chunk_bytes = chunk < 0 ? (double)agoq_coll_chunk_auto(&s->grid) : (double)chunk; /* auto: as the group resolves it */
   s->frame_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1; /* "fp32|quantized" */
   s->ok = true;
 }
@@ -49,8 +50,9 @@ double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dty
                              double collnet_us) {
   if (!s->ok || nbytes <= 0.0 || collnet_us <= 0.0) return -1.0;
   int nccl_type = t == AGOQ_DTYPE_FP32 ? ncclFloat32 : t == AGOQ_DTYPE_FP16 ? ncclFloat16 : ncclBfloat16;
+  double chunk = agoq_coll_cost_chunk(s->chunk_bytes, AGOQ_TUNER_COLLNET_CALL_BYTES, nbytes);
   agoq_coll_cost_in in = {
-      .chunk_bytes = s->chunk_bytes,
+      .chunk_bytes = chunk,
       .wire_ratio = ratio,
       .partial_ratio = agoq_coll_cost_partial_ratio(nccl_type, ncclSum, ratio < 1.0, s->frame_partials, ratio),
       .link_Bps = 2.0 * nbytes / (collnet_us * 1e-6),
@@ -60,7 +62,7 @@ double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dty
   };
   agoq_coll_cost c;
   agoq_coll_cost_eval(&s->prof, &in, &c);
-  return agoq_coll_cost_seconds(&c, s->chunk_bytes, nbytes, AGOQ_TUNER_COLLNET_CALL_BYTES, AGOQ_COLL_COST_CALLS,
+  return agoq_coll_cost_seconds(&c, chunk, nbytes, AGOQ_TUNER_COLLNET_CALL_BYTES, AGOQ_COLL_COST_CALLS,
                                 AGOQ_COLL_COST_CALLS) * 1e6;
 }
 

@@ -18,7 +18,8 @@ run() { # n grid dtype format bytes inflight
   # each rank keeps (at 1024 ranks about 4 GB per run).
   out=""
   for rate in $(echo "$rates" | tr , ' '); do
-    o=$("$sim" -N "$1" --grid "$2" -d "$3" --format "$4" -b "$5" --inflight "$6" --gbps "$rate" --check) ||
+    o=$("$sim" -N "$1" --grid "$2" -d "$3" --format "$4" -b "$5" --inflight "$6" --gbps "$rate" --chunk 1048576 \
+           --check) ||
       { echo "sim-cost-table: agoq-collnet-sim failed at $1 ranks ($2), $rate Gbit/s" >&2; exit 1; }
     out="$out$o
 "

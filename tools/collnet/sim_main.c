@@ -203,7 +203,7 @@ out:
 static void sim_usage(const char* prog) {
   fprintf(stderr,
           "usage: %s [-N ranks] [--grid auto|AxB] [-d bf16|fp32|fp16|int32] [--format int8|int4|fp8e4m3|fp8e5m2|none]\n"
-          "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK]\n"
+          "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK (auto)]\n"
           "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--inplace] [--check]\n"
           "          [--model-tol fraction] [--staging-max bytes]\n",
           prog);
@@ -213,7 +213,7 @@ static void sim_usage(const char* prog) {
 int main(int argc, char** argv) {
   const char* prog = argv[0];
   sim_opts o = {.n = 64, .grid = "auto", .dtype = ncclBfloat16, .format = "int8", .bytes = 4u << 20,
-                .call = 2u << 20, .chunk = 1u << 20, .inflight = 8, .alpha = AGOQ_COLL_COST_ALPHA_S,
+                .call = 2u << 20, .chunk = 0, .inflight = 8, .alpha = AGOQ_COLL_COST_ALPHA_S,
                 .o = AGOQ_COLL_COST_O_S, .gbps = {25, 100, 400}, .ngbps = 3, .model_tol = -1,
                 .staging_max = -1};
   for (int i = 1; i < argc; i++) {
@@ -254,7 +254,8 @@ int main(int argc, char** argv) {
   size_t esz = perf_dtype_size(o.dtype);
   if (o.bytes % esz != 0 || o.call % esz != 0) sim_usage(prog);
   char chunk[32];
-  snprintf(chunk, sizeof chunk, "%zu", o.chunk);
+  if (o.chunk > 0) snprintf(chunk, sizeof chunk, "%zu", o.chunk);
+  else snprintf(chunk, sizeof chunk, "auto");
   setenv("AGOQ_COLLNET_GRID", o.grid, 1);
   setenv("AGOQ_FORMAT", o.format, 1);
   setenv("AGOQ_COLLNET_CHUNK", chunk, 1);
@@ -305,6 +306,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   agoq_coll_comm* g0 = sa[0].comm;
+  o.chunk = (size_t)g0->cfg.chunk_bytes; /* as the groups resolved it (auto: from the grid) */
+  /* What the engine really cuts: a call smaller than a chunk is one chunk. */
+  size_t eff_chunk = (size_t)agoq_coll_cost_chunk((double)o.chunk, (double)o.call, (double)o.bytes);
   uint64_t conns_max = 0;
   for (int r = 0; r < n; r++) {
     agoq_coll_engine_hold(sa[r].comm, true); /* this thread steps every engine */
@@ -314,7 +318,7 @@ int main(int argc, char** argv) {
   printf("# %d ranks, %s (%d x %d, last row %d), %s %s, %zu bytes per rank in calls of %zu, chunks of %zu, "
          "%d calls in flight; alpha %.2f us, o %.2f us\n",
          n, g0->grid.b == 1 ? "one-level mesh" : "two-level grid", g0->grid.a, g0->grid.b, g0->grid.last,
-         perf_dtype_name(o.dtype), o.format, o.bytes, o.call, o.chunk, o.inflight, o.alpha * 1e6, o.o * 1e6);
+         perf_dtype_name(o.dtype), o.format, o.bytes, o.call, eff_chunk, o.inflight, o.alpha * 1e6, o.o * 1e6);
   struct mallinfo2 mi = mallinfo2();
   printf("# setup: %.2f s wall for every rank; connection ends per rank: at most %llu (rank 0: %llu); heap in use "
          "%.1f MB\n", setup_s, (unsigned long long)conns_max, (unsigned long long)agoq_sim_stats(0)->conns,
@@ -343,7 +347,7 @@ int main(int argc, char** argv) {
                                                                            : AGOQ_DTYPE_BF16,
                           .block = g0->cfg.block};
   bool quant = fmt != AGOQ_FORMAT_NONE && perf_dtype_is_float(o.dtype) && o.dtype != ncclFloat64;
-  double wire = quant ? agoq_frame_wire_ratio(&cp, o.chunk / esz / (size_t)n) : 1.0;
+  double wire = quant ? agoq_frame_wire_ratio(&cp, eff_chunk / esz / (size_t)n) : 1.0;
   uint64_t sched = sim_schedule_msgs(&g0->grid);
   int bad = 0;
   printf("# the schedule: %.1f messages per rank per chunk (2(n-1) = %d on the mesh, 2(a+b-2) = %d on an exact grid)\n",
@@ -351,7 +355,7 @@ int main(int argc, char** argv) {
   /* The cost model of the same run (agoq_coll_cost.h). */
   agoq_coll_profile prof;
   if (agoq_coll_profile_make(&g0->grid, &prof) != 0) return 1;
-  agoq_coll_cost_in ci = {.chunk_bytes = (double)o.chunk, .wire_ratio = wire,
+  agoq_coll_cost_in ci = {.chunk_bytes = (double)eff_chunk, .wire_ratio = wire,
                           .partial_ratio = agoq_coll_cost_partial_ratio((int)o.dtype, ncclSum, quant,
                                                                         g0->cfg.quant_partials, wire),
                           .alpha_s = o.alpha, .o_s = o.o};
@@ -381,7 +385,7 @@ int main(int argc, char** argv) {
     agoq_coll_cost cost;
     ci.link_Bps = bps;
     agoq_coll_cost_eval(&prof, &ci, &cost);
-    double model = agoq_coll_cost_seconds(&cost, (double)o.chunk, (double)o.bytes, (double)o.call, o.inflight,
+    double model = agoq_coll_cost_seconds(&cost, (double)eff_chunk, (double)o.bytes, (double)o.call, o.inflight,
                                           AGOQ_COLL_SLOTS);
     printf("%9.0f %10.1f %12.3f %12.3f %9.3f %16.1f %17.0f %8.2f %10.1f %12.3f\n", o.gbps[gi], vt * 1e6,
            busbw / 1e9, floor_bw / 1e9, busbw / floor_bw, msgs / n / chunks, bytes / n / chunks, sim_wall() - w0,
