@@ -225,7 +225,10 @@ static ncclResult_t agoq_engine_admit(agoq_coll_comm* g, bool* progressed) {
     if (r == NULL) return ncclSuccess;
     agoq_coll_slot* s = agoq_slot_of(g, g->next_seq);
     if (s->stage != AGOQ_SLOT_FREE) return ncclSuccess;
-    if (agoq_engine_spill_full(g)) return ncclSuccess;
+    if (agoq_engine_spill_full(g)) {
+      g->spill_waits++;
+      return ncclSuccess;
+    }
     if (r->chunks_admitted == 0) {
       /* Its input must be in host memory first: copied from the device (the later requests
        * wait behind it, as every rank admits in call order), its host parts joined. */

@@ -278,6 +278,7 @@ typedef struct agoq_coll_comm {
    * pipelining, not unbounded memory. */
   size_t spill_held, spill_peak;
   uint64_t spill_msgs;
+  uint64_t spill_waits; /* admission passes that found the spills over the cap */
   /* A grid group (grid.b > 1): its messages per step, and the chunk each stage (row reduce,
    * column reduce, row all-gather) works on next, each in chunk order (agoq_coll_grid.c). */
   struct agoq_coll_gplan* plan;

@@ -43,6 +43,8 @@ typedef struct {
   bool check; /* exit 1 unless the messages sent are the schedule's, every rank's bits equal */
   double model_tol; /* with check: and the cost model within this fraction of the time (< 0: not asked) */
   bool inplace;     /* NCCL's in-place all-reduce (PyTorch's): the result in the send buffer */
+  int escape;       /* > 0: in 1 of this many blocks of each rank's input an Inf (blocks escape raw) */
+  double spill_min; /* with check: at least this many messages spilled (< 0: not asked) */
   double staging_max; /* with check: every rank's slot staging at most this many bytes (< 0: not asked) */
 } sim_opts;
 
@@ -73,6 +75,16 @@ static void sim_logger(ncclDebugLogLevel level, unsigned long flags, const char*
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
+}
+
+/* Rank r's input: the usual values, and with --escape K an Inf at the start of 1 block in K
+ * (rank r's blocks r mod K, r + K, ...), so frames outgrow their nominal size and spill. */
+static void sim_fill(const sim_opts* o, uint8_t* buf, int r, uint32_t block) {
+  size_t count = o->bytes / perf_dtype_size(o->dtype);
+  perf_input_fill(o->dtype, buf, count, perf_rank_seed(7, r), o->n, 0);
+  if (o->escape <= 0 || block == 0) return;
+  for (size_t b = (size_t)(r % o->escape); b * block < count; b += (size_t)o->escape)
+    perf_elem_set(o->dtype, buf, b * block, INFINITY);
 }
 
 static double sim_wall(void) {
@@ -205,7 +217,7 @@ static void sim_usage(const char* prog) {
           "usage: %s [-N ranks] [--grid auto|AxB] [-d bf16|fp32|fp16|int32] [--format int8|int4|fp8e4m3|fp8e5m2|none]\n"
           "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK (auto)]\n"
           "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--inplace] [--check]\n"
-          "          [--model-tol fraction] [--staging-max bytes]\n",
+          "          [--model-tol fraction] [--staging-max bytes] [--escape K] [--spill-min messages]\n",
           prog);
   exit(2);
 }
@@ -215,7 +227,7 @@ int main(int argc, char** argv) {
   sim_opts o = {.n = 64, .grid = "auto", .dtype = ncclBfloat16, .format = "int8", .bytes = 4u << 20,
                 .call = 2u << 20, .chunk = 0, .inflight = 8, .alpha = AGOQ_COLL_COST_ALPHA_S,
                 .o = AGOQ_COLL_COST_O_S, .gbps = {25, 100, 400}, .ngbps = 3, .model_tol = -1,
-                .staging_max = -1};
+                .staging_max = -1, .spill_min = -1};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "--check") || !strcmp(a, "--inplace")) { /* the options without a value */
@@ -238,7 +250,9 @@ int main(int argc, char** argv) {
       if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--staging-max")) {
       if (agoq_args_parse_double(v, 0, 1e15, &o.staging_max) != 0) sim_usage(prog);
-    } else if (!strcmp(a, "--alpha-us")) o.alpha = agoq_args_ll_or_exit(prog, a, v, 0, 1000000) * 1e-6;
+    } else if (!strcmp(a, "--spill-min")) {
+      if (agoq_args_parse_double(v, 0, 1e15, &o.spill_min) != 0) sim_usage(prog);
+    } else if (!strcmp(a, "--escape")) o.escape = agoq_args_int_or_exit(prog, a, v, 1, 1 << 20); else if (!strcmp(a, "--alpha-us")) o.alpha = agoq_args_ll_or_exit(prog, a, v, 0, 1000000) * 1e-6;
     else if (!strcmp(a, "--o-us")) {
       double us;
       if (agoq_args_parse_double(v, 0, 1e6, &us) != 0) sim_usage(prog);
@@ -333,7 +347,7 @@ int main(int argc, char** argv) {
       fprintf(stderr, "out of memory for rank %d's buffers\n", r);
       return 1;
     }
-    perf_input_fill(o.dtype, k->send, o.bytes / esz, perf_rank_seed(7, r), n, 0);
+    sim_fill(&o, k->send, r, g0->cfg.block);
     agoq_sim_rank = r;
     if (agoq_coll_reg_mr(k->comm, k->send, o.bytes, NCCL_PTR_HOST, &k->smh) != ncclSuccess)
       return 1;
@@ -366,7 +380,7 @@ int main(int argc, char** argv) {
     uint64_t seq0 = ((agoq_coll_comm*)ranks[0].comm)->next_seq;
     agoq_sim_model(true, o.alpha, o.o, bps);
     for (int r = 0; r < n && o.inplace && gi > 0; r++) /* the last run's result is in the input */
-      perf_input_fill(o.dtype, ranks[r].send, o.bytes / esz, perf_rank_seed(7, r), n, 0);
+      sim_fill(&o, ranks[r].send, r, g0->cfg.block);
     double w0 = sim_wall(), vt = 0;
     if (sim_run(&o, ranks, &vt) != 0) return 1;
     double chunks = (double)(((agoq_coll_comm*)ranks[0].comm)->next_seq - seq0);
@@ -397,17 +411,23 @@ int main(int argc, char** argv) {
   }
   /* Staging the slots grew to (every buffer, measured from the groups), and the spills. */
   size_t stage_max = 0, spill_peak = 0;
-  uint64_t spills = 0;
+  uint64_t spills = 0, waits = 0;
   for (int r = 0; r < n; r++) {
     const agoq_coll_comm* g = ranks[r].comm;
     size_t b = agoq_coll_staging_bytes(g);
     if (b > stage_max) stage_max = b;
     if (g->spill_peak > spill_peak) spill_peak = g->spill_peak;
     spills += g->spill_msgs;
+    waits += g->spill_waits;
   }
   printf("# staging: slot buffers per rank at most %zu bytes (rank 0: %zu) for %d slots; %llu messages spilled, a "
-         "rank held at most %zu bytes of them\n", stage_max, agoq_coll_staging_bytes(ranks[0].comm), AGOQ_COLL_SLOTS,
-         (unsigned long long)spills, spill_peak);
+         "rank held at most %zu bytes of them; admission held back %llu times by the cap\n", stage_max,
+         agoq_coll_staging_bytes(ranks[0].comm), AGOQ_COLL_SLOTS, (unsigned long long)spills, spill_peak,
+         (unsigned long long)waits);
+  if (o.spill_min >= 0 && (double)spills < o.spill_min) {
+    printf("# SPILLS: %llu messages spilled, fewer than %.0f\n", (unsigned long long)spills, o.spill_min);
+    bad++;
+  }
   if (o.staging_max >= 0 && (double)stage_max > o.staging_max) {
     printf("# STAGING: a rank's slots hold %zu bytes, more than %.0f\n", stage_max, o.staging_max);
     bad++;
