@@ -274,9 +274,8 @@ static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
         agoq_coll_slot* s = &g->slots[q->slot[q->head]];
         void** reqp = agoq_coll_op_req(s, kind, j);
         int done = 0, size = 0;
-        uint8_t* spill = NULL;
-        bool recv = kind == AGOQ_CQ_P1R || kind == AGOQ_CQ_P2R;
-        ncclResult_t res = recv ? agoq_net_test_spill(*reqp, &done, &size, &spill) : agoq_net_test(*reqp, &done, &size);
+        uint8_t* spill = NULL; /* a receive's message that outgrew its region; never a send's */
+        ncclResult_t res = agoq_net_test_spill(*reqp, &done, &size, &spill);
         if (res != ncclSuccess) {
           if (agoq_coll_fail(g, res))
             AGOQ_WARN("CollNet rank %d: %s rank %d failed (%s); the group's requests fail", g->rank,

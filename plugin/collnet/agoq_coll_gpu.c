@@ -88,7 +88,7 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
     for (int j = 0; j < n; j++) sl[j] = m;
     agoq_coll_slot_bufs need;
     size_t stride;
-    agoq_coll_quant_sizes(g, types[t], true, sl, NULL, NULL, &stride, &need);
+    agoq_coll_quant_sizes(g, types[t], true, false, sl, NULL, NULL, &stride, &need);
     agoq_codec_params pin = agoq_coll_params(g, types[t]);
     agoq_gpu_max(&mmax, m);
     agoq_gpu_max(&own, agoq_frame_size_max(&pin, m));
@@ -156,7 +156,8 @@ ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_slot_bufs need_bufs;
   const agoq_coll_slot_bufs* need = &need_bufs;
   /* The host path's frame layout (agoq_coll_quant_reserve's), in the pinned frames. */
-  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), s->sl, s->s_off, s->g_off, &s->r_stride, &need_bufs);
+  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), false, s->sl, s->s_off, s->g_off, &s->r_stride,
+                        &need_bufs);
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   if (need->sbuf.cap > gs->pinned.sbuf.cap || need->rbuf.cap > gs->pinned.rbuf.cap ||
       need->gbuf.cap > gs->pinned.gbuf.cap || need->res.cap > gs->pinned.res.cap || need->acc.cap > gs->dacc.cap) {

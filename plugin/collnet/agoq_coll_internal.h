@@ -420,13 +420,11 @@ uint8_t* agoq_coll_dst_at(const agoq_coll_req* req, size_t elem);
 /* ---- agoq_coll_quant.c: the quantized path of a chunk ---- */
 size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n);
 /* The buffers a chunk with slices sl[] of type dtype needs (each need's cap; p unused), the
- * frames' offsets in sbuf (s_off) and gbuf (g_off) when given, and rbuf's stride. */
-void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, const size_t* sl, size_t* s_off,
-                           size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need);
-/* With nominal, the receive regions (rbuf's stride, gbuf's regions) are sized for frames
- * none of whose blocks escapes (a larger message spills); without, for the worst case. */
-void agoq_coll_quant_sizes_as(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, bool nominal, const size_t* sl,
-                              size_t* s_off, size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need);
+ * frames' offsets in sbuf (s_off) and gbuf (g_off) when given, and rbuf's stride. With
+ * nominal, the frame regions are sized for frames none of whose blocks escapes (a larger one
+ * spills: the host path); without, for the worst case (the GPU path's pinned slots). */
+void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, bool nominal, const size_t* sl,
+                           size_t* s_off, size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need);
 /* A frame of n elements of params p, none of whose blocks escapes / in the worst case. */
 size_t agoq_coll_frame_cap(const agoq_codec_params* p, size_t n, bool nominal);
 ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s);

@@ -27,13 +27,8 @@ size_t agoq_coll_frame_cap(const agoq_codec_params* p, size_t n, bool nominal) {
   return nominal ? agoq_frame_size_nominal(p, n) : agoq_frame_size_max(p, n);
 }
 
-void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, const size_t* sl, size_t* s_off,
-                           size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need) {
-  agoq_coll_quant_sizes_as(g, dtype, p2, false, sl, s_off, g_off, r_stride, need);
-}
-
-void agoq_coll_quant_sizes_as(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, bool nominal, const size_t* sl,
-                              size_t* s_off, size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need) {
+void agoq_coll_quant_sizes(const agoq_coll_comm* g, agoq_dtype dtype, bool p2, bool nominal, const size_t* sl,
+                           size_t* s_off, size_t* g_off, size_t* r_stride, agoq_coll_slot_bufs* need) {
   int n = g->nranks, me = g->rank;
   size_t m = sl[me];
   agoq_codec_params pin = agoq_coll_params(g, dtype), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
@@ -60,8 +55,7 @@ ncclResult_t agoq_coll_quant_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_slot_bufs need;
   /* Frames' regions, sent and received, are sized for frames whose blocks compress; a larger
    * one spills into a buffer of its own. */
-  agoq_coll_quant_sizes_as(g, r->codec_dtype, agoq_coll_has_p2(r), true, s->sl, s->s_off, s->g_off, &s->r_stride,
-                           &need);
+  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), true, s->sl, s->s_off, s->g_off, &s->r_stride, &need);
   agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype);
   size_t m = s->sl[g->rank];
   s->r_max = m > 0 ? agoq_frame_size_max(&pin, m) : 0;

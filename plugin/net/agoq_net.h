@@ -108,8 +108,9 @@ ncclResult_t agoq_net_iflush(void* recv_comm, int n, void** data, int* sizes, vo
 ncclResult_t agoq_net_test(void* request, int* done, int* sizes);
 /* Tagged comms only (not NCCL's contract): a receive whose buffer holds size bytes that
  * takes a message of up to max bytes; one larger than size goes into a buffer of its own
- * instead of data. Tested with agoq_net_test_spill, which sets *spill to that buffer (the
- * caller's then, freed with free()) or to NULL when the bytes are in data. CollNet posts
+ * instead of data. agoq_net_test_spill tests any request as agoq_net_test does, and sets
+ * *spill to that buffer (the caller's then, freed with free()), or to NULL when the bytes are
+ * in data or the request is not such a receive. CollNet posts
  * receives at a frame's size when its blocks compress, not at every block's raw size. */
 ncclResult_t agoq_net_irecv_spill(void* recv_comm, void* data, size_t size, size_t max, int tag, void** request);
 ncclResult_t agoq_net_test_spill(void* request, int* done, int* size, uint8_t** spill);
