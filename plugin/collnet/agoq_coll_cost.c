@@ -1,9 +1,11 @@
 /* What a CollNet chunk costs on the schedule (agoq_coll_cost.h). */
 #include "collnet/agoq_coll_cost.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
 
 /* Per step, per rank: pieces out and in, messages out and in. */
@@ -103,4 +105,62 @@ double agoq_coll_cost_seconds(const agoq_coll_cost* c, double chunk_bytes, doubl
   if (calls == 1) /* each call drains the pipeline before the next is posted */
     return ncalls * (c->first_s + (per_call - 1) * period);
   return c->first_s + (chunks - 1) * period;
+}
+
+/* ---- the automatic schedule ------------------------------------------------------------ */
+
+static int agoq_cost_plan(agoq_coll_plan* pl, const agoq_coll_grid* g, double chunk_bytes, char* why, size_t why_len) {
+  pl->grid = *g;
+  pl->chunk_bytes = chunk_bytes > 0 ? chunk_bytes : (double)agoq_coll_chunk_auto(g);
+  if (agoq_coll_profile_make(g, &pl->prof) != 0) {
+    snprintf(why, why_len, "out of memory costing a schedule of %d ranks", g->n);
+    return -1;
+  }
+  return 0;
+}
+
+int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len) {
+  memset(p, 0, sizeof *p);
+  agoq_coll_grid g;
+  if (agoq_coll_grid_make(n, a, b, &g, why, why_len) != 0) return -1;
+  p->count = 1;
+  /* An explicit grid, the mesh's own range, or too many ranks for the mesh: one candidate. */
+  if ((a != 0 || b != 0) || n <= AGOQ_COLL_GRID_DIRECT_MAX || n > AGOQ_COLL_MESH_AUTO_MAX)
+    return agoq_cost_plan(&p->plan[0], &g, chunk_bytes, why, why_len);
+  agoq_coll_grid mesh;
+  if (agoq_coll_grid_make(n, n, 1, &mesh, why, why_len) != 0) return -1;
+  p->count = 2;
+  if (agoq_cost_plan(&p->plan[0], &mesh, chunk_bytes, why, why_len) != 0) return -1;
+  return agoq_cost_plan(&p->plan[1], &g, chunk_bytes, why, why_len);
+}
+
+int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, double secs[2]) {
+  if (secs != NULL) secs[0] = secs[1] = -1.0;
+  int pick = p->count > 0 ? p->count - 1 : 0;
+  if (p->count < 2 || !(in->link_Bps > 0)) return pick;
+  const double bytes = AGOQ_COLL_COST_CALLS * AGOQ_COLL_PICK_CALL_BYTES, esz = 2.0; /* bf16 */
+  double t[2];
+  for (int i = 0; i < 2; i++) {
+    const agoq_coll_plan* pl = &p->plan[i];
+    double chunk = agoq_coll_cost_chunk(pl->chunk_bytes, AGOQ_COLL_PICK_CALL_BYTES, bytes);
+    bool quant = in->format != AGOQ_FORMAT_NONE;
+    double ratio = 1.0;
+    if (quant) {
+      agoq_codec_params cp = {.format = in->format, .dtype = AGOQ_DTYPE_BF16, .block = in->block};
+      ratio = agoq_frame_wire_ratio(&cp, (size_t)(chunk / esz / agoq_coll_grid_pieces(&pl->grid)));
+    }
+    agoq_coll_cost_in ci = {
+        .chunk_bytes = chunk,
+        .wire_ratio = ratio,
+        .partial_ratio = agoq_coll_cost_partial_ratio(ncclBfloat16, ncclSum, quant, in->frame_partials, ratio),
+        .link_Bps = in->link_Bps,
+        .alpha_s = AGOQ_COLL_COST_ALPHA_S,
+        .o_s = AGOQ_COLL_COST_O_S,
+    };
+    agoq_coll_cost c;
+    agoq_coll_cost_eval(&pl->prof, &ci, &c);
+    t[i] = agoq_coll_cost_seconds(&c, chunk, bytes, AGOQ_COLL_PICK_CALL_BYTES, AGOQ_COLL_COST_CALLS, AGOQ_COLL_SLOTS);
+    if (secs != NULL) secs[i] = t[i];
+  }
+  return t[0] < t[1] ? 0 : 1;
 }

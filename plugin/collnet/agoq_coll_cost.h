@@ -10,7 +10,9 @@
 #define AGOQ_COLL_COST_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
+#include "agoq_codec.h"
 #include "collnet/agoq_coll_schedule.h"
 
 /* The clock model's per-message figures: what agoq-collnet-sim assumes unless told (issue 28:
@@ -84,5 +86,49 @@ static inline double agoq_coll_cost_chunk(double chunk_bytes, double call_bytes,
  * fewer overlap); calls one at a time pay the first chunk again each. */
 double agoq_coll_cost_seconds(const agoq_coll_cost* c, double chunk_bytes, double bytes, double call_bytes, int calls,
                               int slots);
+
+/* ---- the automatic schedule: the mesh or a grid, by cost ------------------------------
+ * Up to AGOQ_COLL_GRID_DIRECT_MAX ranks the mesh (where the GPU data path runs); above
+ * AGOQ_COLL_MESH_AUTO_MAX ranks the automatic grid; in between whichever the model makes
+ * faster at the slowest rank's link rate, or the grid where a rate is not known. The mesh's
+ * 2(n-1) messages per chunk against the grid's 2(a+b-2) and its fp32 partial sums: at 32 and
+ * 64 ranks the mesh wins at 25 Gbit/s, the grid at 100 and 400 (agoq-collnet-sim). */
+/* 2(n-1) connections per rank on the mesh: 126 at 64 ranks, within the 200 per rank a group
+ * of 1024 ranks holds on its grid. */
+enum { AGOQ_COLL_MESH_AUTO_MAX = 64 };
+
+/* One candidate: its grid, the profile of its messages, the chunk it cuts. */
+typedef struct {
+  agoq_coll_grid grid;
+  agoq_coll_profile prof;
+  double chunk_bytes;
+} agoq_coll_plan;
+
+typedef struct {
+  int count; /* 1: AGOQ_COLLNET_GRID or n decides alone; 2: [0] the mesh, [1] the grid */
+  agoq_coll_plan plan[2];
+} agoq_coll_plans;
+
+/* The candidates for n ranks under AGOQ_COLLNET_GRID=a x b (0 x 0: automatic; a grid that
+ * does not hold n is agoq_coll_grid_make's error) and AGOQ_COLLNET_CHUNK (0: automatic, per
+ * candidate). 0, or -1 with why filled (memory for a profile counts too). */
+int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len);
+
+/* The reference traffic both candidates are costed on: bf16 (the training case) in
+ * AGOQ_FORMAT frames, 8 calls of 2 MiB in flight per rank (NCCL's CollNetChain calls). The
+ * codec is left out: both quantize and dequantize the same bytes per rank. */
+typedef struct {
+  agoq_format format;
+  uint32_t block;
+  bool frame_partials; /* AGOQ_COLLNET_PARTIALS=quantized */
+  double link_Bps;     /* the slowest rank's NIC, each way; 0: not known */
+} agoq_coll_pick_in;
+
+#define AGOQ_COLL_PICK_CALL_BYTES (2.0 * 1048576.0)
+/* Which plan runs: the cheaper for the reference traffic at in->link_Bps, the grid on a tie
+ * (fewer connections); with one candidate or no rate, plan[count - 1]. secs[i] (may be NULL)
+ * gets each candidate's model time, or -1 where not costed. Pure arithmetic on inputs every
+ * rank shares. */
+int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, double secs[2]);
 
 #endif

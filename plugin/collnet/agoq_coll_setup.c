@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "collnet/agoq_coll_cost.h"
 #include "collnet/agoq_coll_internal.h"
 #include "collnet/agoq_coll_wire.h"
 #include "core/agoq_check.h"
@@ -29,11 +30,14 @@
 _Static_assert(2 * AGOQ_COLL_SLOTS <= AGOQ_NET_TAGGED_DEPTH, "a CollNet connection's unconsumed messages fit");
 _Static_assert(2 * AGOQ_COLL_SLOTS <= AGOQ_TP_FEW_DEPTH, "a CollNet connection's messages in flight fit its verbs ring");
 
-/* ---- the handle: [0, 64) the net handle, [64, 96) ours, [96, 128) zero ----------------- */
-/* The settings block and the setup messages are encoded and decoded in agoq_coll_wire.c. */
+/* ---- the handle: [0, 64) the net handle, [64, 96) the settings, [96, 128) the rank block -- */
+/* The settings block, the rank block and the setup messages are encoded and decoded in
+ * agoq_coll_wire.c. The rank block takes the bytes where the net core keeps a connect in
+ * progress: connect never hands NCCL's handles to the net core, only copies of their first
+ * AGOQ_COLL_HANDLE_OFFSET bytes (agoq_coll_setup.handles), whose state slot is zero. */
 _Static_assert(AGOQ_TP_HANDLE_WIRE_MAX <= AGOQ_COLL_HANDLE_OFFSET, "net handle fits before ours");
-_Static_assert(AGOQ_COLL_HANDLE_OFFSET + AGOQ_COLL_SETTINGS_SIZE <= AGOQ_TP_HANDLE_STATE_OFFSET,
-               "ours ends before the state slot");
+_Static_assert(AGOQ_COLL_HANDLE_OFFSET + AGOQ_COLL_SETTINGS_SIZE <= AGOQ_COLL_RANK_OFFSET, "settings before the rank block");
+_Static_assert(AGOQ_COLL_RANK_OFFSET + AGOQ_COLL_RANK_SIZE <= NCCL_NET_HANDLE_MAXSIZE, "the rank block fits");
 
 /* ---- listen ------------------------------------------------------------------------- */
 
@@ -53,6 +57,14 @@ ncclResult_t agoq_coll_listen(void* ctx, int dev, void* handle, void** listen_co
   memset(lc->handle, 0, sizeof lc->handle);
   memcpy(lc->handle, net_handle, AGOQ_COLL_HANDLE_OFFSET);
   agoq_coll_settings_encode(&c->cfg, lc->handle + AGOQ_COLL_HANDLE_OFFSET);
+  {
+    /* This rank's link rate, for the automatic schedule; 0 where the transport only guessed. */
+    agoq_net_props props;
+    uint32_t mbps = 0;
+    if (agoq_net_get_properties(dev, &props) == ncclSuccess && props.speed_known && props.speed_mbps > 0)
+      mbps = (uint32_t)props.speed_mbps <= AGOQ_COLL_LINK_MBPS_MAX ? (uint32_t)props.speed_mbps : AGOQ_COLL_LINK_MBPS_MAX;
+    agoq_coll_rank_encode(mbps, lc->handle + AGOQ_COLL_RANK_OFFSET);
+  }
   memcpy(handle, lc->handle, NCCL_NET_HANDLE_MAXSIZE);
   *listen_comm = lc;
   return ncclSuccess;
@@ -99,8 +111,9 @@ typedef struct {
   uint8_t ready[AGOQ_COLL_MSG_SIZE];
 } agoq_coll_setup;
 
-static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_grid* grid, agoq_coll_listen_comm* lc,
+static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_plan* plan, agoq_coll_listen_comm* lc,
                                          agoq_coll_comm** out) {
+  const agoq_coll_grid* grid = &plan->grid;
   ncclResult_t res = ncclSuccess;
   agoq_coll_comm* g = NULL;
   AGOQ_CALLOC_GOTO(g, 1, res, fail);
@@ -111,8 +124,8 @@ static ncclResult_t agoq_coll_comm_alloc(int nranks, int rank, const agoq_coll_g
   g->nranks = nranks;
   g->dev = lc->dev;
   g->grid = *grid;
-  /* AGOQ_COLLNET_CHUNK=auto (0 in the handle, so on every rank): from the grid. */
-  if (g->cfg.chunk_bytes == 0) g->cfg.chunk_bytes = agoq_coll_chunk_auto(grid);
+  /* AGOQ_COLLNET_CHUNK=auto (0 in the handle, so on every rank): the plan's, from its grid. */
+  g->cfg.chunk_bytes = (uint64_t)plan->chunk_bytes;
   atomic_init(&g->error, ncclSuccess);
   AGOQ_CALLOC_GOTO(g->send, nranks, res, fail);
   AGOQ_CALLOC_GOTO(g->recv, nranks, res, fail);
@@ -366,8 +379,45 @@ out:
   return res;
 }
 
-/* Checks every handle: ours at our rank, the same settings everywhere. */
-static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int rank, const agoq_coll_listen_comm* lc) {
+/* The schedule the group runs (agoq_coll_plans_pick) from what every rank shares: the
+ * settings and the slowest link. *chosen says why, for the INFO line. */
+static ncclResult_t agoq_coll_schedule_choose(const agoq_coll_config* cfg, int nranks, uint32_t link_mbps,
+                                              agoq_coll_plan* out, char* chosen, size_t len) {
+  char why[192], text[32];
+  agoq_coll_grid_text(cfg->grid_a, cfg->grid_b, text, sizeof text);
+  agoq_coll_grid g;
+  if (agoq_coll_grid_make(nranks, cfg->grid_a, cfg->grid_b, &g, why, sizeof why) != 0) {
+    AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%s for a group of %d ranks: %s", text, nranks, why);
+    return ncclInvalidUsage;
+  }
+  agoq_coll_plans plans;
+  if (agoq_coll_plans_make(nranks, cfg->grid_a, cfg->grid_b, (double)cfg->chunk_bytes, &plans, why, sizeof why) != 0) {
+    AGOQ_WARN("CollNet connect: %s", why);
+    return ncclSystemError;
+  }
+  agoq_coll_pick_in in = {.format = cfg->format, .block = cfg->block, .frame_partials = cfg->quant_partials,
+                          .link_Bps = link_mbps * 1e6 / 8};
+  double secs[2];
+  int i = agoq_coll_plans_pick(&plans, &in, secs);
+  *out = plans.plan[i];
+  if (cfg->grid_a != 0)
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=%s", text);
+  else if (plans.count == 1)
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: %s %d ranks", nranks <= AGOQ_COLL_GRID_DIRECT_MAX ? "the mesh up to"
+             : "a grid above", nranks <= AGOQ_COLL_GRID_DIRECT_MAX ? AGOQ_COLL_GRID_DIRECT_MAX : AGOQ_COLL_MESH_AUTO_MAX);
+  else if (link_mbps == 0)
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: a grid, as some rank's link rate is not known");
+  else
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: at %.1f Gbit/s, the slowest rank's link, the cost model gives "
+             "8 calls of 2 MiB %.0f us on the mesh and %.0f us on the %dx%d grid", link_mbps / 1e3, secs[0] * 1e6,
+             secs[1] * 1e6, plans.plan[1].grid.a, plans.plan[1].grid.b);
+  return ncclSuccess;
+}
+
+/* Checks every handle: ours at our rank, the same settings everywhere, a rank block that
+ * decodes; *link_mbps gets the slowest rank's link rate, 0 when any rank does not know its. */
+static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int rank, const agoq_coll_listen_comm* lc,
+                                            uint32_t* link_mbps) {
   const uint8_t* mine = lc->handle + AGOQ_COLL_HANDLE_OFFSET;
   agoq_coll_settings my_settings, first_theirs = {0};
   if (agoq_coll_settings_decode(mine, &my_settings) != AGOQ_COLL_SETTINGS_OK) {
@@ -375,6 +425,8 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
     return ncclInternalError;
   }
   int first_mismatch = -1, mismatches = 0;
+  uint32_t slowest = UINT32_MAX;
+  bool unknown = false;
   for (int i = 0; i < nranks; i++) {
     const uint8_t* h = handles[i];
     if (h == NULL) {
@@ -383,7 +435,17 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
     }
     agoq_coll_settings theirs;
     agoq_coll_settings_status st = agoq_coll_settings_check(h + AGOQ_COLL_HANDLE_OFFSET, mine);
-    if (st == AGOQ_COLL_SETTINGS_OK) continue;
+    if (st == AGOQ_COLL_SETTINGS_OK) {
+      uint32_t mbps;
+      if (!agoq_coll_rank_decode(h + AGOQ_COLL_RANK_OFFSET, &mbps)) {
+        AGOQ_WARN("CollNet connect: the rank block of rank %d's handle is corrupt (a link rate above %u Mbit/s, or "
+                  "nonzero padding)", i, AGOQ_COLL_LINK_MBPS_MAX);
+        return ncclInvalidUsage;
+      }
+      if (mbps == 0) unknown = true;
+      else if (mbps < slowest) slowest = mbps;
+      continue;
+    }
     (void)agoq_coll_settings_decode(h + AGOQ_COLL_HANDLE_OFFSET, &theirs);
     switch (st) {
       case AGOQ_COLL_SETTINGS_FOREIGN:
@@ -427,6 +489,7 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
     AGOQ_WARN("CollNet connect: handles[%d] is not the handle this rank's listen produced", rank);
     return ncclInvalidUsage;
   }
+  *link_mbps = unknown ? 0 : slowest;
   return ncclSuccess;
 }
 
@@ -462,18 +525,13 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
     res = ncclInvalidArgument;
     goto fail;
   }
-  AGOQ_CHECK_GOTO(agoq_coll_check_handles(handles, nranks, rank, lc), res, fail);
-  agoq_coll_grid grid;
-  {
-    char why[192], text[32];
-    if (agoq_coll_grid_make(nranks, lc->ctx->cfg.grid_a, lc->ctx->cfg.grid_b, &grid, why, sizeof why) != 0) {
-      agoq_coll_grid_text(lc->ctx->cfg.grid_a, lc->ctx->cfg.grid_b, text, sizeof text);
-      AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%s for a group of %d ranks: %s", text, nranks, why);
-      res = ncclInvalidUsage;
-      goto fail;
-    }
-  }
-  AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, &grid, lc, &s.g), res, fail);
+  uint32_t link_mbps = 0;
+  AGOQ_CHECK_GOTO(agoq_coll_check_handles(handles, nranks, rank, lc, &link_mbps), res, fail);
+  agoq_coll_plan plan;
+  char chosen[256];
+  AGOQ_CHECK_GOTO(agoq_coll_schedule_choose(&lc->ctx->cfg, nranks, link_mbps, &plan, chosen, sizeof chosen), res, fail);
+  agoq_coll_grid grid = plan.grid;
+  AGOQ_CHECK_GOTO(agoq_coll_comm_alloc(nranks, rank, &plan, lc, &s.g), res, fail);
   {
     /* Two connections per peer of the schedule (one each way): room for their descriptors
      * now, or an error that names the limit (where the group would otherwise fail on some
@@ -505,17 +563,13 @@ ncclResult_t agoq_coll_connect(void* handles[], int nranks, int rank, void* list
   AGOQ_CHECK_GOTO(agoq_coll_stats_open(s.g), res, fail);
   AGOQ_CHECK_GOTO(agoq_coll_engine_start(s.g), res, fail);
   agoq_coll_registry_add(s.g);
-  {
-    char text[32];
-    agoq_coll_grid_text(s.g->cfg.grid_a, s.g->cfg.grid_b, text, sizeof text);
-    if (grid.b == 1)
-      AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: one-level mesh of %d ranks (AGOQ_COLLNET_GRID=%s): %d peers, "
-                "%d connections", rank, nranks, text, s.g->npeers, 2 * s.g->npeers);
-    else
-      AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: two-level grid of %d columns x %d rows, last row %d ranks "
-                "(AGOQ_COLLNET_GRID=%s): %d peers, %d connections", rank, grid.a, grid.b, grid.last, text,
-                s.g->npeers, 2 * s.g->npeers);
-  }
+  if (grid.b == 1)
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: one-level mesh of %d ranks (%s): %d peers, %d connections",
+              rank, nranks, chosen, s.g->npeers, 2 * s.g->npeers);
+  else
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: two-level grid of %d columns x %d rows, last row %d ranks "
+              "(%s): %d peers, %d connections", rank, grid.a, grid.b, grid.last, chosen, s.g->npeers,
+              2 * s.g->npeers);
   if (s.g->cfg.format == AGOQ_FORMAT_NONE)
     AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet group of %d ranks created (rank %d) in %.1f ms; compression off "
               "(AGOQ_FORMAT=none): every reduction exact", nranks, rank, (double)(agoq_coll_now_ns() - t0) / 1e6);

@@ -153,6 +153,21 @@ int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank
   return n;
 }
 
+/* Rank block layout: link rate in Mbit/s 0, zero 4..31. */
+void agoq_coll_rank_encode(uint32_t link_mbps, uint8_t out[AGOQ_COLL_RANK_SIZE]) {
+  memset(out, 0, AGOQ_COLL_RANK_SIZE);
+  agoq_cw_put32(out, link_mbps);
+}
+
+bool agoq_coll_rank_decode(const uint8_t* in, uint32_t* link_mbps) {
+  uint32_t v = agoq_cw_get32(in);
+  if (v > AGOQ_COLL_LINK_MBPS_MAX) return false;
+  for (int i = 4; i < AGOQ_COLL_RANK_SIZE; i++)
+    if (in[i] != 0) return false;
+  *link_mbps = v;
+  return true;
+}
+
 /* Message layout: magic 0, kind 4, phase 5, zero 6..7, rank 8, nranks 12. */
 void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks) {
   memset(out, 0, AGOQ_COLL_MSG_SIZE);

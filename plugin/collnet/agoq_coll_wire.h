@@ -22,10 +22,16 @@
 #define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
 /* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27 and AGOQ_COLLNET_PARTIALS at 28.
  * 3: the same layout; one tagged connection per peer and direction (phase 0 only) instead of
- * one per phase. A peer of another version names both versions. */
-#define AGOQ_COLL_HANDLE_VERSION 3
+ * one per phase. A peer of another version names both versions.
+ * 4: the same settings; bytes [96, 128) carry the listening rank's own facts (the rank block:
+ * its NIC's link rate), which differ between ranks and are not compared. */
+#define AGOQ_COLL_HANDLE_VERSION 4
 #define AGOQ_COLL_HANDLE_OFFSET 64
 #define AGOQ_COLL_SETTINGS_SIZE 32
+#define AGOQ_COLL_RANK_OFFSET 96
+#define AGOQ_COLL_RANK_SIZE 32
+/* The fastest link a rank block may name (100 Tbit/s): beyond it the block is corrupt. */
+#define AGOQ_COLL_LINK_MBPS_MAX 100000000u
 
 #define AGOQ_COLL_MSG_MAGIC 0x49514741u /* "AGQI" */
 #define AGOQ_COLL_MSG_SIZE 16
@@ -72,6 +78,15 @@ agoq_coll_settings_status agoq_coll_settings_check(const uint8_t* theirs, const 
  * differ (0: nothing written but an empty string). */
 int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank, const agoq_coll_settings* mine,
                                 int my_rank, char* buf, size_t len);
+
+/* The rank block: this rank's link rate in Mbit/s (0: not known, the transport only guessed
+ * it), which the automatic schedule weighs (agoq_coll_choose). Rank blocks differ between
+ * ranks, so they are read, never compared. */
+void agoq_coll_rank_encode(uint32_t link_mbps, uint8_t out[AGOQ_COLL_RANK_SIZE]);
+/* in: AGOQ_COLL_RANK_SIZE bytes of a handle whose settings block decoded OK. True for a block
+ * this version's encode could have written (a rate up to AGOQ_COLL_LINK_MBPS_MAX, zero
+ * padding), with *link_mbps set. */
+bool agoq_coll_rank_decode(const uint8_t* in, uint32_t* link_mbps);
 
 void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks);
 /* True when `in` (size bytes as received) is a well-formed message of `kind`. */

@@ -48,6 +48,9 @@ typedef struct {
   int reg_is_global;
   int force_flush;
   int speed_mbps;
+  /* speed_mbps was reported by the link (sysfs, the port's rate), not a default. A choice
+   * made from the rate (the CollNet schedule) ignores a guess. */
+  bool speed_known;
   int port;
   float latency_us;
   int max_comms;

@@ -256,7 +256,7 @@ ncclResult_t agoq_tuner_get_coll_info(void* ctx, int coll_type, size_t nbytes,
               "%s",
               (unsigned long long)c->comm_id, agoq_tuner_func_name(coll_type), nbytes,
               dtype >= 0 ? agoq_tuner_dtype_name(dtype) : "type unknown, costed as bf16", name,
-              agoq_param_str(AGOQ_PARAM_FORMAT), e.agoq_us, c->sched.grid.a, c->sched.grid.b, c->nnodes, e.ratio,
+              agoq_param_str(AGOQ_PARAM_FORMAT), e.agoq_us, e.grid.a, e.grid.b, c->nnodes, e.ratio,
               e.net_us, e.collnet_us, e.codec_us, c->codec_mbps, e.best_other_us, e.algo, e.proto,
               e.compress ? "compression is cheaper, NCCL will pick it" : "NCCL's choice is cheaper and stands");
   return ncclSuccess;

@@ -34,34 +34,42 @@ void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s) {
   if (nodes < 2 || nodes > AGOQ_COLL_GRID_COLS_MAX * (size_t)AGOQ_COLL_GRID_COLS_MAX) return;
   int n = (int)nodes, a = 0, b = 0;
   char why[160];
+  long long chunk = agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
+  double chunk_bytes = chunk < 0 ? 0.0 : (double)chunk; /* auto: per schedule, as the group resolves it */
   /* The grid's own parser, as the group's creation reads it: a value it refuses, or a grid
    * that does not hold n, is costed as the automatic choice. */
   if (agoq_coll_grid_parse(agoq_param_str(AGOQ_PARAM_COLLNET_GRID), &a, &b, why, sizeof why) != 0 ||
-      agoq_coll_grid_make(n, a, b, &s->grid, why, sizeof why) != 0)
-    agoq_coll_grid_auto(n, &s->grid);
-  if (agoq_coll_profile_make(&s->grid, &s->prof) != 0) return;
-  long long chunk = agoq_param_int(AGOQ_PARAM_COLLNET_CHUNK);
-  s->chunk_bytes = chunk < 0 ? (double)agoq_coll_chunk_auto(&s->grid) : (double)chunk; /* auto: as the group resolves it */
-  s->frame_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1; /* "fp32|quantized" */
+      agoq_coll_plans_make(n, a, b, chunk_bytes, &s->plans, why, sizeof why) != 0) {
+    if (agoq_coll_plans_make(n, 0, 0, chunk_bytes, &s->plans, why, sizeof why) != 0) return;
+  }
+  s->pick = (agoq_coll_pick_in){.format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT),
+                                .block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK), /* 32|...|1024 */
+                                .frame_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1};
   s->ok = true;
 }
 
 double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dtype t, double ratio, double nbytes,
-                             double collnet_us) {
+                             double collnet_us, agoq_coll_grid* grid) {
   if (!s->ok || nbytes <= 0.0 || collnet_us <= 0.0) return -1.0;
   int nccl_type = t == AGOQ_DTYPE_FP32 ? ncclFloat32 : t == AGOQ_DTYPE_FP16 ? ncclFloat16 : ncclBfloat16;
-  double chunk = agoq_coll_cost_chunk(s->chunk_bytes, AGOQ_TUNER_COLLNET_CALL_BYTES, nbytes);
+  double link_Bps = 2.0 * nbytes / (collnet_us * 1e-6);
+  /* The schedule the group would run on links of this rate. */
+  agoq_coll_pick_in pick = s->pick;
+  pick.link_Bps = link_Bps;
+  const agoq_coll_plan* pl = &s->plans.plan[agoq_coll_plans_pick(&s->plans, &pick, NULL)];
+  if (grid != NULL) *grid = pl->grid;
+  double chunk = agoq_coll_cost_chunk(pl->chunk_bytes, AGOQ_TUNER_COLLNET_CALL_BYTES, nbytes);
   agoq_coll_cost_in in = {
       .chunk_bytes = chunk,
       .wire_ratio = ratio,
-      .partial_ratio = agoq_coll_cost_partial_ratio(nccl_type, ncclSum, ratio < 1.0, s->frame_partials, ratio),
-      .link_Bps = 2.0 * nbytes / (collnet_us * 1e-6),
+      .partial_ratio = agoq_coll_cost_partial_ratio(nccl_type, ncclSum, ratio < 1.0, pick.frame_partials, ratio),
+      .link_Bps = link_Bps,
       .alpha_s = AGOQ_COLL_COST_ALPHA_S,
       .o_s = AGOQ_COLL_COST_O_S,
       .steps = allreduce ? 0 : AGOQ_COLL_COST_RS,
   };
   agoq_coll_cost c;
-  agoq_coll_cost_eval(&s->prof, &in, &c);
+  agoq_coll_cost_eval(&pl->prof, &in, &c);
   return agoq_coll_cost_seconds(&c, chunk, nbytes, AGOQ_TUNER_COLLNET_CALL_BYTES, AGOQ_COLL_COST_CALLS,
                                 AGOQ_COLL_COST_CALLS) * 1e6;
 }
@@ -96,8 +104,11 @@ void agoq_tuner_estimate_collnet(const float* table, int num_algo, int num_proto
     }
   }
   double collnet_us = table[collnet_algo * num_proto + AGOQ_NCCL_PROTO_SIMPLE];
-  agoq_tuner_cost_compare(best, collnet_us, agoq_tuner_network_us(s, allreduce, t, ratio, (double)nbytes, collnet_us),
-                          ratio, (double)nbytes, codec_mbps, e);
+  agoq_coll_grid grid = {0};
+  agoq_tuner_cost_compare(best, collnet_us,
+                          agoq_tuner_network_us(s, allreduce, t, ratio, (double)nbytes, collnet_us, &grid), ratio,
+                          (double)nbytes, codec_mbps, e);
+  e->grid = grid;
   e->algo = best_a;
   e->proto = best_p;
 }

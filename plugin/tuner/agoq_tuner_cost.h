@@ -40,17 +40,17 @@ double agoq_tuner_wire_ratio(agoq_format f, agoq_dtype t, uint32_t block, size_t
  * costs a whole iteration's bytes. */
 double agoq_tuner_codec_us(double nbytes, double codec_mbps);
 
-/* agoq's CollNet schedule for a group of `nodes` ranks (NCCL's CollNet groups hold one rank
+/* agoq's CollNet schedules for a group of `nodes` ranks (NCCL's CollNet groups hold one rank
  * per node) under this process's settings: AGOQ_COLLNET_GRID (a grid that does not hold the
  * group is costed as the automatic one; the group's creation refuses it anyway),
- * AGOQ_COLLNET_CHUNK, AGOQ_COLLNET_PARTIALS. The parameters must be loaded. The same on every
- * rank: settings and the node count only. */
+ * AGOQ_COLLNET_CHUNK, AGOQ_COLLNET_PARTIALS, AGOQ_FORMAT and AGOQ_BLOCK. Where the group
+ * chooses between the mesh and a grid by its slowest link (agoq_coll_plans_pick), both are
+ * kept, and each estimate costs the one the group would run at the rate it implies. The
+ * parameters must be loaded. The same on every rank: settings and the node count only. */
 typedef struct {
   bool ok; /* false: fewer than 2 nodes, or no memory for the schedule's enumeration */
-  agoq_coll_grid grid;
-  agoq_coll_profile prof;
-  double chunk_bytes;
-  bool frame_partials; /* AGOQ_COLLNET_PARTIALS=quantized */
+  agoq_coll_plans plans;
+  agoq_coll_pick_in pick; /* link_Bps left 0: each estimate sets its own */
 } agoq_tuner_sched;
 
 void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s);
@@ -61,9 +61,10 @@ void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s);
 
 /* Microseconds on the network for agoq's CollNet moving nbytes (an AllReduce, else a
  * ReduceScatter) of type t in frames of wire ratio `ratio` (1: exact), at the link rate
- * NCCL's CollNet estimate collnet_us (> 0) implies for them. */
+ * NCCL's CollNet estimate collnet_us (> 0) implies for them, on the schedule the group would
+ * choose at that rate (*grid, may be NULL). */
 double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dtype t, double ratio, double nbytes,
-                             double collnet_us);
+                             double collnet_us, agoq_coll_grid* grid);
 
 typedef struct {
   int algo, proto;      /* NCCL's cheapest entry outside CollNet; -1 when none is usable */
@@ -71,6 +72,7 @@ typedef struct {
   double collnet_us;    /* NCCL's estimate for the CollNet entry the tuner would use */
   double ratio, codec_us;
   double net_us;        /* agoq's schedule at the rate collnet_us implies (agoq_tuner_network_us) */
+  agoq_coll_grid grid;  /* that schedule */
   double agoq_us;       /* net_us + codec_us */
   bool compress;        /* agoq_us beats best_other_us (or nothing else is usable) */
 } agoq_tuner_estimate;

@@ -8,7 +8,8 @@
  * ones the peer set), and its mismatch text names at least one variable and stays
  * terminated within any buffer length. Also AGOQ_COLLNET_GRID's text (agoq_coll_grid_parse):
  * an accepted value is auto or two sizes in 1..65535 that print back to a text parsing the
- * same; a refusal always says why. */
+ * same; a refusal always says why. And the rank block (byte 0 = 4): an accepted block names a
+ * rate up to AGOQ_COLL_LINK_MBPS_MAX and re-encodes to the same bytes. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  uint8_t which = data[0] % 4;
+  uint8_t which = data[0] % 5;
   int nranks = 1 + data[1] % 16;
   int me = (data[1] >> 4) % nranks;
   data += 2;
@@ -82,6 +83,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         abort();
       }
       free(text);
+      break;
+    }
+    case 4: {
+      uint32_t mbps = 0;
+      if (size < AGOQ_COLL_RANK_SIZE || !agoq_coll_rank_decode(in, &mbps)) break;
+      if (mbps > AGOQ_COLL_LINK_MBPS_MAX) abort();
+      uint8_t again[AGOQ_COLL_RANK_SIZE];
+      agoq_coll_rank_encode(mbps, again);
+      if (memcmp(again, in, AGOQ_COLL_RANK_SIZE) != 0) abort();
       break;
     }
     default: {

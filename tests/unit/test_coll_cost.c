@@ -139,11 +139,118 @@ static void test_within_15_percent_of_the_simulation(void** state) {
          "more than 10 us apart)\n", rows, nmax, worst * 100);
 }
 
+static agoq_coll_pick_in pick_at(double gbps) {
+  return (agoq_coll_pick_in){.format = AGOQ_FORMAT_INT8, .block = 128, .link_Bps = gbps * 1e9 / 8};
+}
+
+/* Who is a candidate: the mesh alone up to 16 ranks, a grid alone above 64 or where
+ * AGOQ_COLLNET_GRID names one, both in between; without a link rate the grid runs. */
+static void test_candidates(void** state) {
+  (void)state;
+  agoq_coll_plans p;
+  char why[128];
+  for (int n = 2; n <= 16; n++) {
+    assert_int_equal(agoq_coll_plans_make(n, 0, 0, 0, &p, why, sizeof why), 0);
+    assert_int_equal(p.count, 1);
+    assert_int_equal(p.plan[0].grid.b, 1);
+    assert_float_equal(p.plan[0].chunk_bytes, AGOQ_COLL_CHUNK_MESH, 0);
+    agoq_coll_pick_in in = pick_at(400);
+    assert_int_equal(agoq_coll_plans_pick(&p, &in, NULL), 0);
+  }
+  for (int n = 17; n <= 64; n++) {
+    assert_int_equal(agoq_coll_plans_make(n, 0, 0, 0, &p, why, sizeof why), 0);
+    assert_int_equal(p.count, 2);
+    assert_int_equal(p.plan[0].grid.a, n);
+    assert_int_equal(p.plan[0].grid.b, 1);
+    assert_true(p.plan[1].grid.b > 1);
+    assert_float_equal(p.plan[0].chunk_bytes, AGOQ_COLL_CHUNK_MESH, 0);
+    assert_float_equal(p.plan[1].chunk_bytes, AGOQ_COLL_CHUNK_GRID, 0);
+    agoq_coll_pick_in unknown = pick_at(0);
+    double secs[2];
+    assert_int_equal(agoq_coll_plans_pick(&p, &unknown, secs), 1);
+    assert_true(secs[0] < 0 && secs[1] < 0);
+  }
+  int big[] = {65, 100, 1024};
+  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+    assert_int_equal(agoq_coll_plans_make(big[i], 0, 0, 0, &p, why, sizeof why), 0);
+    assert_int_equal(p.count, 1);
+    assert_true(p.plan[0].grid.b > 1);
+    agoq_coll_pick_in in = pick_at(1);
+    assert_int_equal(agoq_coll_plans_pick(&p, &in, NULL), 0);
+  }
+  /* Named: that grid and that chunk, at any rate. */
+  assert_int_equal(agoq_coll_plans_make(32, 32, 1, 4 * MIB, &p, why, sizeof why), 0);
+  assert_int_equal(p.count, 1);
+  assert_float_equal(p.plan[0].chunk_bytes, 4 * MIB, 0);
+  assert_int_equal(agoq_coll_plans_make(32, 4, 8, 0, &p, why, sizeof why), 0);
+  assert_int_equal(p.count, 1);
+  assert_int_equal(p.plan[0].grid.a, 4);
+  assert_int_equal(agoq_coll_plans_make(32, 5, 5, 0, &p, why, sizeof why), -1);
+  assert_true(strstr(why, "does not hold") != NULL);
+}
+
+/* The choice against the simulation (data/coll_choice_sim.tsv, tools/collnet/sim-choice-
+ * table.sh): at every size and rate simulated for both schedules, the pick is the one the
+ * simulation found faster, unless the two are within 5% of each other. Among them, 32 and
+ * 64 ranks: the mesh at 25 Gbit/s, the grid at 100 and 400. */
+static void test_choice_matches_the_simulation(void** state) {
+  (void)state;
+  FILE* f = fopen(AGOQ_CHOICE_TABLE, "r");
+  assert_non_null(f);
+  enum { MAXR = 256 };
+  int rn[MAXR], ra[MAXR], rb[MAXR];
+  double rg[MAXR], rt[MAXR];
+  int rows = 0;
+  char line[256];
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (line[0] == '#') continue;
+    assert_true(rows < MAXR);
+    if (sscanf(line, "%d %d %d %lf %lf", &rn[rows], &ra[rows], &rb[rows], &rg[rows], &rt[rows]) != 5)
+      fail_msg("bad row: %s", line);
+    rows++;
+  }
+  fclose(f);
+  int pairs = 0, close = 0, mesh_wins = 0, grid_wins = 0;
+  for (int i = 0; i < rows; i++) {
+    if (rb[i] != 1) continue;
+    for (int j = 0; j < rows; j++) {
+      if (rn[j] != rn[i] || rg[j] != rg[i] || rb[j] == 1) continue;
+      agoq_coll_plans p;
+      char why[128];
+      assert_int_equal(agoq_coll_plans_make(rn[i], 0, 0, 0, &p, why, sizeof why), 0);
+      assert_int_equal(p.count, 2);
+      assert_int_equal(p.plan[1].grid.a, ra[j]); /* the simulated grid is the automatic one */
+      assert_int_equal(p.plan[1].grid.b, rb[j]);
+      agoq_coll_pick_in in = pick_at(rg[i]);
+      double secs[2];
+      int pick = agoq_coll_plans_pick(&p, &in, secs);
+      int faster = rt[i] < rt[j] ? 0 : 1;
+      bool near = fabs(rt[i] / rt[j] - 1.0) <= 0.05;
+      if (pick != faster && !near)
+        fail_msg("%d ranks at %.0f Gbit/s: the model picks the %s (%.1f against %.1f us), the simulation runs the mesh "
+                 "in %.1f us and the %dx%d grid in %.1f", rn[i], rg[i], pick == 0 ? "mesh" : "grid", secs[0] * 1e6,
+                 secs[1] * 1e6, rt[i], ra[j], rb[j], rt[j]);
+      if ((rn[i] == 32 || rn[i] == 64) && rg[i] == 25) assert_int_equal(pick, 0);
+      if ((rn[i] == 32 || rn[i] == 64) && rg[i] >= 100) assert_int_equal(pick, 1);
+      pairs++;
+      close += near;
+      mesh_wins += pick == 0;
+      grid_wins += pick == 1;
+    }
+  }
+  assert_true(pairs >= 16);
+  assert_true(mesh_wins > 0 && grid_wins > 0);
+  printf("%d sizes and rates simulated on both schedules: the choice is the faster one in every case more than 5%% "
+         "apart (%d closer); mesh %d, grid %d\n", pairs, close, mesh_wins, grid_wins);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bytes_and_messages_are_the_schedule),
       cmocka_unit_test(test_limits),
       cmocka_unit_test(test_within_15_percent_of_the_simulation),
+      cmocka_unit_test(test_candidates),
+      cmocka_unit_test(test_choice_matches_the_simulation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include "agoq_frame.h"
 #include "codec_test_ref.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_wire.h"
 #include "collnet/agoq_collnet.h"
 #include "core/agoq_log.h"
 #include "core/agoq_params.h"
@@ -1023,6 +1024,22 @@ static void test_connect_timeout(void** state) {
   agoq_params_reset();
 }
 
+/* Every rank of g (listening, handles in hptr) connects and is refused as invalid usage, each
+ * with one WARN, captured in log_buf. */
+static void connect_all_refused(group* g) {
+  capture_reset();
+  agoq_log_set_logger(capture_log);
+  for (int r = 0; r < g->n; r++) {
+    void* c = (void*)1;
+    assert_int_equal(agoq_coll_connect(g->hptr, g->n, r, g->listen[r], &c), ncclInvalidUsage);
+    assert_null(c);
+  }
+  agoq_log_set_logger(NULL);
+  pthread_mutex_lock(&log_mu);
+  assert_int_equal(log_warns, g->n);
+  pthread_mutex_unlock(&log_mu);
+}
+
 /* Ranks with different settings fail alike, at once: the handles carry the settings, and
  * each rank's WARN names a differing peer, every differing variable and both values. Rank 0
  * runs int8 with 1M chunks, ranks 1 and 2 int4 with 2M: rank 0 sees two peers differ, ranks 1
@@ -1038,16 +1055,8 @@ static void test_mismatched_settings_fail_everywhere(void** state) {
     assert_int_equal(agoq_coll_listen(g.ctx[r], 0, g.handles[r], &g.listen[r]), ncclSuccess);
     g.hptr[r] = g.handles[r];
   }
-  capture_reset();
-  agoq_log_set_logger(capture_log);
-  for (int r = 0; r < 3; r++) {
-    void* c = (void*)1;
-    assert_int_equal(agoq_coll_connect(g.hptr, 3, r, g.listen[r], &c), ncclInvalidUsage);
-    assert_null(c);
-  }
-  agoq_log_set_logger(NULL);
+  connect_all_refused(&g);
   pthread_mutex_lock(&log_mu);
-  assert_int_equal(log_warns, 3);
   assert_non_null(strstr(log_buf, "CollNet group: rank 1 has AGOQ_FORMAT=int4 and AGOQ_COLLNET_CHUNK=2M (2097152 "
                                   "bytes), this rank (0) has AGOQ_FORMAT=int8 and AGOQ_COLLNET_CHUNK=1M (1048576 "
                                   "bytes); every rank must use the same values (1 more rank(s) differ from this "
@@ -1069,6 +1078,34 @@ static void test_mismatched_settings_fail_everywhere(void** state) {
     assert_int_equal(agoq_coll_finalize(g.ctx[r]), ncclSuccess);
   }
   env_set("int8", "64K", "1M");
+}
+
+/* A handle whose rank block (its link rate, bytes [96, 128)) is corrupt fails group creation
+ * on every rank, naming that rank: a rate nobody reported must not steer the schedule. And
+ * the block a listen writes decodes. */
+static void test_corrupt_rank_block_fails_everywhere(void** state) {
+  (void)state;
+  group g;
+  memset(&g, 0, sizeof g);
+  g.n = 3;
+  env_set("int8", "64K", "1M");
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(agoq_coll_init(&g.ctx[r], COMM_ID, NULL), ncclSuccess);
+    assert_int_equal(agoq_coll_listen(g.ctx[r], 0, g.handles[r], &g.listen[r]), ncclSuccess);
+    uint32_t mbps;
+    assert_true(agoq_coll_rank_decode(g.handles[r] + AGOQ_COLL_RANK_OFFSET, &mbps));
+    g.hptr[r] = g.handles[r];
+  }
+  /* NCCL's copy of rank 1's handle, as every rank would receive it. */
+  g.handles[1][AGOQ_COLL_RANK_OFFSET + 9] ^= 0x40;
+  connect_all_refused(&g);
+  pthread_mutex_lock(&log_mu);
+  assert_non_null(strstr(log_buf, "CollNet connect: the rank block of rank 1's handle is corrupt"));
+  pthread_mutex_unlock(&log_mu);
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(agoq_coll_close_listen(g.listen[r]), ncclSuccess);
+    assert_int_equal(agoq_coll_finalize(g.ctx[r]), ncclSuccess);
+  }
 }
 
 static void test_memory_and_flush(void** state) {
@@ -1148,6 +1185,7 @@ int main(void) {
       cmocka_unit_test(test_finalize_before_close),
       cmocka_unit_test(test_connect_timeout),
       cmocka_unit_test(test_mismatched_settings_fail_everywhere),
+      cmocka_unit_test(test_corrupt_rank_block_fails_everywhere),
       cmocka_unit_test(test_memory_and_flush),
       cmocka_unit_test(test_stats_line),
   };

@@ -230,8 +230,33 @@ static void test_describe_same_and_short_buffers(void** state) {
   assert_int_equal(agoq_coll_settings_describe(&a, 1, &b, 0, NULL, 0), 4);
 }
 
+/* The rank block: a rate and zero padding; anything else is corrupt, never a rate. */
+static void test_rank_block(void** state) {
+  (void)state;
+  uint8_t b[AGOQ_COLL_RANK_SIZE];
+  uint32_t mbps = 7;
+  agoq_coll_rank_encode(0, b);
+  assert_true(agoq_coll_rank_decode(b, &mbps));
+  assert_int_equal(mbps, 0);
+  agoq_coll_rank_encode(400000, b);
+  assert_true(agoq_coll_rank_decode(b, &mbps));
+  assert_int_equal(mbps, 400000);
+  agoq_coll_rank_encode(AGOQ_COLL_LINK_MBPS_MAX, b);
+  assert_true(agoq_coll_rank_decode(b, &mbps));
+  agoq_coll_rank_encode(AGOQ_COLL_LINK_MBPS_MAX + 1, b);
+  assert_false(agoq_coll_rank_decode(b, &mbps));
+  for (int i = 4; i < AGOQ_COLL_RANK_SIZE; i++) {
+    agoq_coll_rank_encode(25000, b);
+    b[i] = 1;
+    mbps = 7;
+    assert_false(agoq_coll_rank_decode(b, &mbps));
+    assert_int_equal(mbps, 7);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rank_block),
       cmocka_unit_test(test_settings_roundtrip),
       cmocka_unit_test(test_settings_refused_by_kind),
       cmocka_unit_test(test_settings_grid),

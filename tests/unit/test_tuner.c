@@ -150,7 +150,7 @@ static int decide(int version, void* ctx, ncclFunc_t f, size_t nbytes, double gb
   agoq_tuner_sched_setting(2, &sched);
   assert_true(sched.ok);
   double collnet = ref[AGOQ_NCCL_ALGO_COLLNET_CHAIN][AGOQ_NCCL_PROTO_SIMPLE];
-  double net = agoq_tuner_network_us(&sched, f == ncclFuncAllReduce, AGOQ_DTYPE_BF16, ratio, (double)nbytes, collnet);
+  double net = agoq_tuner_network_us(&sched, f == ncclFuncAllReduce, AGOQ_DTYPE_BF16, ratio, (double)nbytes, collnet, NULL);
   double once = collnet * ratio / (f == ncclFuncAllReduce ? 2.0 : 4.0); /* a ReduceScatter: half */
   assert_true(net > once * 0.97 && net < once * 1.03);
   double want = net + agoq_tuner_codec_us(nbytes, strtod(mbps, NULL));
@@ -219,6 +219,40 @@ static void test_estimate_follows_the_schedule(void** state) {
   agoq_params_reset();
   assert_true(est[1] > 3.0 * est[2]);
   assert_true(est[2] > est[0]);
+}
+
+/* Between 17 and 64 nodes the group runs the mesh or the grid by its link rate
+ * (agoq_coll_plans_pick), and the estimate costs the one it would run at the rate NCCL's
+ * CollNet estimate implies: 32 nodes, the mesh at 25 Gbit/s, the 8x4 grid at 400; a named
+ * grid at any rate. */
+static void test_estimate_costs_the_schedule_the_rate_chooses(void** state) {
+  (void)state;
+  agoq_params_reset();
+  assert_int_equal(agoq_params_load(), ncclSuccess);
+  agoq_tuner_sched sched;
+  agoq_tuner_sched_setting(32, &sched);
+  assert_true(sched.ok);
+  assert_int_equal(sched.plans.count, 2);
+  double ratio = agoq_tuner_wire_ratio(AGOQ_FORMAT_INT8, AGOQ_DTYPE_BF16, 128, 64u << 20);
+  double nbytes = 64.0 * 1048576;
+  agoq_coll_grid grid;
+  double slow = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (25e9 / 8) * 1e6, &grid);
+  assert_true(slow > 0);
+  assert_int_equal(grid.a, 32);
+  assert_int_equal(grid.b, 1);
+  double fast = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (400e9 / 8) * 1e6, &grid);
+  assert_true(fast > 0 && fast < slow);
+  assert_int_equal(grid.a, 8);
+  assert_int_equal(grid.b, 4);
+  setenv("AGOQ_COLLNET_GRID", "4x8", 1);
+  agoq_params_reset();
+  assert_int_equal(agoq_params_load(), ncclSuccess);
+  agoq_tuner_sched_setting(32, &sched);
+  assert_int_equal(sched.plans.count, 1);
+  (void)agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (25e9 / 8) * 1e6, &grid);
+  assert_int_equal(grid.a, 4);
+  unsetenv("AGOQ_COLLNET_GRID");
+  agoq_params_reset();
 }
 
 /* Where the network is not the bottleneck (400 Gbit/s), or the codec is slow (a CPU at
@@ -586,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_compresses_where_the_network_is_slow),
       cmocka_unit_test(test_keeps_nccl_where_compression_does_not_pay),
       cmocka_unit_test(test_estimate_follows_the_schedule),
+      cmocka_unit_test(test_estimate_costs_the_schedule_the_rate_chooses),
       cmocka_unit_test(test_codec_speed_is_the_same_on_every_rank),
       cmocka_unit_test(test_wire_ratio),
       cmocka_unit_test(test_codec_measured_with_the_clock_given),

@@ -37,6 +37,7 @@ typedef struct {
   const char* format;
   size_t bytes, call, chunk;
   int inflight;
+  int link_gbps; /* 0: the NICs report no rate */
   double alpha, o;
   double gbps[8];
   int ngbps;
@@ -217,7 +218,8 @@ static void sim_usage(const char* prog) {
           "usage: %s [-N ranks] [--grid auto|AxB] [-d bf16|fp32|fp16|int32] [--format int8|int4|fp8e4m3|fp8e5m2|none]\n"
           "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK (auto)]\n"
           "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--inplace] [--check]\n"
-          "          [--model-tol fraction] [--staging-max bytes] [--escape K] [--spill-min messages]\n",
+          "          [--model-tol fraction] [--staging-max bytes] [--escape K] [--spill-min messages]\n"
+          "          [--link-gbps rate the NICs report (the automatic schedule weighs it; default: not known)]\n",
           prog);
   exit(2);
 }
@@ -245,6 +247,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-b")) o.bytes = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 1ll << 32);
     else if (!strcmp(a, "--call")) o.call = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 1ll << 30);
     else if (!strcmp(a, "--chunk")) o.chunk = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 268435456);
+    else if (!strcmp(a, "--link-gbps")) o.link_gbps = agoq_args_int_or_exit(prog, a, v, 1, 100000);
     else if (!strcmp(a, "--inflight")) o.inflight = agoq_args_int_or_exit(prog, a, v, 1, 32);
     else if (!strcmp(a, "--model-tol")) {
       if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
@@ -282,6 +285,7 @@ int main(int argc, char** argv) {
    * 512 ranks in 5.2 GB instead of 11.7. */
   mallopt(M_ARENA_MAX, 1);
   agoq_transport_override(&agoq_sim_transport);
+  agoq_sim_link((uint32_t)o.link_gbps * 1000u);
   int n = o.n;
   if (agoq_sim_init(n) != 0) return 1;
   agoq_sim_model(false, 0, 0, 1);
@@ -320,6 +324,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   agoq_coll_comm* g0 = sa[0].comm;
+  size_t chunk_set = o.chunk; /* 0: auto */
   o.chunk = (size_t)g0->cfg.chunk_bytes; /* as the groups resolved it (auto: from the grid) */
   /* What the engine really cuts: a call smaller than a chunk is one chunk. */
   size_t eff_chunk = (size_t)agoq_coll_cost_chunk((double)o.chunk, (double)o.call, (double)o.bytes);
@@ -333,6 +338,29 @@ int main(int argc, char** argv) {
          "%d calls in flight; alpha %.2f us, o %.2f us\n",
          n, g0->grid.b == 1 ? "one-level mesh" : "two-level grid", g0->grid.a, g0->grid.b, g0->grid.last,
          perf_dtype_name(o.dtype), o.format, o.bytes, o.call, eff_chunk, o.inflight, o.alpha * 1e6, o.o * 1e6);
+  int bad = 0;
+  {
+    /* The automatic schedule's choice, recomputed from the same inputs: it must be the
+     * groups' (the model's figures are what the INFO line of group creation gives). */
+    agoq_coll_plans plans;
+    char why[192];
+    if (agoq_coll_plans_make(n, g0->cfg.grid_a, g0->cfg.grid_b, (double)chunk_set, &plans, why, sizeof why) != 0) {
+      fprintf(stderr, "%s\n", why);
+      return 1;
+    }
+    agoq_coll_pick_in pin = {.format = g0->cfg.format, .block = g0->cfg.block,
+                             .frame_partials = g0->cfg.quant_partials, .link_Bps = o.link_gbps * 1e9 / 8};
+    double secs[2];
+    const agoq_coll_grid* pg = &plans.plan[agoq_coll_plans_pick(&plans, &pin, secs)].grid;
+    if (plans.count == 2 && o.link_gbps > 0)
+      printf("# schedule chosen at %d Gbit/s (the NICs' rate): the model gives 8 calls of 2 MiB %.1f us on the mesh, "
+             "%.1f us on the %dx%d grid\n", o.link_gbps, secs[0] * 1e6, secs[1] * 1e6, plans.plan[1].grid.a,
+             plans.plan[1].grid.b);
+    if (pg->a != g0->grid.a || pg->b != g0->grid.b) {
+      printf("# MISMATCH: the groups run %dx%d, the choice gives %dx%d\n", g0->grid.a, g0->grid.b, pg->a, pg->b);
+      bad++;
+    }
+  }
   struct mallinfo2 mi = mallinfo2();
   printf("# setup: %.2f s wall for every rank; connection ends per rank: at most %llu (rank 0: %llu); heap in use "
          "%.1f MB\n", setup_s, (unsigned long long)conns_max, (unsigned long long)agoq_sim_stats(0)->conns,
@@ -363,7 +391,6 @@ int main(int argc, char** argv) {
   bool quant = fmt != AGOQ_FORMAT_NONE && perf_dtype_is_float(o.dtype) && o.dtype != ncclFloat64;
   double wire = quant ? agoq_frame_wire_ratio(&cp, eff_chunk / esz / (size_t)n) : 1.0;
   uint64_t sched = sim_schedule_msgs(&g0->grid);
-  int bad = 0;
   printf("# the schedule: %.1f messages per rank per chunk (2(n-1) = %d on the mesh, 2(a+b-2) = %d on an exact grid)\n",
          (double)sched / n, 2 * (n - 1), 2 * (g0->grid.a + g0->grid.b - 2));
   /* The cost model of the same run (agoq_coll_cost.h). */

@@ -279,10 +279,15 @@ static unsigned sim_conn_fds(unsigned flags) {
   return 0; /* none of the process's descriptors: the simulation counts connections */
 }
 
+static uint32_t sim_link_mbps;
+
+void agoq_sim_link(uint32_t mbps) { sim_link_mbps = mbps; }
+
 static ncclResult_t sim_props(int dev, agoq_tp_props* p) {
   agoq_tp_props_defaults(p, dev);
   p->name = "sim";
-  p->speed_mbps = 100000;
+  p->speed_mbps = sim_link_mbps > 0 ? (int)sim_link_mbps : 100000;
+  p->speed_known = sim_link_mbps > 0;
   p->max_comms = 1 << 30;
   return ncclSuccess;
 }

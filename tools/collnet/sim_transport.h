@@ -44,5 +44,8 @@ uint64_t agoq_sim_events(void);
  * when nothing is pending. */
 int agoq_sim_advance(int* due);
 const agoq_sim_rank_stats* agoq_sim_stats(int rank);
+/* The link rate every rank's NIC reports (getProperties), which CollNet's listen puts in its
+ * handle for the automatic schedule; 0 (the default): reported as a guess, not known. */
+void agoq_sim_link(uint32_t mbps);
 
 #endif

@@ -220,7 +220,7 @@ void agoq_plan_choose(const agoq_plan_job* j, const agoq_plan_group* g, agoq_for
     agoq_tuner_sched sched;
     agoq_tuner_sched_setting((size_t)g->nodes, &sched);
     bool allreduce = strncmp(g->collective, "AllReduce", 9) == 0;
-    double net_us = agoq_tuner_network_us(&sched, allreduce, tt, ratio, g->codec_bytes, us);
+    double net_us = agoq_tuner_network_us(&sched, allreduce, tt, ratio, g->codec_bytes, us, NULL);
     agoq_tuner_cost_compare(us, us, net_us, ratio, g->codec_bytes, codec_mbps, &c->tuner);
     c->compressed = c->tuner.compress;
     c->codec_s = c->tuner.codec_us / 1e6;

@@ -63,6 +63,7 @@ typedef struct agoq_ib_dev {
   int gid_index;
   uint8_t gid[16];
   int speed_mbps;
+  bool speed_known; /* false: AGOQ_IB_DEFAULT_SPEED_MBPS stands in */
   uint64_t guid;
   bool has_pci_path;
   char pci_path[PATH_MAX];

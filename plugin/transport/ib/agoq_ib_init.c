@@ -142,6 +142,7 @@ static bool agoq_ib_port_consider(agoq_ib_state* st, const agoq_ib_hca_filter* f
   d->max_cqe = dattr->max_cqe;
   d->speed_mbps = agoq_ib_speed_mbps(pa.active_speed, 0, pa.active_width);
   bool speed_known = d->speed_mbps > 0;
+  d->speed_known = speed_known;
   if (!speed_known) d->speed_mbps = AGOQ_IB_DEFAULT_SPEED_MBPS;
   d->has_pci_path = agoq_ib_sysfs_pci_path(AGOQ_IB_SYSFS_ROOT, name, d->pci_path, sizeof d->pci_path) == 0;
   snprintf(d->describe, sizeof d->describe, "%s:%d", name, port);
@@ -346,6 +347,7 @@ static ncclResult_t agoq_ib_get_properties(int dev, agoq_tp_props* p) {
   p->pci_path = d->has_pci_path ? d->pci_path : NULL;
   p->guid = d->guid;
   p->speed_mbps = d->speed_mbps;
+  p->speed_known = d->speed_known;
   p->port = d->port;
   p->max_comms = d->max_qp / agoq_ib.nqps > 0 ? d->max_qp / agoq_ib.nqps : 1;
   /* The net core keeps it only where it can handle GPU buffers at all (agoq_net_get_properties). */

@@ -117,6 +117,7 @@ static ncclResult_t agoq_tcp_get_properties(int dev, agoq_tp_props* p) {
   p->pci_path = nif->has_pci_path ? nif->pci_path : NULL;
   p->guid = (uint64_t)dev;
   p->speed_mbps = nif->speed_mbps;
+  p->speed_known = nif->speed_source != AGOQ_NETIF_SPEED_DEFAULT;
   p->max_comms = 65536;
   return ncclSuccess;
 }

@@ -1,0 +1,22 @@
+#!/bin/sh
+# Measures the table tests/unit/test_coll_cost.c holds the automatic schedule's choice
+# against (agoq_coll_plans_pick): agoq-collnet-sim's virtual time of the choice's reference
+# traffic (bf16 int8, 16 MiB per rank in calls of 2 MiB, 8 in flight, each schedule with its
+# automatic chunk) on the mesh and on the automatic grid, for the group sizes where both are
+# candidates, at 10, 25, 100 and 400 Gbit/s. Virtual time does not depend on the machine;
+# the whole table takes about 6 minutes on one core.
+#   tools/collnet/sim-choice-table.sh build/bin/agoq-collnet-sim > tests/unit/data/coll_choice_sim.tsv
+set -eu
+sim=${1:?usage: sim-choice-table.sh path/to/agoq-collnet-sim}
+echo "# measured by tools/collnet/sim-choice-table.sh with $(basename "$sim"); bf16 int8, 16 MiB in calls of 2 MiB, 8 in flight, automatic chunks"
+echo "# n a b gbps vtime_us"
+for n in 17 24 32 40 48 64; do
+  for grid in "${n}x1" auto; do
+    out=$("$sim" -N "$n" --grid "$grid" -b 16777216 --call 2097152 --inflight 8 --gbps 10,25,100,400 --check) ||
+      { echo "sim-choice-table: agoq-collnet-sim failed at $n ranks ($grid)" >&2; exit 1; }
+    printf '%s\n' "$out" |
+      awk -v n="$n" '
+        /^# [0-9]+ ranks,/ { s = $0; sub(/.*\(/, "", s); split(s, w, " "); a = w[1]; b = w[3]; sub(/,/, "", b) }
+        /^ *[0-9]/ { print n, a, b, $1, $2 }'
+  done
+done
