@@ -26,6 +26,21 @@ static void agoq_cost_add(void* arg, const agoq_coll_msg* m) {
 static double agoq_cost_max(double a, double b) { return a > b ? a : b; }
 
 int agoq_coll_profile_make(const agoq_coll_grid* g, agoq_coll_profile* p) {
+  if (g->a * g->b != g->n) return agoq_coll_profile_count(g, p);
+  /* An exact grid is the same at every rank: a-1 row peers, each sent (and sending) one
+   * column slice of b pieces in each row step; b-1 column peers, one piece each. O(1), so the
+   * automatic choice can weigh every shape of n (test_coll_cost holds it to the count). */
+  memset(p, 0, sizeof *p);
+  double a = g->a, b = g->b;
+  p->tx[AGOQ_COLL_ROW_RS] = p->tx[AGOQ_COLL_ROW_AG] = (a - 1) / a;
+  p->tx[AGOQ_COLL_COL_RS] = p->tx[AGOQ_COLL_COL_AG] = (b - 1) / (a * b);
+  p->msgs[AGOQ_COLL_ROW_RS] = p->msgs[AGOQ_COLL_ROW_AG] = 2 * (a - 1);
+  p->msgs[AGOQ_COLL_COL_RS] = p->msgs[AGOQ_COLL_COL_AG] = 2 * (b - 1);
+  for (int s = 0; s < AGOQ_COLL_STEPS; s++) p->rx[s] = p->tx[s];
+  return 0;
+}
+
+int agoq_coll_profile_count(const agoq_coll_grid* g, agoq_coll_profile* p) {
   memset(p, 0, sizeof *p);
   size_t un = (size_t)g->n;
   double* all = calloc(3 * un, sizeof *all);
@@ -119,48 +134,74 @@ static int agoq_cost_plan(agoq_coll_plan* pl, const agoq_coll_grid* g, double ch
   return 0;
 }
 
+/* The most peers of any rank of grid g (an exact grid: its row and its column). */
+static int agoq_cost_peers(const agoq_coll_grid* g) { return g->a + g->b - 2; }
+
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len) {
   memset(p, 0, sizeof *p);
   agoq_coll_grid g;
   if (agoq_coll_grid_make(n, a, b, &g, why, why_len) != 0) return -1;
-  p->count = 1;
-  /* An explicit grid, the mesh's own range, or too many ranks for the mesh: one candidate. */
-  if ((a != 0 || b != 0) || n <= AGOQ_COLL_GRID_DIRECT_MAX || n > AGOQ_COLL_MESH_AUTO_MAX)
+  /* A named grid, or the mesh's own range: one candidate. */
+  if (a != 0 || b != 0 || n <= AGOQ_COLL_GRID_DIRECT_MAX) {
+    p->count = 1;
     return agoq_cost_plan(&p->plan[0], &g, chunk_bytes, why, why_len);
-  agoq_coll_grid mesh;
-  if (agoq_coll_grid_make(n, n, 1, &mesh, why, why_len) != 0) return -1;
-  p->count = 2;
-  if (agoq_cost_plan(&p->plan[0], &mesh, chunk_bytes, why, why_len) != 0) return -1;
-  return agoq_cost_plan(&p->plan[1], &g, chunk_bytes, why, why_len);
+  }
+  agoq_coll_grid c[AGOQ_COLL_PLANS_MAX];
+  int k = 0;
+  if (n <= AGOQ_COLL_MESH_AUTO_MAX) c[k++] = (agoq_coll_grid){.n = n, .a = n, .b = 1, .last = n};
+  p->rule = k;
+  c[k++] = g;
+  /* Exact grids, squarest first; rows no shorter than columns are tall. */
+  for (int rows = 2; (long long)rows * rows <= n && k < AGOQ_COLL_PLANS_MAX; rows++) {
+    int cols = n / rows;
+    agoq_coll_grid e = {.n = n, .a = cols, .b = rows, .last = cols};
+    if (cols * rows != n || cols > AGOQ_COLL_GRID_COLS_MAX || agoq_cost_peers(&e) > AGOQ_COLL_MESH_AUTO_MAX - 1 ||
+        (cols == g.a && rows == g.b))
+      continue;
+    c[k++] = e;
+  }
+  for (int i = 0; i < k; i++)
+    if (agoq_cost_plan(&p->plan[i], &c[i], chunk_bytes, why, why_len) != 0) return -1;
+  p->count = k;
+  return 0;
 }
 
-int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, double secs[2]) {
-  if (secs != NULL) secs[0] = secs[1] = -1.0;
-  int pick = p->count > 0 ? p->count - 1 : 0;
-  if (p->count < 2 || !(in->link_Bps > 0)) return pick;
+double agoq_coll_plan_seconds(const agoq_coll_plan* pl, const agoq_coll_pick_in* in) {
   const double bytes = AGOQ_COLL_COST_CALLS * AGOQ_COLL_PICK_CALL_BYTES, esz = 2.0; /* bf16 */
-  double t[2];
-  for (int i = 0; i < 2; i++) {
-    const agoq_coll_plan* pl = &p->plan[i];
-    double chunk = agoq_coll_cost_chunk(pl->chunk_bytes, AGOQ_COLL_PICK_CALL_BYTES, bytes);
-    bool quant = in->format != AGOQ_FORMAT_NONE;
-    double ratio = 1.0;
-    if (quant) {
-      agoq_codec_params cp = {.format = in->format, .dtype = AGOQ_DTYPE_BF16, .block = in->block};
-      ratio = agoq_frame_wire_ratio(&cp, (size_t)(chunk / esz / agoq_coll_grid_pieces(&pl->grid)));
-    }
-    agoq_coll_cost_in ci = {
-        .chunk_bytes = chunk,
-        .wire_ratio = ratio,
-        .partial_ratio = agoq_coll_cost_partial_ratio(ncclBfloat16, ncclSum, quant, in->frame_partials, ratio),
-        .link_Bps = in->link_Bps,
-        .alpha_s = AGOQ_COLL_COST_ALPHA_S,
-        .o_s = AGOQ_COLL_COST_O_S,
-    };
-    agoq_coll_cost c;
-    agoq_coll_cost_eval(&pl->prof, &ci, &c);
-    t[i] = agoq_coll_cost_seconds(&c, chunk, bytes, AGOQ_COLL_PICK_CALL_BYTES, AGOQ_COLL_COST_CALLS, AGOQ_COLL_SLOTS);
-    if (secs != NULL) secs[i] = t[i];
+  double chunk = agoq_coll_cost_chunk(pl->chunk_bytes, AGOQ_COLL_PICK_CALL_BYTES, bytes);
+  bool quant = in->format != AGOQ_FORMAT_NONE;
+  double ratio = 1.0;
+  if (quant) {
+    agoq_codec_params cp = {.format = in->format, .dtype = AGOQ_DTYPE_BF16, .block = in->block};
+    ratio = agoq_frame_wire_ratio(&cp, (size_t)(chunk / esz / agoq_coll_grid_pieces(&pl->grid)));
   }
-  return t[0] < t[1] ? 0 : 1;
+  agoq_coll_cost_in ci = {
+      .chunk_bytes = chunk,
+      .wire_ratio = ratio,
+      .partial_ratio = agoq_coll_cost_partial_ratio(ncclBfloat16, ncclSum, quant, in->frame_partials, ratio),
+      .link_Bps = in->link_Bps,
+      .alpha_s = AGOQ_COLL_COST_ALPHA_S,
+      .o_s = AGOQ_COLL_COST_O_S,
+  };
+  agoq_coll_cost c;
+  agoq_coll_cost_eval(&pl->prof, &ci, &c);
+  return agoq_coll_cost_seconds(&c, chunk, bytes, AGOQ_COLL_PICK_CALL_BYTES, AGOQ_COLL_COST_CALLS, AGOQ_COLL_SLOTS);
+}
+
+int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, double* secs) {
+  for (int i = 0; secs != NULL && i < p->count; i++) secs[i] = -1.0;
+  if (p->count < 2 || !(in->link_Bps > 0)) return p->rule;
+  int best = -1;
+  double best_s = 0;
+  for (int i = 0; i < p->count; i++) {
+    double t = agoq_coll_plan_seconds(&p->plan[i], in);
+    if (secs != NULL) secs[i] = t;
+    /* Fewer peers on a tie: fewer connections for the same time. */
+    if (best < 0 || t < best_s ||
+        (t == best_s && agoq_cost_peers(&p->plan[i].grid) < agoq_cost_peers(&p->plan[best].grid))) {
+      best = i;
+      best_s = t;
+    }
+  }
+  return best;
 }

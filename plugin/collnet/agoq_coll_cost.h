@@ -32,9 +32,11 @@ typedef struct {
   double tx[AGOQ_COLL_STEPS], rx[AGOQ_COLL_STEPS], msgs[AGOQ_COLL_STEPS];
 } agoq_coll_profile;
 
-/* 0, or -1 when memory for the enumeration cannot be had (4 doubles per rank). O(n (a + b))
- * messages enumerated: once per group size, not per call. */
+/* 0, or -1 when memory for the enumeration cannot be had (3 doubles per rank). An exact grid
+ * (a b = n, the mesh included) in closed form; another, agoq_coll_profile_count. */
 int agoq_coll_profile_make(const agoq_coll_grid* g, agoq_coll_profile* p);
+/* The same by enumerating the schedule's every message: O(n (a + b)). */
+int agoq_coll_profile_count(const agoq_coll_grid* g, agoq_coll_profile* p);
 
 typedef struct {
   double chunk_bytes;   /* input bytes of one pipeline chunk (AGOQ_COLLNET_CHUNK) */
@@ -88,14 +90,17 @@ double agoq_coll_cost_seconds(const agoq_coll_cost* c, double chunk_bytes, doubl
                               int slots);
 
 /* ---- the automatic schedule: the mesh or a grid, by cost ------------------------------
- * Up to AGOQ_COLL_GRID_DIRECT_MAX ranks the mesh (where the GPU data path runs); above
- * AGOQ_COLL_MESH_AUTO_MAX ranks the automatic grid; in between whichever the model makes
- * faster at the slowest rank's link rate, or the grid where a rate is not known. The mesh's
- * 2(n-1) messages per chunk against the grid's 2(a+b-2) and its fp32 partial sums: at 32 and
- * 64 ranks the mesh wins at 25 Gbit/s, the grid at 100 and 400 (agoq-collnet-sim). */
-/* 2(n-1) connections per rank on the mesh: 126 at 64 ranks, within the 200 per rank a group
- * of 1024 ranks holds on its grid. */
-enum { AGOQ_COLL_MESH_AUTO_MAX = 64 };
+ * Up to AGOQ_COLL_GRID_DIRECT_MAX ranks the mesh (where the GPU data path runs). Above, the
+ * candidates are the mesh (up to AGOQ_COLL_MESH_AUTO_MAX ranks), the grid n decides alone
+ * (agoq_coll_grid_auto), and every exact grid a x b = n with rows no shorter than columns are
+ * tall and at most AGOQ_COLL_MESH_AUTO_MAX - 1 peers; the group runs whichever the model
+ * makes fastest at the slowest rank's link rate, or the grid of n alone where a rate is not
+ * known. Long rows move fewer bytes (the column's fp32 partial sums shrink with 1/a), square
+ * grids fewer messages (2(a+b-2)): at 64 ranks 32x2 wins at 25 Gbit/s, 16x4 at 100, 8x8 at
+ * 400 (agoq-collnet-sim). */
+/* At most this many peers per rank: the mesh's 2(n-1) connections are 126 at 64 ranks, within
+ * the 200 per rank a group of 1024 ranks holds on its grid. */
+enum { AGOQ_COLL_MESH_AUTO_MAX = 64, AGOQ_COLL_PLANS_MAX = 40 };
 
 /* One candidate: its grid, the profile of its messages, the chunk it cuts. */
 typedef struct {
@@ -105,8 +110,9 @@ typedef struct {
 } agoq_coll_plan;
 
 typedef struct {
-  int count; /* 1: AGOQ_COLLNET_GRID or n decides alone; 2: [0] the mesh, [1] the grid */
-  agoq_coll_plan plan[2];
+  int count; /* 1 where AGOQ_COLLNET_GRID names the grid or n <= AGOQ_COLL_GRID_DIRECT_MAX */
+  int rule;  /* the plan n decides alone: the mesh up to AGOQ_COLL_GRID_DIRECT_MAX, else the automatic grid */
+  agoq_coll_plan plan[AGOQ_COLL_PLANS_MAX];
 } agoq_coll_plans;
 
 /* The candidates for n ranks under AGOQ_COLLNET_GRID=a x b (0 x 0: automatic; a grid that
@@ -114,9 +120,9 @@ typedef struct {
  * candidate). 0, or -1 with why filled (memory for a profile counts too). */
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len);
 
-/* The reference traffic both candidates are costed on: bf16 (the training case) in
+/* The reference traffic the candidates are costed on: bf16 (the training case) in
  * AGOQ_FORMAT frames, 8 calls of 2 MiB in flight per rank (NCCL's CollNetChain calls). The
- * codec is left out: both quantize and dequantize the same bytes per rank. */
+ * codec is left out: every candidate quantizes and dequantizes the same bytes per rank. */
 typedef struct {
   agoq_format format;
   uint32_t block;
@@ -125,10 +131,12 @@ typedef struct {
 } agoq_coll_pick_in;
 
 #define AGOQ_COLL_PICK_CALL_BYTES (2.0 * 1048576.0)
-/* Which plan runs: the cheaper for the reference traffic at in->link_Bps, the grid on a tie
- * (fewer connections); with one candidate or no rate, plan[count - 1]. secs[i] (may be NULL)
- * gets each candidate's model time, or -1 where not costed. Pure arithmetic on inputs every
- * rank shares. */
-int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, double secs[2]);
+/* Seconds of the reference traffic on plan pl at in->link_Bps (> 0). */
+double agoq_coll_plan_seconds(const agoq_coll_plan* pl, const agoq_coll_pick_in* in);
+/* Which plan runs: the fastest for the reference traffic at in->link_Bps, the one with fewer
+ * peers on a tie; with one candidate or no rate, p->rule. secs[i] (room for p->count, may be
+ * NULL) gets each candidate's model time, or -1 where not costed. Pure arithmetic on inputs
+ * every rank shares. */
+int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, double* secs);
 
 #endif

@@ -397,20 +397,24 @@ static ncclResult_t agoq_coll_schedule_choose(const agoq_coll_config* cfg, int n
   }
   agoq_coll_pick_in in = {.format = cfg->format, .block = cfg->block, .frame_partials = cfg->quant_partials,
                           .link_Bps = link_mbps * 1e6 / 8};
-  double secs[2];
+  double secs[AGOQ_COLL_PLANS_MAX];
   int i = agoq_coll_plans_pick(&plans, &in, secs);
   *out = plans.plan[i];
+  const agoq_coll_grid* rule = &plans.plan[plans.rule].grid;
   if (cfg->grid_a != 0)
     snprintf(chosen, len, "AGOQ_COLLNET_GRID=%s", text);
+  else if (nranks <= AGOQ_COLL_GRID_DIRECT_MAX)
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: the mesh up to %d ranks", AGOQ_COLL_GRID_DIRECT_MAX);
   else if (plans.count == 1)
-    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: %s %d ranks", nranks <= AGOQ_COLL_GRID_DIRECT_MAX ? "the mesh up to"
-             : "a grid above", nranks <= AGOQ_COLL_GRID_DIRECT_MAX ? AGOQ_COLL_GRID_DIRECT_MAX : AGOQ_COLL_MESH_AUTO_MAX);
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: the grid of %d ranks, no other shape within %d peers", nranks,
+             AGOQ_COLL_MESH_AUTO_MAX - 1);
   else if (link_mbps == 0)
-    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: a grid, as some rank's link rate is not known");
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: the grid of %d ranks, as some rank's link rate is not known",
+             nranks);
   else
-    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: at %.1f Gbit/s, the slowest rank's link, the cost model gives "
-             "8 calls of 2 MiB %.0f us on the mesh and %.0f us on the %dx%d grid", link_mbps / 1e3, secs[0] * 1e6,
-             secs[1] * 1e6, plans.plan[1].grid.a, plans.plan[1].grid.b);
+    snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: at %.1f Gbit/s, the slowest rank's link, the fastest of %d shapes "
+             "in the cost model, 8 calls of 2 MiB in %.0f us (%dx%d, n's own grid: %.0f us)", link_mbps / 1e3,
+             plans.count, secs[i] * 1e6, rule->a, rule->b, secs[plans.rule] * 1e6);
   return ncclSuccess;
 }
 

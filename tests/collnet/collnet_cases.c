@@ -379,17 +379,13 @@ static int cn_check_exact(cn_worker* w, const cn_case* c, const uint8_t* expect)
 }
 
 /* The exact reduction the plugin's schedule computes: on the one-level mesh every rank's
- * input in rank order (perf_reduce_exact); on a grid (AGOQ_COLLNET_GRID, as the plugin reads
- * it) each row's inputs in rank order, then the rows' partial results in row order, the
- * partials in fp32 for the narrow float types' Sum and Prod (rounded once, at the end). */
-static void cn_reduce_reference(ncclDataType_t t, ncclRedOp_t op, uint8_t* const* in, int n, size_t m,
-                                uint8_t* out) {
-  agoq_coll_grid g;
-  int a = 0, b = 0;
-  char why[200];
-  const char* text = getenv("AGOQ_COLLNET_GRID");
-  if (agoq_coll_grid_parse(text != NULL ? text : "auto", &a, &b, why, sizeof why) != 0 ||
-      agoq_coll_grid_make(n, a, b, &g, why, sizeof why) != 0 || g.b == 1) {
+ * input in rank order (perf_reduce_exact); on a grid (g: the group's, cn_connect) each row's
+ * inputs in rank order, then the rows' partial results in row order, the partials in fp32
+ * for the narrow float types' Sum and Prod (rounded once, at the end). */
+static void cn_reduce_reference(const agoq_coll_grid* grid, ncclDataType_t t, ncclRedOp_t op, uint8_t* const* in,
+                                int n, size_t m, uint8_t* out) {
+  agoq_coll_grid g = *grid;
+  if (g.n != n || g.b == 1) {
     perf_reduce_exact(t, op, (const void* const*)in, n, m, out);
     return;
   }
@@ -442,7 +438,7 @@ static int cn_check_case(cn_worker* w, cn_batch* b, cn_case* c) {
       CN_REQUIRE(w, in[k] != NULL, "out of memory");
       cn_input_fill(c, n, k, in[k], first, out_n);
     }
-    if (!c->quantized) cn_reduce_reference(c->dtype, c->op, in, n, out_n, expect);
+    if (!c->quantized) cn_reduce_reference(&w->grid, c->dtype, c->op, in, n, out_n, expect);
   }
   if (c->inject && c->kind == CN_ALLREDUCE && out_n > 300) {
     double inf = perf_elem_get(c->dtype, c->recv, 5), nan = perf_elem_get(c->dtype, c->recv, 300);

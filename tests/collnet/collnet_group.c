@@ -10,6 +10,8 @@
 #include <strings.h>
 
 #include "collnet_harness.h"
+#include "collnet/agoq_coll_cost.h"
+#include "collnet/agoq_coll_wire.h"
 #include "core/agoq_params.h"
 
 /* The configuration the checks assume, read by the plugin's own parameter code (one parser
@@ -73,6 +75,37 @@ fail:
   return -1;
 }
 
+/* The schedule the group will run, decided as the plugin decides it from what the handles
+ * carry: the settings block (AGOQ_COLLNET_GRID, the format, the chunk) and the slowest rank's
+ * link rate (the rank blocks; 0 when any is unknown). */
+static int cn_schedule_of(cn_worker* w, void* const* handles) {
+  agoq_coll_settings st;
+  if (agoq_coll_settings_decode((const uint8_t*)handles[0] + AGOQ_COLL_HANDLE_OFFSET, &st) != AGOQ_COLL_SETTINGS_OK) {
+    CN_FAIL(w, "rank 0's handle carries no settings block this harness can read");
+    return -1;
+  }
+  uint32_t slowest = UINT32_MAX;
+  for (int k = 0; k < w->nranks; k++) {
+    uint32_t mbps;
+    if (!agoq_coll_rank_decode((const uint8_t*)handles[k] + AGOQ_COLL_RANK_OFFSET, &mbps)) {
+      CN_FAIL(w, "rank %d's handle carries a rank block this harness cannot read", k);
+      return -1;
+    }
+    slowest = mbps < slowest ? mbps : slowest;
+  }
+  agoq_coll_plans plans;
+  char why[192];
+  if (agoq_coll_plans_make(w->nranks, st.grid_a, st.grid_b, (double)st.chunk_bytes, &plans, why, sizeof why) != 0) {
+    /* The group's creation refuses it too; the reference is then never needed. */
+    agoq_coll_grid_auto(w->nranks, &w->grid);
+    return 0;
+  }
+  agoq_coll_pick_in in = {.format = st.format, .block = st.block, .frame_partials = st.quant_partials,
+                          .link_Bps = slowest * 1e6 / 8};
+  w->grid = plans.plan[agoq_coll_plans_pick(&plans, &in, NULL)].grid;
+  return 0;
+}
+
 int cn_connect(cn_worker* w) {
   uint8_t handle[CN_HANDLE_SIZE];
   memset(handle, 0, sizeof(handle));
@@ -96,6 +129,7 @@ int cn_connect(cn_worker* w) {
   if (cn_allgather(w, handle, handles, CN_HANDLE_SIZE) != 0) goto fail;
   void* ptrs[CN_MAX_RANKS];
   for (int k = 0; k < w->nranks; k++) ptrs[k] = handles + (size_t)k * CN_HANDLE_SIZE;
+  if (cn_schedule_of(w, ptrs) != 0) goto fail;
   int64_t t0 = cn_now_ns();
   CN_OK(w, agoq_collnet_view_connect(&w->view, ptrs, w->nranks, w->rank, w->listen_comm,
                                      &w->coll_comm));

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "agoq_loader.h"
+#include "collnet/agoq_coll_schedule.h"
 #include "perf_dtype.h"
 
 #define CN_HANDLE_SIZE 128
@@ -62,6 +63,9 @@ typedef struct cn_worker {
   /* The plugin configuration the checks assume (AGOQ_* of this environment). */
   int format; /* 0 none, 1 int8, 2 int4, 3 fp8e4m3, 4 fp8e5m2 */
   size_t min_bytes;
+  /* The schedule the group runs, as the plugin chooses it from the handles (cn_connect):
+   * the order of the exact reference's sums. */
+  agoq_coll_grid grid;
   bool failed;
   char why[2048];
   int64_t event_ns; /* kill scenario: when this worker saw the failure, or died */

@@ -143,12 +143,14 @@ static agoq_coll_pick_in pick_at(double gbps) {
   return (agoq_coll_pick_in){.format = AGOQ_FORMAT_INT8, .block = 128, .link_Bps = gbps * 1e9 / 8};
 }
 
-/* Who is a candidate: the mesh alone up to 16 ranks, a grid alone above 64 or where
- * AGOQ_COLLNET_GRID names one, both in between; without a link rate the grid runs. */
+/* Who is a candidate: the mesh alone up to 16 ranks or where AGOQ_COLLNET_GRID names a grid;
+ * above, the mesh (up to 64 ranks), the grid n alone gives (the rule, which runs without a
+ * link rate), and every exact grid with rows no shorter than columns and at most 63 peers. */
 static void test_candidates(void** state) {
   (void)state;
   agoq_coll_plans p;
   char why[128];
+  double secs[AGOQ_COLL_PLANS_MAX];
   for (int n = 2; n <= 16; n++) {
     assert_int_equal(agoq_coll_plans_make(n, 0, 0, 0, &p, why, sizeof why), 0);
     assert_int_equal(p.count, 1);
@@ -157,27 +159,38 @@ static void test_candidates(void** state) {
     agoq_coll_pick_in in = pick_at(400);
     assert_int_equal(agoq_coll_plans_pick(&p, &in, NULL), 0);
   }
-  for (int n = 17; n <= 64; n++) {
+  for (int n = 17; n <= 1100; n++) {
     assert_int_equal(agoq_coll_plans_make(n, 0, 0, 0, &p, why, sizeof why), 0);
-    assert_int_equal(p.count, 2);
-    assert_int_equal(p.plan[0].grid.a, n);
-    assert_int_equal(p.plan[0].grid.b, 1);
-    assert_true(p.plan[1].grid.b > 1);
-    assert_float_equal(p.plan[0].chunk_bytes, AGOQ_COLL_CHUNK_MESH, 0);
-    assert_float_equal(p.plan[1].chunk_bytes, AGOQ_COLL_CHUNK_GRID, 0);
+    agoq_coll_grid rule;
+    agoq_coll_grid_auto(n, &rule);
+    assert_int_equal(p.plan[p.rule].grid.a, rule.a);
+    assert_int_equal(p.plan[p.rule].grid.b, rule.b);
+    assert_int_equal(p.plan[0].grid.b == 1, n <= AGOQ_COLL_MESH_AUTO_MAX);
+    for (int i = 0; i < p.count; i++) {
+      const agoq_coll_grid* g = &p.plan[i].grid;
+      assert_float_equal(p.plan[i].chunk_bytes, g->b == 1 ? AGOQ_COLL_CHUNK_MESH : AGOQ_COLL_CHUNK_GRID, 0);
+      if (i == p.rule) continue;
+      assert_true(g->b == 1 || (g->a * g->b == n && g->a >= g->b && g->a + g->b - 2 <= 63));
+      for (int j = 0; j < i; j++) /* each shape once */
+        assert_false(p.plan[j].grid.a == g->a && p.plan[j].grid.b == g->b);
+    }
+    /* Without a rate, the rule. */
     agoq_coll_pick_in unknown = pick_at(0);
-    double secs[2];
-    assert_int_equal(agoq_coll_plans_pick(&p, &unknown, secs), 1);
-    assert_true(secs[0] < 0 && secs[1] < 0);
+    assert_int_equal(agoq_coll_plans_pick(&p, &unknown, secs), p.rule);
+    for (int i = 0; i < p.count; i++) assert_true(secs[i] < 0);
   }
-  int big[] = {65, 100, 1024};
-  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
-    assert_int_equal(agoq_coll_plans_make(big[i], 0, 0, 0, &p, why, sizeof why), 0);
-    assert_int_equal(p.count, 1);
-    assert_true(p.plan[0].grid.b > 1);
-    agoq_coll_pick_in in = pick_at(1);
-    assert_int_equal(agoq_coll_plans_pick(&p, &in, NULL), 0);
-  }
+  /* 64 ranks: the mesh, 8x8 (the rule), 32x2 and 16x4; 128: 16x8 and 32x4 (64x2 has 64
+   * peers); 1024: 32x32 alone; a prime: its rule alone. */
+  assert_int_equal(agoq_coll_plans_make(64, 0, 0, 0, &p, why, sizeof why), 0);
+  assert_int_equal(p.count, 4);
+  assert_int_equal(agoq_coll_plans_make(128, 0, 0, 0, &p, why, sizeof why), 0);
+  assert_int_equal(p.count, 2);
+  assert_int_equal(p.plan[1].grid.a, 32);
+  assert_int_equal(agoq_coll_plans_make(1024, 0, 0, 0, &p, why, sizeof why), 0);
+  assert_int_equal(p.count, 1);
+  assert_int_equal(p.plan[0].grid.a, 32);
+  assert_int_equal(agoq_coll_plans_make(97, 0, 0, 0, &p, why, sizeof why), 0);
+  assert_int_equal(p.count, 1);
   /* Named: that grid and that chunk, at any rate. */
   assert_int_equal(agoq_coll_plans_make(32, 32, 1, 4 * MIB, &p, why, sizeof why), 0);
   assert_int_equal(p.count, 1);
@@ -185,19 +198,41 @@ static void test_candidates(void** state) {
   assert_int_equal(agoq_coll_plans_make(32, 4, 8, 0, &p, why, sizeof why), 0);
   assert_int_equal(p.count, 1);
   assert_int_equal(p.plan[0].grid.a, 4);
+  agoq_coll_pick_in in = pick_at(25);
+  assert_int_equal(agoq_coll_plans_pick(&p, &in, NULL), 0);
   assert_int_equal(agoq_coll_plans_make(32, 5, 5, 0, &p, why, sizeof why), -1);
   assert_true(strstr(why, "does not hold") != NULL);
 }
 
+/* An exact grid's profile in closed form is the schedule's own count. */
+static void test_exact_profile_is_the_count(void** state) {
+  (void)state;
+  int shapes[][2] = {{2, 1}, {17, 1}, {64, 1}, {4, 2}, {8, 8}, {16, 4}, {32, 2}, {9, 3}, {12, 5}, {32, 32}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    agoq_coll_grid g;
+    char why[128];
+    assert_int_equal(agoq_coll_grid_make(shapes[i][0] * shapes[i][1], shapes[i][0], shapes[i][1], &g, why, sizeof why),
+                     0);
+    agoq_coll_profile closed, counted;
+    assert_int_equal(agoq_coll_profile_make(&g, &closed), 0);
+    assert_int_equal(agoq_coll_profile_count(&g, &counted), 0);
+    for (int s = 0; s < AGOQ_COLL_STEPS; s++) {
+      assert_float_equal(closed.tx[s], counted.tx[s], 1e-12);
+      assert_float_equal(closed.rx[s], counted.rx[s], 1e-12);
+      assert_float_equal(closed.msgs[s], counted.msgs[s], 0);
+    }
+  }
+}
+
 /* The choice against the simulation (data/coll_choice_sim.tsv, tools/collnet/sim-choice-
- * table.sh): at every size and rate simulated for both schedules, the pick is the one the
- * simulation found faster, unless the two are within 5% of each other. Among them, 32 and
- * 64 ranks: the mesh at 25 Gbit/s, the grid at 100 and 400. */
+ * table.sh): at every size and rate simulated on every candidate, the simulated time of the
+ * pick is within 5% of the fastest candidate's. At 64 ranks that is the mesh at 10 Gbit/s, 32x2
+ * at 25, 16x4 at 100, 8x8 at 400; at 32, the mesh or a grid of long rows up to 25 Gbit/s. */
 static void test_choice_matches_the_simulation(void** state) {
   (void)state;
   FILE* f = fopen(AGOQ_CHOICE_TABLE, "r");
   assert_non_null(f);
-  enum { MAXR = 256 };
+  enum { MAXR = 512 };
   int rn[MAXR], ra[MAXR], rb[MAXR];
   double rg[MAXR], rt[MAXR];
   int rows = 0;
@@ -210,38 +245,46 @@ static void test_choice_matches_the_simulation(void** state) {
     rows++;
   }
   fclose(f);
-  int pairs = 0, close = 0, mesh_wins = 0, grid_wins = 0;
+  int cases = 0, not_best = 0, ns = 0, last_n = -1;
   for (int i = 0; i < rows; i++) {
-    if (rb[i] != 1) continue;
-    for (int j = 0; j < rows; j++) {
-      if (rn[j] != rn[i] || rg[j] != rg[i] || rb[j] == 1) continue;
-      agoq_coll_plans p;
-      char why[128];
-      assert_int_equal(agoq_coll_plans_make(rn[i], 0, 0, 0, &p, why, sizeof why), 0);
-      assert_int_equal(p.count, 2);
-      assert_int_equal(p.plan[1].grid.a, ra[j]); /* the simulated grid is the automatic one */
-      assert_int_equal(p.plan[1].grid.b, rb[j]);
-      agoq_coll_pick_in in = pick_at(rg[i]);
-      double secs[2];
-      int pick = agoq_coll_plans_pick(&p, &in, secs);
-      int faster = rt[i] < rt[j] ? 0 : 1;
-      bool near = fabs(rt[i] / rt[j] - 1.0) <= 0.05;
-      if (pick != faster && !near)
-        fail_msg("%d ranks at %.0f Gbit/s: the model picks the %s (%.1f against %.1f us), the simulation runs the mesh "
-                 "in %.1f us and the %dx%d grid in %.1f", rn[i], rg[i], pick == 0 ? "mesh" : "grid", secs[0] * 1e6,
-                 secs[1] * 1e6, rt[i], ra[j], rb[j], rt[j]);
-      if ((rn[i] == 32 || rn[i] == 64) && rg[i] == 25) assert_int_equal(pick, 0);
-      if ((rn[i] == 32 || rn[i] == 64) && rg[i] >= 100) assert_int_equal(pick, 1);
-      pairs++;
-      close += near;
-      mesh_wins += pick == 0;
-      grid_wins += pick == 1;
+    if (rn[i] == last_n) continue;
+    last_n = rn[i];
+    ns++;
+    agoq_coll_plans p;
+    char why[128];
+    assert_int_equal(agoq_coll_plans_make(rn[i], 0, 0, 0, &p, why, sizeof why), 0);
+    const double rates[] = {10, 25, 100, 400};
+    for (int r = 0; r < 4; r++) {
+      /* Every candidate's simulated time at this rate. */
+      double t[AGOQ_COLL_PLANS_MAX], best = 0;
+      for (int c = 0; c < p.count; c++) {
+        t[c] = -1;
+        for (int j = 0; j < rows; j++)
+          if (rn[j] == rn[i] && rg[j] == rates[r] && ra[j] == p.plan[c].grid.a && rb[j] == p.plan[c].grid.b)
+            t[c] = rt[j];
+        if (t[c] < 0)
+          fail_msg("%d ranks, %dx%d at %.0f Gbit/s: not in the table", rn[i], p.plan[c].grid.a, p.plan[c].grid.b,
+                   rates[r]);
+        if (c == 0 || t[c] < best) best = t[c];
+      }
+      agoq_coll_pick_in in = pick_at(rates[r]);
+      double secs[AGOQ_COLL_PLANS_MAX];
+      int k = agoq_coll_plans_pick(&p, &in, secs);
+      if (t[k] > best * 1.05)
+        fail_msg("%d ranks at %.0f Gbit/s: the model picks %dx%d (%.1f us), simulated %.1f us; the fastest simulated "
+                 "%.1f us", rn[i], rates[r], p.plan[k].grid.a, p.plan[k].grid.b, secs[k] * 1e6, t[k], best);
+      not_best += t[k] > best;
+      cases++;
+      if (rn[i] == 64) {
+        const int want_a[] = {64, 32, 16, 8};
+        assert_int_equal(p.plan[k].grid.a, want_a[r]);
+      }
+      if (rn[i] == 32 && rates[r] <= 25) assert_true(p.plan[k].grid.b <= 2);
     }
   }
-  assert_true(pairs >= 16);
-  assert_true(mesh_wins > 0 && grid_wins > 0);
-  printf("%d sizes and rates simulated on both schedules: the choice is the faster one in every case more than 5%% "
-         "apart (%d closer); mesh %d, grid %d\n", pairs, close, mesh_wins, grid_wins);
+  assert_true(ns >= 6 && cases >= 24);
+  printf("%d sizes x 4 rates simulated on every candidate: the pick within 5%% of the fastest in every case, the "
+         "fastest itself in %d\n", ns, cases - not_best);
 }
 
 int main(void) {
@@ -250,6 +293,7 @@ int main(void) {
       cmocka_unit_test(test_limits),
       cmocka_unit_test(test_within_15_percent_of_the_simulation),
       cmocka_unit_test(test_candidates),
+      cmocka_unit_test(test_exact_profile_is_the_count),
       cmocka_unit_test(test_choice_matches_the_simulation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

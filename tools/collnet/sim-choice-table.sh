@@ -2,17 +2,28 @@
 # Measures the table tests/unit/test_coll_cost.c holds the automatic schedule's choice
 # against (agoq_coll_plans_pick): agoq-collnet-sim's virtual time of the choice's reference
 # traffic (bf16 int8, 16 MiB per rank in calls of 2 MiB, 8 in flight, each schedule with its
-# automatic chunk) on the mesh and on the automatic grid, for the group sizes where both are
-# candidates, at 10, 25, 100 and 400 Gbit/s. Virtual time does not depend on the machine;
-# the whole table takes about 6 minutes on one core.
+# automatic chunk) on every candidate: the mesh (up to 64 ranks), the grid n alone gives, and
+# every exact grid a x b = n with a >= b >= 2 and at most 63 peers (a + b - 2), at 10, 25, 100
+# and 400 Gbit/s. Virtual time does not depend on the machine; the whole table takes about
+# 10 minutes on one core and 12 GB of memory (128 ranks).
 #   tools/collnet/sim-choice-table.sh build/bin/agoq-collnet-sim > tests/unit/data/coll_choice_sim.tsv
 set -eu
 sim=${1:?usage: sim-choice-table.sh path/to/agoq-collnet-sim}
 echo "# measured by tools/collnet/sim-choice-table.sh with $(basename "$sim"); bf16 int8, 16 MiB in calls of 2 MiB, 8 in flight, automatic chunks"
 echo "# n a b gbps vtime_us"
-for n in 17 24 32 40 48 64; do
-  for grid in "${n}x1" auto; do
-    out=$("$sim" -N "$n" --grid "$grid" -b 16777216 --call 2097152 --inflight 8 --gbps 10,25,100,400 --check) ||
+for n in 17 24 32 48 64 128; do
+  grids=auto
+  [ "$n" -le 64 ] && grids="${n}x1 $grids"
+  b=2
+  while [ $((b * b)) -le "$n" ]; do
+    a=$((n / b))
+    [ $((a * b)) -eq "$n" ] && [ $((a + b - 2)) -le 63 ] && grids="$grids ${a}x${b}"
+    b=$((b + 1))
+  done
+  inplace=""
+  [ "$n" -ge 128 ] && inplace=--inplace # 16 MiB per rank once, not twice
+  for grid in $grids; do
+    out=$("$sim" -N "$n" --grid "$grid" -b 16777216 --call 2097152 --inflight 8 --gbps 10,25,100,400 $inplace --check) ||
       { echo "sim-choice-table: agoq-collnet-sim failed at $n ranks ($grid)" >&2; exit 1; }
     printf '%s\n' "$out" |
       awk -v n="$n" '

@@ -350,12 +350,14 @@ int main(int argc, char** argv) {
     }
     agoq_coll_pick_in pin = {.format = g0->cfg.format, .block = g0->cfg.block,
                              .frame_partials = g0->cfg.quant_partials, .link_Bps = o.link_gbps * 1e9 / 8};
-    double secs[2];
+    double secs[AGOQ_COLL_PLANS_MAX];
     const agoq_coll_grid* pg = &plans.plan[agoq_coll_plans_pick(&plans, &pin, secs)].grid;
-    if (plans.count == 2 && o.link_gbps > 0)
-      printf("# schedule chosen at %d Gbit/s (the NICs' rate): the model gives 8 calls of 2 MiB %.1f us on the mesh, "
-             "%.1f us on the %dx%d grid\n", o.link_gbps, secs[0] * 1e6, secs[1] * 1e6, plans.plan[1].grid.a,
-             plans.plan[1].grid.b);
+    if (plans.count > 1 && o.link_gbps > 0) {
+      printf("# schedule chosen at %d Gbit/s (the NICs' rate); the model's time for 8 calls of 2 MiB:", o.link_gbps);
+      for (int i = 0; i < plans.count; i++)
+        printf(" %dx%d %.1f us%s", plans.plan[i].grid.a, plans.plan[i].grid.b, secs[i] * 1e6,
+               i + 1 < plans.count ? "," : "\n");
+    }
     if (pg->a != g0->grid.a || pg->b != g0->grid.b) {
       printf("# MISMATCH: the groups run %dx%d, the choice gives %dx%d\n", g0->grid.a, g0->grid.b, pg->a, pg->b);
       bad++;
