@@ -12,8 +12,8 @@ sim=${1:?usage: sim-choice-table.sh path/to/agoq-collnet-sim}
 echo "# measured by tools/collnet/sim-choice-table.sh with $(basename "$sim"); bf16 int8, 16 MiB in calls of 2 MiB, 8 in flight, automatic chunks"
 echo "# n a b gbps vtime_us"
 for n in 17 24 32 48 64 128; do
-  grids=auto
-  [ "$n" -le 64 ] && grids="${n}x1 $grids"
+  grids=auto # first: its shape is then not run again
+  [ "$n" -le 64 ] && grids="$grids ${n}x1"
   b=2
   while [ $((b * b)) -le "$n" ]; do
     a=$((n / b))
@@ -22,12 +22,16 @@ for n in 17 24 32 48 64 128; do
   done
   inplace=""
   [ "$n" -ge 128 ] && inplace=--inplace # 16 MiB per rank once, not twice
+  done_shapes=""
   for grid in $grids; do
+    case " $done_shapes " in *" $grid "*) continue ;; esac # auto ran it already
     out=$("$sim" -N "$n" --grid "$grid" -b 16777216 --call 2097152 --inflight 8 --gbps 10,25,100,400 $inplace --check) ||
       { echo "sim-choice-table: agoq-collnet-sim failed at $n ranks ($grid)" >&2; exit 1; }
-    printf '%s\n' "$out" |
+    rows=$(printf '%s\n' "$out" |
       awk -v n="$n" '
         /^# [0-9]+ ranks,/ { s = $0; sub(/.*\(/, "", s); split(s, w, " "); a = w[1]; b = w[3]; sub(/,/, "", b) }
-        /^ *[0-9]/ { print n, a, b, $1, $2 }'
+        /^ *[0-9]/ { print n, a, b, $1, $2 }')
+    printf '%s\n' "$rows"
+    done_shapes="$done_shapes $(printf '%s\n' "$rows" | awk 'NR == 1 { print $2 "x" $3 }')"
   done
 done
