@@ -129,7 +129,7 @@ static int agoq_cost_plan(agoq_coll_plan* pl, const agoq_coll_grid* g, double ch
   pl->chunk_bytes = chunk_bytes > 0 ? chunk_bytes : (double)agoq_coll_chunk_auto(g);
   if (agoq_coll_profile_make(g, &pl->prof) != 0) {
     snprintf(why, why_len, "out of memory costing a schedule of %d ranks", g->n);
-    return -1;
+    return AGOQ_COLL_PLANS_NO_MEMORY;
   }
   return 0;
 }
@@ -140,7 +140,7 @@ static int agoq_cost_peers(const agoq_coll_grid* g) { return g->a + g->b - 2; }
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len) {
   memset(p, 0, sizeof *p);
   agoq_coll_grid g;
-  if (agoq_coll_grid_make(n, a, b, &g, why, why_len) != 0) return -1;
+  if (agoq_coll_grid_make(n, a, b, &g, why, why_len) != 0) return AGOQ_COLL_PLANS_BAD_GRID;
   /* A named grid, or the mesh's own range: one candidate. */
   if (a != 0 || b != 0 || n <= AGOQ_COLL_GRID_DIRECT_MAX) {
     p->count = 1;
@@ -148,20 +148,19 @@ int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plan
   }
   agoq_coll_grid c[AGOQ_COLL_PLANS_MAX];
   int k = 0;
-  if (n <= AGOQ_COLL_MESH_AUTO_MAX) c[k++] = (agoq_coll_grid){.n = n, .a = n, .b = 1, .last = n};
+  if (n <= AGOQ_COLL_MESH_AUTO_MAX && agoq_coll_grid_make(n, n, 1, &c[k], why, why_len) == 0) k++;
   p->rule = k;
   c[k++] = g;
   /* Exact grids, squarest first; rows no shorter than columns are tall. */
   for (int rows = 2; (long long)rows * rows <= n && k < AGOQ_COLL_PLANS_MAX; rows++) {
     int cols = n / rows;
-    agoq_coll_grid e = {.n = n, .a = cols, .b = rows, .last = cols};
-    if (cols * rows != n || cols > AGOQ_COLL_GRID_COLS_MAX || agoq_cost_peers(&e) > AGOQ_COLL_MESH_AUTO_MAX - 1 ||
-        (cols == g.a && rows == g.b))
+    if (cols * rows != n || cols + rows - 2 > AGOQ_COLL_MESH_AUTO_MAX - 1 || (cols == g.a && rows == g.b) ||
+        agoq_coll_grid_make(n, cols, rows, &c[k], why, why_len) != 0)
       continue;
-    c[k++] = e;
+    k++;
   }
   for (int i = 0; i < k; i++)
-    if (agoq_cost_plan(&p->plan[i], &c[i], chunk_bytes, why, why_len) != 0) return -1;
+    if (agoq_cost_plan(&p->plan[i], &c[i], chunk_bytes, why, why_len) != 0) return AGOQ_COLL_PLANS_NO_MEMORY;
   p->count = k;
   return 0;
 }

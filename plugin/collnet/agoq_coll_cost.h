@@ -115,9 +115,11 @@ typedef struct {
   agoq_coll_plan plan[AGOQ_COLL_PLANS_MAX];
 } agoq_coll_plans;
 
-/* The candidates for n ranks under AGOQ_COLLNET_GRID=a x b (0 x 0: automatic; a grid that
- * does not hold n is agoq_coll_grid_make's error) and AGOQ_COLLNET_CHUNK (0: automatic, per
- * candidate). 0, or -1 with why filled (memory for a profile counts too). */
+/* The candidates for n ranks under AGOQ_COLLNET_GRID=a x b (0 x 0: automatic) and
+ * AGOQ_COLLNET_CHUNK (0: automatic, per candidate). 0, or with why filled
+ * AGOQ_COLL_PLANS_BAD_GRID (a grid that does not hold n: agoq_coll_grid_make's error) or
+ * AGOQ_COLL_PLANS_NO_MEMORY (for a profile). */
+enum { AGOQ_COLL_PLANS_BAD_GRID = -1, AGOQ_COLL_PLANS_NO_MEMORY = -2 };
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len);
 
 /* The reference traffic the candidates are costed on: bf16 (the training case) in

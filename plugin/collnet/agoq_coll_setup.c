@@ -385,15 +385,15 @@ static ncclResult_t agoq_coll_schedule_choose(const agoq_coll_config* cfg, int n
                                               agoq_coll_plan* out, char* chosen, size_t len) {
   char why[192], text[32];
   agoq_coll_grid_text(cfg->grid_a, cfg->grid_b, text, sizeof text);
-  agoq_coll_grid g;
-  if (agoq_coll_grid_make(nranks, cfg->grid_a, cfg->grid_b, &g, why, sizeof why) != 0) {
-    AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%s for a group of %d ranks: %s", text, nranks, why);
-    return ncclInvalidUsage;
-  }
   agoq_coll_plans plans;
-  if (agoq_coll_plans_make(nranks, cfg->grid_a, cfg->grid_b, (double)cfg->chunk_bytes, &plans, why, sizeof why) != 0) {
-    AGOQ_WARN("CollNet connect: %s", why);
-    return ncclSystemError;
+  switch (agoq_coll_plans_make(nranks, cfg->grid_a, cfg->grid_b, (double)cfg->chunk_bytes, &plans, why, sizeof why)) {
+    case 0: break;
+    case AGOQ_COLL_PLANS_BAD_GRID:
+      AGOQ_WARN("CollNet connect: AGOQ_COLLNET_GRID=%s for a group of %d ranks: %s", text, nranks, why);
+      return ncclInvalidUsage;
+    default:
+      AGOQ_WARN("CollNet connect: %s", why);
+      return ncclSystemError;
   }
   agoq_coll_pick_in in = {.format = cfg->format, .block = cfg->block, .frame_partials = cfg->quant_partials,
                           .link_Bps = link_mbps * 1e6 / 8};
@@ -429,8 +429,6 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
     return ncclInternalError;
   }
   int first_mismatch = -1, mismatches = 0;
-  uint32_t slowest = UINT32_MAX;
-  bool unknown = false;
   for (int i = 0; i < nranks; i++) {
     const uint8_t* h = handles[i];
     if (h == NULL) {
@@ -439,17 +437,7 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
     }
     agoq_coll_settings theirs;
     agoq_coll_settings_status st = agoq_coll_settings_check(h + AGOQ_COLL_HANDLE_OFFSET, mine);
-    if (st == AGOQ_COLL_SETTINGS_OK) {
-      uint32_t mbps;
-      if (!agoq_coll_rank_decode(h + AGOQ_COLL_RANK_OFFSET, &mbps)) {
-        AGOQ_WARN("CollNet connect: the rank block of rank %d's handle is corrupt (a link rate above %u Mbit/s, or "
-                  "nonzero padding)", i, AGOQ_COLL_LINK_MBPS_MAX);
-        return ncclInvalidUsage;
-      }
-      if (mbps == 0) unknown = true;
-      else if (mbps < slowest) slowest = mbps;
-      continue;
-    }
+    if (st == AGOQ_COLL_SETTINGS_OK) continue;
     (void)agoq_coll_settings_decode(h + AGOQ_COLL_HANDLE_OFFSET, &theirs);
     switch (st) {
       case AGOQ_COLL_SETTINGS_FOREIGN:
@@ -493,7 +481,12 @@ static ncclResult_t agoq_coll_check_handles(void* handles[], int nranks, int ran
     AGOQ_WARN("CollNet connect: handles[%d] is not the handle this rank's listen produced", rank);
     return ncclInvalidUsage;
   }
-  *link_mbps = unknown ? 0 : slowest;
+  int bad = agoq_coll_rank_slowest(handles, nranks, link_mbps);
+  if (bad >= 0) {
+    AGOQ_WARN("CollNet connect: the rank block of rank %d's handle is corrupt (a link rate above %u Mbit/s, or "
+              "nonzero padding)", bad, AGOQ_COLL_LINK_MBPS_MAX);
+    return ncclInvalidUsage;
+  }
   return ncclSuccess;
 }
 

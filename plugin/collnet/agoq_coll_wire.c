@@ -168,6 +168,17 @@ bool agoq_coll_rank_decode(const uint8_t* in, uint32_t* link_mbps) {
   return true;
 }
 
+int agoq_coll_rank_slowest(void* const* handles, int nranks, uint32_t* link_mbps) {
+  uint32_t slowest = UINT32_MAX;
+  for (int i = 0; i < nranks; i++) {
+    uint32_t mbps;
+    if (!agoq_coll_rank_decode((const uint8_t*)handles[i] + AGOQ_COLL_RANK_OFFSET, &mbps)) return i;
+    if (mbps < slowest) slowest = mbps; /* an unknown rate (0) wins */
+  }
+  *link_mbps = slowest;
+  return -1;
+}
+
 /* Message layout: magic 0, kind 4, phase 5, zero 6..7, rank 8, nranks 12. */
 void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks) {
   memset(out, 0, AGOQ_COLL_MSG_SIZE);

@@ -80,13 +80,17 @@ int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank
                                 int my_rank, char* buf, size_t len);
 
 /* The rank block: this rank's link rate in Mbit/s (0: not known, the transport only guessed
- * it), which the automatic schedule weighs (agoq_coll_choose). Rank blocks differ between
+ * it), which the automatic schedule weighs (agoq_coll_plans_pick). Rank blocks differ between
  * ranks, so they are read, never compared. */
 void agoq_coll_rank_encode(uint32_t link_mbps, uint8_t out[AGOQ_COLL_RANK_SIZE]);
 /* in: AGOQ_COLL_RANK_SIZE bytes of a handle whose settings block decoded OK. True for a block
  * this version's encode could have written (a rate up to AGOQ_COLL_LINK_MBPS_MAX, zero
  * padding), with *link_mbps set. */
 bool agoq_coll_rank_decode(const uint8_t* in, uint32_t* link_mbps);
+/* The group's link rate from every rank's handle (NCCL_NET_HANDLE_MAXSIZE bytes each): the
+ * slowest rank's, so 0 when any rank's is not known. -1, or the first rank whose block does
+ * not decode (*link_mbps then unset). */
+int agoq_coll_rank_slowest(void* const* handles, int nranks, uint32_t* link_mbps);
 
 void agoq_coll_msg_encode(uint8_t out[AGOQ_COLL_MSG_SIZE], int kind, int phase, int rank, int nranks);
 /* True when `in` (size bytes as received) is a well-formed message of `kind`. */

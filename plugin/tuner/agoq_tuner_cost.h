@@ -44,8 +44,8 @@ double agoq_tuner_codec_us(double nbytes, double codec_mbps);
  * per node) under this process's settings: AGOQ_COLLNET_GRID (a grid that does not hold the
  * group is costed as the automatic one; the group's creation refuses it anyway),
  * AGOQ_COLLNET_CHUNK, AGOQ_COLLNET_PARTIALS, AGOQ_FORMAT and AGOQ_BLOCK. Where the group
- * chooses between the mesh and a grid by its slowest link (agoq_coll_plans_pick), both are
- * kept, and each estimate costs the one the group would run at the rate it implies. The
+ * chooses its shape by its slowest link (agoq_coll_plans_pick), every candidate is kept, and
+ * each estimate costs the one the group would run at the rate it implies. The
  * parameters must be loaded. The same on every rank: settings and the node count only. */
 typedef struct {
   bool ok; /* false: fewer than 2 nodes, or no memory for the schedule's enumeration */

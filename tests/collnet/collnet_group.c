@@ -84,14 +84,11 @@ static int cn_schedule_of(cn_worker* w, void* const* handles) {
     CN_FAIL(w, "rank 0's handle carries no settings block this harness can read");
     return -1;
   }
-  uint32_t slowest = UINT32_MAX;
-  for (int k = 0; k < w->nranks; k++) {
-    uint32_t mbps;
-    if (!agoq_coll_rank_decode((const uint8_t*)handles[k] + AGOQ_COLL_RANK_OFFSET, &mbps)) {
-      CN_FAIL(w, "rank %d's handle carries a rank block this harness cannot read", k);
-      return -1;
-    }
-    slowest = mbps < slowest ? mbps : slowest;
+  uint32_t slowest = 0;
+  int bad = agoq_coll_rank_slowest(handles, w->nranks, &slowest);
+  if (bad >= 0) {
+    CN_FAIL(w, "rank %d's handle carries a rank block this harness cannot read", bad);
+    return -1;
   }
   agoq_coll_plans plans;
   char why[192];
