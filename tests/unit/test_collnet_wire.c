@@ -254,9 +254,33 @@ static void test_rank_block(void** state) {
   }
 }
 
+/* The group's rate: the slowest rank's, unknown (0) as soon as one rank's is, and the first
+ * rank whose block is corrupt named. Mixed NICs are the real case: a 25G rank among 400G ones
+ * sets the group's rate. */
+static void test_rank_slowest(void** state) {
+  (void)state;
+  uint8_t h[3][128];
+  void* hp[3] = {h[0], h[1], h[2]};
+  memset(h, 0, sizeof h);
+  agoq_coll_rank_encode(400000, h[0] + AGOQ_COLL_RANK_OFFSET);
+  agoq_coll_rank_encode(25000, h[1] + AGOQ_COLL_RANK_OFFSET);
+  agoq_coll_rank_encode(100000, h[2] + AGOQ_COLL_RANK_OFFSET);
+  uint32_t mbps = 7;
+  assert_int_equal(agoq_coll_rank_slowest(hp, 3, &mbps), -1);
+  assert_int_equal(mbps, 25000);
+  agoq_coll_rank_encode(0, h[2] + AGOQ_COLL_RANK_OFFSET);
+  assert_int_equal(agoq_coll_rank_slowest(hp, 3, &mbps), -1);
+  assert_int_equal(mbps, 0);
+  h[1][AGOQ_COLL_RANK_OFFSET + 31] = 1;
+  mbps = 7;
+  assert_int_equal(agoq_coll_rank_slowest(hp, 3, &mbps), 1);
+  assert_int_equal(mbps, 7);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank_block),
+      cmocka_unit_test(test_rank_slowest),
       cmocka_unit_test(test_settings_roundtrip),
       cmocka_unit_test(test_settings_refused_by_kind),
       cmocka_unit_test(test_settings_grid),
