@@ -71,9 +71,17 @@ double agoq_coll_cost_partial_ratio(int dtype, int op, bool quantized, bool fram
   return (double)agoq_coll_partial_size(dtype, op) / (double)agoq_coll_type_size(dtype);
 }
 
+double agoq_coll_cost_io_share(int peers, int k) {
+  if (k < 1 || peers < 1) return 1.0;
+  int busiest = (peers + k - 1) / k;
+  return (double)busiest / (double)peers;
+}
+
 void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in, agoq_coll_cost* out) {
   memset(out, 0, sizeof *out);
   double B = in->link_Bps, o = in->o_s;
+  /* The messages' CPU time on the busiest thread that does them. */
+  double share = agoq_coll_cost_io_share(in->peers, in->io_threads);
   out->codec_s = in->codec_Bps > 0 ? 2.0 * in->chunk_bytes / in->codec_Bps : 0.0;
   unsigned steps = in->steps != 0 ? in->steps : (1u << AGOQ_COLL_STEPS) - 1;
   out->levels = 0;
@@ -87,7 +95,7 @@ void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in
     /* A step at its slowest rank: the latency, then its first send's CPU time, its bytes
      * through the busier NIC side and its last receive's CPU time; or all its messages'
      * CPU time, where that is longer. The next step waits for it (its sums need them). */
-    out->first_s += in->alpha_s + agoq_cost_max(2.0 * o + agoq_cost_max(tx, rx) / B, o * p->msgs[s]);
+    out->first_s += in->alpha_s + agoq_cost_max(2.0 * o + agoq_cost_max(tx, rx) / B, o * p->msgs[s] * share);
     out->tx_bytes += tx;
     out->rx_bytes += rx;
     out->msgs += p->msgs[s];
@@ -95,7 +103,9 @@ void agoq_coll_cost_eval(const agoq_coll_profile* p, const agoq_coll_cost_in* in
   out->first_s += out->codec_s;
   /* In the steady state each resource serves every step of some chunk at once: the NIC's
    * two sides, and the CPU (its messages, and the codec where it runs there). */
-  double cpu = o * out->msgs + (in->codec_on_cpu ? out->codec_s : 0.0);
+  double msgs_s = o * out->msgs * share, codec_cpu = in->codec_on_cpu ? out->codec_s : 0.0;
+  /* On the engine alone the two share its CPU; I/O threads take the messages off it. */
+  double cpu = in->io_threads > 0 ? agoq_cost_max(msgs_s, codec_cpu) : msgs_s + codec_cpu;
   out->chunk_s = agoq_cost_max(agoq_cost_max(agoq_cost_max(out->tx_bytes, out->rx_bytes) / B, cpu), out->codec_s);
 }
 
@@ -135,8 +145,6 @@ static int agoq_cost_plan(agoq_coll_plan* pl, const agoq_coll_grid* g, double ch
 }
 
 /* The most peers of any rank of grid g (an exact grid: its row and its column). */
-static int agoq_cost_peers(const agoq_coll_grid* g) { return g->a + g->b - 2; }
-
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len) {
   memset(p, 0, sizeof *p);
   agoq_coll_grid g;
@@ -181,6 +189,8 @@ double agoq_coll_plan_seconds(const agoq_coll_plan* pl, const agoq_coll_pick_in*
       .link_Bps = in->link_Bps,
       .alpha_s = AGOQ_COLL_COST_ALPHA_S,
       .o_s = AGOQ_COLL_COST_O_S,
+      .io_threads = in->io_threads,
+      .peers = agoq_coll_cost_peers(&pl->grid),
   };
   agoq_coll_cost c;
   agoq_coll_cost_eval(&pl->prof, &ci, &c);
@@ -197,7 +207,7 @@ int agoq_coll_plans_pick(const agoq_coll_plans* p, const agoq_coll_pick_in* in, 
     if (secs != NULL) secs[i] = t;
     /* Fewer peers on a tie: fewer connections for the same time. */
     if (best < 0 || t < best_s ||
-        (t == best_s && agoq_cost_peers(&p->plan[i].grid) < agoq_cost_peers(&p->plan[best].grid))) {
+        (t == best_s && agoq_coll_cost_peers(&p->plan[i].grid) < agoq_coll_cost_peers(&p->plan[best].grid))) {
       best = i;
       best_s = t;
     }

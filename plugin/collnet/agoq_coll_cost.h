@@ -46,7 +46,11 @@ typedef struct {
   double alpha_s, o_s;  /* per message: latency, and CPU time to send or to receive it */
   /* Input bytes per second of one quantization plus one dequantization; 0: no codec (exact). */
   double codec_Bps;
-  bool codec_on_cpu; /* the codec shares the engine's CPU with the messages (false: a GPU) */
+  bool codec_on_cpu; /* the codec runs on the engine's CPU (false: a GPU) */
+  /* AGOQ_COLLNET_IO_THREADS: threads that do the messages, peers split among them (0: the
+   * engine does them, sharing its CPU with the codec), and the peers they split. */
+  int io_threads;
+  int peers;
   /* The steps the call runs, bit (1 << agoq_coll_step) each; 0: all four (an all-reduce). A
    * reduce-scatter runs the two reduce-scatters, an all-gather the two all-gathers. */
   unsigned steps;
@@ -64,6 +68,13 @@ typedef struct {
   double first_s; /* one chunk alone: each step's latency, bytes and messages in turn */
   double chunk_s; /* a chunk in the pipeline's steady state: its busiest resource */
 } agoq_coll_cost;
+
+/* The share of a rank's messages the busiest of k I/O threads handles, peers split by peer
+ * (every peer carries as many messages per chunk on the mesh and on exact grids):
+ * ceil(peers / k) / peers; 1 with k = 0 (the engine alone) or no peers. */
+double agoq_coll_cost_io_share(int peers, int k);
+/* The peers of a rank on grid g (a full row and column; the mesh's n - 1): the cost's peers. */
+static inline int agoq_coll_cost_peers(const agoq_coll_grid* g) { return g->a + g->b - 2; }
 
 /* partial_ratio for a call of NCCL type `dtype` reduced with `op`: the partial sums the
  * engine sends (agoq_coll_partial_size: fp32 for the narrow floats' Sum and Prod, the type
@@ -130,6 +141,7 @@ typedef struct {
   uint32_t block;
   bool frame_partials; /* AGOQ_COLLNET_PARTIALS=quantized */
   double link_Bps;     /* the slowest rank's NIC, each way; 0: not known */
+  int io_threads;      /* AGOQ_COLLNET_IO_THREADS */
 } agoq_coll_pick_in;
 
 #define AGOQ_COLL_PICK_CALL_BYTES (2.0 * 1048576.0)

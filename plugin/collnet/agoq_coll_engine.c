@@ -30,6 +30,7 @@
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_cost.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_io.h"
 #include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 #include "core/agoq_eventfd.h"
@@ -262,10 +263,25 @@ static ncclResult_t agoq_op_complete(agoq_coll_comm* g, agoq_coll_slot* s, int k
   return s->step->received(g, s, j, size);
 }
 
+/* With I/O threads: runs the passes of those not running on their own, then takes back
+ * every completion they have, each connection's in posting order. */
+static ncclResult_t agoq_engine_poll_io(agoq_coll_comm* g, bool* progressed) {
+  if (agoq_coll_io_run_parked(g->io)) *progressed = true;
+  agoq_coll_io_done d;
+  while (agoq_coll_io_take(g->io, &d)) {
+    agoq_coll_slot* s = &g->slots[d.slot];
+    if (d.spill != NULL) agoq_coll_spill_take(g, s, d.kind, d.peer, d.spill, (size_t)d.size);
+    *progressed = true;
+    AGOQ_CHECK(agoq_op_complete(g, s, d.kind, d.peer, d.size));
+  }
+  return ncclSuccess;
+}
+
 /* Tests the oldest pending operation of each connection and kind (a phase's sends or
  * receives), and the next ones while they are done: a kind's operations on one connection
  * complete in posting order (its messages are sent in chunk order). */
 static ncclResult_t agoq_engine_poll(agoq_coll_comm* g, bool* progressed) {
+  if (g->io != NULL) return agoq_engine_poll_io(g, progressed);
   for (int pi = 0; pi < g->npeers; pi++) {
     int j = g->peers[pi];
     for (int kind = 0; kind < AGOQ_CQ_COUNT; kind++) {
@@ -357,6 +373,7 @@ static ncclResult_t agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
 /* Ends every request the engine holds with `res`. The connections are closed first, so no
  * progress thread writes into a buffer NCCL may reuse once it sees the failure. */
 static void agoq_engine_abort(agoq_coll_comm* g, ncclResult_t res) {
+  agoq_coll_io_quiesce(g->io); /* no I/O thread calls the net core on them any more */
   agoq_coll_close_conns(g);
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
     g->slots[i].stage = AGOQ_SLOT_FREE;
@@ -390,6 +407,8 @@ void agoq_coll_engine_wake(agoq_coll_comm* g) {
   agoq_eventfd_post(g->wake_fd);
 }
 
+static void agoq_engine_wake_cb(void* g) { agoq_coll_engine_wake(g); }
+
 /* Sleeps until a connection the engine waits on can move bytes, a request arrives, stop,
  * or the timeout. */
 static void agoq_engine_sleep(agoq_coll_comm* g) {
@@ -398,7 +417,10 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   /* The pending operations are the step's state: read them as a pass would. */
   pthread_mutex_lock(&g->step_mu);
   g->pfds[np++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
-  for (int pi = 0; pi < g->npeers; pi++) {
+  /* I/O threads wake the engine when they hand completions back; one not running on its
+   * own (not started) leaves its passes to the engine: poll again soon. */
+  if (g->io != NULL && !agoq_coll_io_all_running(g->io)) hidden = true;
+  for (int pi = 0; g->io == NULL && pi < g->npeers; pi++) {
     int j = g->peers[pi];
     /* Each way's one connection carries both phases. */
     if (agoq_coll_cq(g, j, AGOQ_CQ_P1S)->count > 0 || agoq_coll_cq(g, j, AGOQ_CQ_P2S)->count > 0)
@@ -420,6 +442,8 @@ static void agoq_engine_sleep(agoq_coll_comm* g) {
   pthread_mutex_lock(&g->mu);
   bool wake = g->q_head != NULL || g->stop || g->held || assisted;
   pthread_mutex_unlock(&g->mu);
+  /* Completions handed back before `sleeping` was set are seen here; later ones wake it. */
+  if (!wake && g->io != NULL) wake = agoq_coll_io_pending(g->io);
   if (!wake) {
     struct timespec ts = {0, hidden ? AGOQ_ENGINE_NAP_NS : AGOQ_ENGINE_SLEEP_NS};
     if (ppoll(g->pfds, (nfds_t)np, &ts, NULL) > 0 && (g->pfds[0].revents & POLLIN)) agoq_eventfd_drain(g->wake_fd);
@@ -450,6 +474,9 @@ static ncclResult_t agoq_engine_step(agoq_coll_comm* g, bool* progressed) {
   if (res == ncclSuccess) res = agoq_engine_poll(g, progressed);
   if (res == ncclSuccess) res = agoq_engine_reduce(g, progressed);
   if (res == ncclSuccess) res = agoq_engine_retire(g, progressed);
+  /* What this pass handed to I/O threads that do not run on their own goes out now, not a
+   * pass later (the simulation steps a rank only when something concerns it). */
+  if (res == ncclSuccess && g->io != NULL && agoq_coll_io_run_parked(g->io)) *progressed = true;
   if (res == ncclSuccess) agoq_engine_account(g, *progressed);
   return res;
 }
@@ -492,6 +519,8 @@ static void* agoq_coll_engine_main(void* arg) {
       pthread_mutex_unlock(&g->step_mu);
       continue;
     }
+    if (g->io != NULL && !stop) /* on the group's first request: a group never used costs no threads */
+      (void)agoq_coll_io_spawn(g->io, g->io_pinned ? &g->io_cpus : NULL);
     if (stop) {
       agoq_engine_take(g, agoq_engine_dequeue(g));
       if (g->act_head != NULL)
@@ -622,14 +651,26 @@ ncclResult_t agoq_coll_engine_start(agoq_coll_comm* g) {
   /* AGOQ_PLACEMENT=auto: the engine runs on its NIC's NUMA node, and so do the staging
    * buffers it allocates and first touches (frames, fp32 accumulators, gathered results). */
   cpu_set_t cpus;
+  bool pinned = agoq_net_placement_cpus(g->dev, &cpus);
+  g->codec_threads = agoq_engine_codec_threads(g, pinned ? &cpus : NULL);
+  if (g->cfg.io_threads > 0) {
+    int k = g->cfg.io_threads < g->npeers ? g->cfg.io_threads : g->npeers;
+    if (k < 1) k = 1;
+    AGOQ_CHECK_GOTO(agoq_coll_io_create(k, g->rank, g->peers, g->npeers, AGOQ_COLL_SLOTS, &g->error,
+                                        agoq_engine_wake_cb, g, &g->io),
+                    res, fail);
+    g->io_pinned = pinned;
+    if (pinned) g->io_cpus = cpus;
+    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: %d I/O thread%s for the messages of %d peers "
+              "(AGOQ_COLLNET_IO_THREADS=%d), started with the group's first call", g->rank, k, k == 1 ? "" : "s",
+              g->npeers, g->cfg.io_threads);
+  }
   pthread_attr_t attr;
   pthread_attr_t* use = NULL;
-  bool pinned = agoq_net_placement_cpus(g->dev, &cpus);
   if (pinned && pthread_attr_init(&attr) == 0) {
     if (pthread_attr_setaffinity_np(&attr, sizeof cpus, &cpus) == 0) use = &attr;
     else pthread_attr_destroy(&attr);
   }
-  g->codec_threads = agoq_engine_codec_threads(g, pinned ? &cpus : NULL);
   AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: codec on %d thread%s per slice (AGOQ_COLLNET_CODEC_THREADS=%d%s)",
             g->rank, g->codec_threads, g->codec_threads == 1 ? "" : "s", g->cfg.codec_threads,
             g->cfg.codec_threads == 0 ? ": idle cores" : "");
@@ -666,6 +707,8 @@ void agoq_coll_engine_hold(agoq_coll_comm* g, bool hold) {
   agoq_coll_engine_wake(g);
   while (hold && g->has_thread && !g->parked) pthread_cond_wait(&g->parked_cv, &g->mu);
   pthread_mutex_unlock(&g->mu);
+  /* test() then runs the I/O threads' passes too (agoq_coll_io_run_parked). */
+  agoq_coll_io_hold(g->io, hold);
 }
 
 void agoq_coll_engine_stop(agoq_coll_comm* g) {
@@ -678,6 +721,7 @@ void agoq_coll_engine_stop(agoq_coll_comm* g) {
   pthread_mutex_unlock(&g->mu);
   agoq_coll_engine_wake(g);
   if (join) pthread_join(g->thread, NULL);
+  agoq_coll_io_stop(g->io); /* before the connections close */
 }
 
 size_t agoq_coll_staging_bytes(const agoq_coll_comm* g) {
@@ -690,6 +734,8 @@ size_t agoq_coll_staging_bytes(const agoq_coll_comm* g) {
 }
 
 void agoq_coll_engine_free(agoq_coll_comm* g) {
+  agoq_coll_io_destroy(g->io);
+  g->io = NULL;
   agoq_coll_grid_free(g);
   if (g->spill_msgs > 0)
     AGOQ_INFO(NCCL_NET, "CollNet rank %d: %llu messages outgrew their staging (blocks escaped raw) and went through "

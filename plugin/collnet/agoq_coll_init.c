@@ -38,6 +38,7 @@ static ncclResult_t agoq_coll_config_load(agoq_coll_config* cfg) {
   cfg->assist = agoq_param_int(AGOQ_PARAM_COLLNET_ASSIST) != 0;
   cfg->gpu_reduce = agoq_param_int(AGOQ_PARAM_COLLNET_GPU) != 0;
   cfg->quant_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1;
+  cfg->io_threads = (int)agoq_param_int(AGOQ_PARAM_COLLNET_IO_THREADS);
   return agoq_coll_config_check();
 }
 

@@ -7,6 +7,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -39,6 +40,7 @@ typedef struct {
   uint64_t chunk_bytes; /* 0 = auto in the context and the handle; a group's is resolved */
   int grid_a, grid_b; /* AGOQ_COLLNET_GRID: columns and rows; 0 and 0 = automatic */
   bool quant_partials; /* AGOQ_COLLNET_PARTIALS=quantized: the column reduce-scatter in AGOQ_FORMAT */
+  int io_threads;      /* AGOQ_COLLNET_IO_THREADS: threads that do the messages; 0 = the engine */
   int timeout_s;
   int codec_threads; /* AGOQ_COLLNET_CODEC_THREADS; 0 = the engine resolves it */
   bool assist;       /* AGOQ_COLLNET_ASSIST: test() runs passes of the pipeline */
@@ -283,7 +285,12 @@ typedef struct agoq_coll_comm {
    * column reduce, row all-gather) works on next, each in chunk order (agoq_coll_grid.c). */
   struct agoq_coll_gplan* plan;
   uint64_t grid_seq[3];
-  agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind] */
+  agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind]; unused with I/O threads */
+  /* AGOQ_COLLNET_IO_THREADS > 0: the threads that post and test every net operation of the
+   * group (agoq_coll_io.h); NULL: the engine does (cq). io_cpus: where they run (io_pinned). */
+  struct agoq_coll_io* io;
+  bool io_pinned;
+  cpu_set_t io_cpus;
   const void** reduce_in; /* nranks input pointers of the slice being reduced */
   struct pollfd* pfds;    /* the engine's sleep: its connections' descriptors and wake_fd */
   int pfds_cap;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_io.h"
 #include "core/agoq_check.h"
 #include "net/agoq_net.h"
 
@@ -57,8 +58,29 @@ void** agoq_coll_op_req(agoq_coll_slot* s, int kind, int peer) {
   }
 }
 
+/* With I/O threads: op goes to peer j's thread, which posts it, tests it and hands its
+ * completion back (agoq_coll_engine.c takes it); it never comes back "busy". */
+static ncclResult_t agoq_coll_post_io(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
+                                      size_t size, size_t max) {
+  bool is_send = kind == AGOQ_CQ_P1S || kind == AGOQ_CQ_P2S;
+  agoq_coll_io_op op = {.comm = is_send ? g->send[j] : g->recv[j], .data = (void*)data, .size = size, .max = max,
+                        .tag = agoq_coll_tag(kind, s->seq), .peer = j, .slot = (uint8_t)(s - g->slots),
+                        .kind = (uint8_t)kind, .is_send = is_send};
+  if (agoq_coll_io_post(g->io, &op)) return ncclSuccess;
+  /* Each (slot, kind, peer) has one operation at a time, and the inbox has room for all. */
+  AGOQ_WARN("CollNet rank %d: the I/O thread of rank %d has no room for an operation of chunk %llu", g->rank, j,
+            (unsigned long long)s->seq);
+  return ncclInternalError;
+}
+
 ncclResult_t agoq_coll_post_recv_max(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, void* data, size_t size,
                                      size_t max, bool* posted) {
+  if (g->io != NULL) {
+    AGOQ_CHECK(agoq_coll_post_io(g, s, kind, j, data, size, max));
+    (kind == AGOQ_CQ_P1R ? s->p1r_at : s->p2r_at)[j] = data;
+    *posted = true;
+    return ncclSuccess;
+  }
   void** reqp = agoq_coll_op_req(s, kind, j);
   int tag = agoq_coll_tag(kind, s->seq);
   if (max > size) {
@@ -117,6 +139,12 @@ void agoq_coll_spill_free(agoq_coll_comm* g, agoq_coll_slot* s) {
 
 ncclResult_t agoq_coll_post_send(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, const void* data,
                                  size_t size, size_t raw, bool* posted) {
+  if (g->io != NULL) {
+    AGOQ_CHECK(agoq_coll_post_io(g, s, kind, j, data, size, size));
+    agoq_stats_wire(g->st, s->req->quantized ? AGOQ_STATS_QUANT : AGOQ_STATS_EXACT, raw, size);
+    *posted = true;
+    return ncclSuccess;
+  }
   void** reqp = agoq_coll_op_req(s, kind, j);
   AGOQ_CHECK(agoq_net_isend(g->send[j], (void*)data, size, agoq_coll_tag(kind, s->seq), NULL, NULL, reqp));
   *posted = *reqp != NULL;

@@ -396,7 +396,7 @@ static ncclResult_t agoq_coll_schedule_choose(const agoq_coll_config* cfg, int n
       return ncclSystemError;
   }
   agoq_coll_pick_in in = {.format = cfg->format, .block = cfg->block, .frame_partials = cfg->quant_partials,
-                          .link_Bps = link_mbps * 1e6 / 8};
+                          .link_Bps = link_mbps * 1e6 / 8, .io_threads = cfg->io_threads};
   double secs[AGOQ_COLL_PLANS_MAX];
   int i = agoq_coll_plans_pick(&plans, &in, secs);
   *out = plans.plan[i];

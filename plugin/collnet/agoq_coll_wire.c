@@ -28,7 +28,7 @@ static uint64_t agoq_cw_get64(const uint8_t* p) {
 
 /* Settings layout: magic 0, version 4, format 5, block 6, min_bytes 8, chunk_bytes 16,
  * grid columns 24 and rows 26 (0 and 0: automatic), partials 28 (0 fp32, 1 quantized),
- * zero 29..31. */
+ * I/O threads 29, zero 30..31. */
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]) {
   memset(out, 0, AGOQ_COLL_SETTINGS_SIZE);
   agoq_cw_put32(out + 0, AGOQ_COLL_HANDLE_MAGIC);
@@ -40,6 +40,7 @@ void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COL
   agoq_cw_put16(out + 24, (uint16_t)cfg->grid_a);
   agoq_cw_put16(out + 26, (uint16_t)cfg->grid_b);
   out[28] = cfg->quant_partials ? 1 : 0;
+  out[29] = (uint8_t)cfg->io_threads;
 }
 
 agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll_settings* out) {
@@ -55,8 +56,8 @@ agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll
       (block & (block - 1)) != 0)
     return AGOQ_COLL_SETTINGS_MALFORMED;
   int grid_a = agoq_cw_get16(in + 24), grid_b = agoq_cw_get16(in + 26);
-  if ((grid_a == 0) != (grid_b == 0) || in[28] > 1) return AGOQ_COLL_SETTINGS_MALFORMED;
-  for (int i = 29; i < AGOQ_COLL_SETTINGS_SIZE; i++)
+  if ((grid_a == 0) != (grid_b == 0) || in[28] > 1 || in[29] > AGOQ_COLL_IO_MAX) return AGOQ_COLL_SETTINGS_MALFORMED;
+  for (int i = 30; i < AGOQ_COLL_SETTINGS_SIZE; i++)
     if (in[i] != 0) return AGOQ_COLL_SETTINGS_MALFORMED;
   out->format = (agoq_format)in[5];
   out->block = block;
@@ -65,6 +66,7 @@ agoq_coll_settings_status agoq_coll_settings_decode(const uint8_t* in, agoq_coll
   out->grid_a = grid_a;
   out->grid_b = grid_b;
   out->quant_partials = in[28] == 1;
+  out->io_threads = in[29];
   return AGOQ_COLL_SETTINGS_OK;
 }
 
@@ -106,14 +108,14 @@ static void agoq_cw_append(char* buf, size_t len, size_t* used, const char* fmt,
   if (n > 0) *used += (size_t)n;
 }
 
-enum { AGOQ_CW_NVARS = 6, AGOQ_CW_VALUE_MAX = 48 };
+enum { AGOQ_CW_NVARS = 7, AGOQ_CW_VALUE_MAX = 48 };
 
 /* The variables one side has, as "AGOQ_X=v and AGOQ_Y=w", for the differing ones only. */
 static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW_NVARS], char* buf, size_t len,
                          size_t* used) {
   static const char* const names[AGOQ_CW_NVARS] = {"AGOQ_FORMAT", "AGOQ_BLOCK", "AGOQ_MIN_BYTES",
                                                    "AGOQ_COLLNET_CHUNK", "AGOQ_COLLNET_GRID",
-                                                   "AGOQ_COLLNET_PARTIALS"};
+                                                   "AGOQ_COLLNET_PARTIALS", "AGOQ_COLLNET_IO_THREADS"};
   bool first = true;
   for (int v = 0; v < AGOQ_CW_NVARS; v++) {
     if (!differs[v]) continue;
@@ -127,7 +129,8 @@ static void agoq_cw_side(const agoq_coll_settings* s, const bool differs[AGOQ_CW
         else agoq_cw_size_text(s->chunk_bytes, value, sizeof value);
         break;
       case 4: agoq_coll_grid_text(s->grid_a, s->grid_b, value, sizeof value); break;
-      default: snprintf(value, sizeof value, "%s", s->quant_partials ? "quantized" : "fp32"); break;
+      case 5: snprintf(value, sizeof value, "%s", s->quant_partials ? "quantized" : "fp32"); break;
+      default: snprintf(value, sizeof value, "%d", s->io_threads); break;
     }
     agoq_cw_append(buf, len, used, "%s%s=%s", first ? "" : " and ", names[v], value);
     first = false;
@@ -140,7 +143,8 @@ int agoq_coll_settings_describe(const agoq_coll_settings* theirs, int their_rank
   bool differs[AGOQ_CW_NVARS] = {theirs->format != mine->format, theirs->block != mine->block,
                                  theirs->min_bytes != mine->min_bytes, theirs->chunk_bytes != mine->chunk_bytes,
                                  theirs->grid_a != mine->grid_a || theirs->grid_b != mine->grid_b,
-                                 theirs->quant_partials != mine->quant_partials};
+                                 theirs->quant_partials != mine->quant_partials,
+                                 theirs->io_threads != mine->io_threads};
   int n = 0;
   for (int v = 0; v < AGOQ_CW_NVARS; v++) n += differs[v];
   if (n == 0 || len == 0) return n;

@@ -18,14 +18,16 @@
 #include <stdint.h>
 
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_io.h"
 
 #define AGOQ_COLL_HANDLE_MAGIC 0x4e514741u /* "AGQN" */
 /* 2: the grid (AGOQ_COLLNET_GRID) at bytes 24..27 and AGOQ_COLLNET_PARTIALS at 28.
  * 3: the same layout; one tagged connection per peer and direction (phase 0 only) instead of
  * one per phase. A peer of another version names both versions.
  * 4: the same settings; bytes [96, 128) carry the listening rank's own facts (the rank block:
- * its NIC's link rate), which differ between ranks and are not compared. */
-#define AGOQ_COLL_HANDLE_VERSION 4
+ * its NIC's link rate), which differ between ranks and are not compared.
+ * 5: AGOQ_COLLNET_IO_THREADS at byte 29 of the settings (the schedule's choice weighs it). */
+#define AGOQ_COLL_HANDLE_VERSION 5
 #define AGOQ_COLL_HANDLE_OFFSET 64
 #define AGOQ_COLL_SETTINGS_SIZE 32
 #define AGOQ_COLL_RANK_OFFSET 96
@@ -61,6 +63,7 @@ typedef struct {
   uint64_t chunk_bytes;
   int grid_a, grid_b; /* 0 and 0: automatic */
   bool quant_partials;
+  int io_threads;
 } agoq_coll_settings;
 
 void agoq_coll_settings_encode(const agoq_coll_config* cfg, uint8_t out[AGOQ_COLL_SETTINGS_SIZE]);

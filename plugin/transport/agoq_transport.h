@@ -103,6 +103,12 @@ typedef ncclResult_t (*agoq_tp_match_fn)(void* arg, agoq_xfer* x, int tag, uint6
 typedef struct agoq_tp_listen agoq_tp_listen;
 typedef struct agoq_tp_conn agoq_tp_conn;
 
+/* Which of its owner's I/O threads the calling thread's transport calls are working for: a
+ * CollNet group's I/O thread number (AGOQ_COLLNET_IO_THREADS), or -1 for the owner's own
+ * thread (the default). Only a transport that models each thread's CPU time reads it (the
+ * CollNet simulation, tools/collnet/sim_transport.c); whoever sets it restores it. */
+extern _Thread_local int agoq_tp_cpu_lane;
+
 /* listen flags. INLINE: every message on the listen's connections is small and moves with
  * its header (CollNet frames, the verbs bootstrap): TCP opens no data sockets for them, so a
  * connection costs one descriptor (a CollNet group holds 2(n-1) connections on its mesh). */

@@ -7,6 +7,8 @@
 #include "transport/agoq_transport.h"
 #include "transport/ib/agoq_ib.h"
 
+_Thread_local int agoq_tp_cpu_lane = -1;
+
 void agoq_tp_props_defaults(agoq_tp_props* p, int dev) {
   memset(p, 0, sizeof *p);
   p->ptr_support = NCCL_PTR_HOST;

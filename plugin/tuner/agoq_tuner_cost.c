@@ -44,7 +44,8 @@ void agoq_tuner_sched_setting(size_t nodes, agoq_tuner_sched* s) {
   }
   s->pick = (agoq_coll_pick_in){.format = (agoq_format)agoq_param_int(AGOQ_PARAM_FORMAT),
                                 .block = AGOQ_CODEC_BLOCK_MIN << agoq_param_int(AGOQ_PARAM_BLOCK), /* 32|...|1024 */
-                                .frame_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1};
+                                .frame_partials = agoq_param_int(AGOQ_PARAM_COLLNET_PARTIALS) == 1,
+                                .io_threads = (int)agoq_param_int(AGOQ_PARAM_COLLNET_IO_THREADS)};
   s->ok = true;
 }
 
@@ -67,6 +68,8 @@ double agoq_tuner_network_us(const agoq_tuner_sched* s, bool allreduce, agoq_dty
       .alpha_s = AGOQ_COLL_COST_ALPHA_S,
       .o_s = AGOQ_COLL_COST_O_S,
       .steps = allreduce ? 0 : AGOQ_COLL_COST_RS,
+      .io_threads = pick.io_threads,
+      .peers = agoq_coll_cost_peers(&pl->grid),
   };
   agoq_coll_cost c;
   agoq_coll_cost_eval(&pl->prof, &in, &c);

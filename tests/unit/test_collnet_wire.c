@@ -90,7 +90,10 @@ static void test_settings_refused_by_kind(void** state) {
   memcpy(b, mine, sizeof b);
   b[28] = 2; /* AGOQ_COLLNET_PARTIALS has two values */
   assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
-  for (int i = 29; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
+  memcpy(b, mine, sizeof b);
+  b[29] = AGOQ_COLL_IO_MAX + 1; /* more I/O threads than AGOQ_COLLNET_IO_THREADS allows */
+  assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
+  for (int i = 30; i < AGOQ_COLL_SETTINGS_SIZE; i++) {
     memcpy(b, mine, sizeof b);
     b[i] = 1;
     assert_int_equal(agoq_coll_settings_check(b, mine), AGOQ_COLL_SETTINGS_MALFORMED);
@@ -140,6 +143,18 @@ static void test_settings_grid(void** state) {
   assert_int_equal(agoq_coll_settings_describe(&sq, 2, &sg, 1, msg, sizeof msg), 1);
   assert_string_equal(msg, "CollNet group: rank 2 has AGOQ_COLLNET_PARTIALS=quantized, this rank (1) has "
                            "AGOQ_COLLNET_PARTIALS=fp32; every rank must use the same value");
+  /* AGOQ_COLLNET_IO_THREADS travels at byte 29: the schedule's choice weighs it. */
+  c.io_threads = AGOQ_COLL_IO_MAX;
+  uint8_t ib[AGOQ_COLL_SETTINGS_SIZE];
+  agoq_coll_settings_encode(&c, ib);
+  assert_int_equal(ib[29], AGOQ_COLL_IO_MAX);
+  agoq_coll_settings si;
+  assert_int_equal(agoq_coll_settings_decode(ib, &si), AGOQ_COLL_SETTINGS_OK);
+  assert_int_equal(si.io_threads, AGOQ_COLL_IO_MAX);
+  assert_int_equal(agoq_coll_settings_check(ib, qb), AGOQ_COLL_SETTINGS_MISMATCH);
+  assert_int_equal(agoq_coll_settings_describe(&si, 4, &sq, 0, msg, sizeof msg), 1);
+  assert_string_equal(msg, "CollNet group: rank 4 has AGOQ_COLLNET_IO_THREADS=16, this rank (0) has "
+                           "AGOQ_COLLNET_IO_THREADS=0; every rank must use the same value");
 }
 
 static void test_describe_one_variable(void** state) {

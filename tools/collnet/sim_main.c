@@ -26,6 +26,7 @@
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_cost.h"
 #include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_io.h"
 #include "core/agoq_params.h"
 #include "perf_dtype.h"
 #include "sim_transport.h"
@@ -38,6 +39,7 @@ typedef struct {
   size_t bytes, call, chunk;
   int inflight;
   int link_gbps; /* 0: the NICs report no rate */
+  int io_threads; /* AGOQ_COLLNET_IO_THREADS: each simulated thread has a CPU of its own */
   double alpha, o;
   double gbps[8];
   int ngbps;
@@ -219,7 +221,9 @@ static void sim_usage(const char* prog) {
           "          [-b bytes per rank] [--call bytes per CollNet call (NCCL's: 2M)] [--chunk AGOQ_COLLNET_CHUNK (auto)]\n"
           "          [--inflight calls] [--gbps r1,r2,...] [--alpha-us a] [--o-us o] [--inplace] [--check]\n"
           "          [--model-tol fraction] [--staging-max bytes] [--escape K] [--spill-min messages]\n"
-          "          [--link-gbps rate the NICs report (the automatic schedule weighs it; default: not known)]\n",
+          "          [--link-gbps rate the NICs report (the automatic schedule weighs it; default: not known)]\n"
+          "          [--io-threads K (AGOQ_COLLNET_IO_THREADS: K threads per rank do the messages, each on a CPU "
+          "of its own in the clock model; default 0, the engine)]\n",
           prog);
   exit(2);
 }
@@ -248,6 +252,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--call")) o.call = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 1ll << 30);
     else if (!strcmp(a, "--chunk")) o.chunk = (size_t)agoq_args_ll_or_exit(prog, a, v, 4096, 268435456);
     else if (!strcmp(a, "--link-gbps")) o.link_gbps = agoq_args_int_or_exit(prog, a, v, 1, 100000);
+    else if (!strcmp(a, "--io-threads")) o.io_threads = agoq_args_int_or_exit(prog, a, v, 0, AGOQ_COLL_IO_MAX);
     else if (!strcmp(a, "--inflight")) o.inflight = agoq_args_int_or_exit(prog, a, v, 1, 32);
     else if (!strcmp(a, "--model-tol")) {
       if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
@@ -278,6 +283,9 @@ int main(int argc, char** argv) {
   setenv("AGOQ_COLLNET_CHUNK", chunk, 1);
   setenv("AGOQ_COLLNET_ASSIST", "1", 1);
   setenv("AGOQ_COLLNET_CODEC_THREADS", "1", 1);
+  char io[16];
+  snprintf(io, sizeof io, "%d", o.io_threads);
+  setenv("AGOQ_COLLNET_IO_THREADS", io, 1);
   setenv("AGOQ_MIN_BYTES", "0", 1);
   setenv("AGOQ_GPU", "off", 1);
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -335,9 +343,10 @@ int main(int argc, char** argv) {
     if (c > conns_max) conns_max = c;
   }
   printf("# %d ranks, %s (%d x %d, last row %d), %s %s, %zu bytes per rank in calls of %zu, chunks of %zu, "
-         "%d calls in flight; alpha %.2f us, o %.2f us\n",
+         "%d calls in flight; alpha %.2f us, o %.2f us, I/O threads %d\n",
          n, g0->grid.b == 1 ? "one-level mesh" : "two-level grid", g0->grid.a, g0->grid.b, g0->grid.last,
-         perf_dtype_name(o.dtype), o.format, o.bytes, o.call, eff_chunk, o.inflight, o.alpha * 1e6, o.o * 1e6);
+         perf_dtype_name(o.dtype), o.format, o.bytes, o.call, eff_chunk, o.inflight, o.alpha * 1e6, o.o * 1e6,
+         g0->cfg.io_threads);
   int bad = 0;
   {
     /* The automatic schedule's choice, recomputed from the same inputs: it must be the
@@ -349,7 +358,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     agoq_coll_pick_in pin = {.format = g0->cfg.format, .block = g0->cfg.block,
-                             .frame_partials = g0->cfg.quant_partials, .link_Bps = o.link_gbps * 1e9 / 8};
+                             .frame_partials = g0->cfg.quant_partials, .link_Bps = o.link_gbps * 1e9 / 8,
+                             .io_threads = g0->cfg.io_threads};
     double secs[AGOQ_COLL_PLANS_MAX];
     const agoq_coll_grid* pg = &plans.plan[agoq_coll_plans_pick(&plans, &pin, secs)].grid;
     if (plans.count > 1 && o.link_gbps > 0) {
@@ -401,7 +411,8 @@ int main(int argc, char** argv) {
   agoq_coll_cost_in ci = {.chunk_bytes = (double)eff_chunk, .wire_ratio = wire,
                           .partial_ratio = agoq_coll_cost_partial_ratio((int)o.dtype, ncclSum, quant,
                                                                         g0->cfg.quant_partials, wire),
-                          .alpha_s = o.alpha, .o_s = o.o};
+                          .alpha_s = o.alpha, .o_s = o.o, .io_threads = g0->cfg.io_threads,
+                          .peers = agoq_coll_cost_peers(&g0->grid)};
   printf("#  Gbit/s  vtime(us)  busbw(GB/s)  floor(GB/s)  of_floor  msgs/rank/chunk  bytes/rank/chunk  "
          "wall(s)  model(us)  vtime/model\n");
   for (int gi = 0; gi < o.ngbps; gi++) {

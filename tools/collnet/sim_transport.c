@@ -23,7 +23,8 @@ typedef struct sim_msg {
   size_t size;
   int tag;
   uint32_t flags;
-  int dst;
+  int from, dst; /* ranks */
+  double start;          /* the sending thread's CPU is done with it */
   double tx, sent, wire; /* its first byte leaves, its last byte left, its time on a NIC */
   double ready;          /* last byte at the receiver's NIC; INFINITY until its turn there */
 } sim_msg;
@@ -55,6 +56,10 @@ struct agoq_tp_listen {
   agoq_tp_conn** pending;
   int npending, cappending;
 };
+
+/* CPUs per simulated rank: its own thread (the engine, setup) and each I/O thread
+ * (agoq_tp_cpu_lane 0..15), each paying o for the messages it handles. */
+#define SIM_CPUS 17
 
 static struct {
   pthread_mutex_t mu;
@@ -88,7 +93,18 @@ static struct {
   }* rx;
   int nrx, caprx;
   uint64_t rx_order;
+  /* Messages whose turn on the sender's NIC is not yet decided, by the time the sending
+   * thread's CPU is done with them (then posting order): a rank's I/O threads post in turns,
+   * one thread's messages may be ready before another's posted earlier. */
+  struct sim_rx* txq;
+  int ntx, captx;
 } sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The CPU of `rank` the calling thread's work runs on (agoq_tp_cpu_lane). */
+static double* sim_cpu(int rank) {
+  int lane = agoq_tp_cpu_lane < -1 ? -1 : agoq_tp_cpu_lane > SIM_CPUS - 2 ? SIM_CPUS - 2 : agoq_tp_cpu_lane;
+  return &sim.cpu_free[(size_t)rank * SIM_CPUS + (size_t)(lane + 1)];
+}
 
 static int sim_grow(void** p, int* cap, int need, size_t elem) {
   if (need <= *cap) return 0;
@@ -166,6 +182,26 @@ static struct sim_rx sim_rx_pop(void) {
   return top;
 }
 
+/* Gives the sender's NIC to the message ready first: it leaves once the NIC is free, and
+ * completes its send when its last byte left; its receiver's NIC then takes its turn. */
+static void sim_tx_take(void) {
+  struct sim_rx e;
+  sim_heap_take(sim.txq, &sim.ntx, sizeof e, sim_rx_before, &e);
+  sim_msg* m = e.m;
+  if (m == NULL) return;
+  m->tx = fmax(m->start, sim.tx_free[m->from]);
+  m->sent = m->tx + m->wire;
+  sim.tx_free[m->from] = m->sent;
+  sim_due(m->sent, m->from);
+  if (m->sconn != NULL)
+    for (int k = 0; k < m->sconn->nrecs; k++)
+      if (m->sconn->recs[k].m == m) m->sconn->recs[k].done_at = m->sent;
+  if (sim_rx_push(m) != 0) {
+    fprintf(stderr, "sim: out of memory for the receivers' queue\n");
+    abort();
+  }
+}
+
 /* Gives the receiver's NIC to every message that started by time t, in the order they
  * started: its last byte is in wire after the NIC is free, and no earlier than alpha after
  * it left the sender. */
@@ -181,7 +217,7 @@ static void sim_rx_take_until(double t) {
 
 int agoq_sim_init(int nranks) {
   sim.nranks = nranks;
-  sim.cpu_free = calloc((size_t)nranks, sizeof(double));
+  sim.cpu_free = calloc((size_t)nranks * SIM_CPUS, sizeof(double));
   sim.tx_free = calloc((size_t)nranks, sizeof(double));
   sim.rx_free = calloc((size_t)nranks, sizeof(double));
   sim.st = calloc((size_t)nranks, sizeof *sim.st);
@@ -200,6 +236,7 @@ void agoq_sim_fini(void) {
   free(sim.conns);
   free(sim.heap);
   free(sim.rx);
+  free(sim.txq);
   free(sim.cpu_free);
   free(sim.tx_free);
   free(sim.rx_free);
@@ -209,6 +246,8 @@ void agoq_sim_fini(void) {
   sim.conns = NULL;
   sim.heap = NULL;
   sim.rx = NULL;
+  sim.txq = NULL;
+  sim.ntx = sim.captx = 0;
   sim.nlistens = sim.nconns = sim.nheap = sim.caplistens = sim.capconns = sim.capheap = 0;
   sim.nrx = sim.caprx = 0;
   pthread_mutex_unlock(&sim.mu);
@@ -222,9 +261,10 @@ void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s) {
   sim.bps = bytes_per_s;
   sim.now = 0;
   sim.nheap = 0;
-  sim.nrx = 0; /* a new run starts with every message delivered */
+  sim.nrx = sim.ntx = 0; /* a new run starts with every message delivered */
   for (int r = 0; r < sim.nranks; r++) {
-    sim.cpu_free[r] = sim.tx_free[r] = sim.rx_free[r] = 0;
+    sim.tx_free[r] = sim.rx_free[r] = 0;
+    for (int c = 0; c < SIM_CPUS; c++) sim.cpu_free[(size_t)r * SIM_CPUS + (size_t)c] = 0;
     sim.st[r].msgs_sent = sim.st[r].bytes_sent = 0;
   }
   pthread_mutex_unlock(&sim.mu);
@@ -245,7 +285,12 @@ int agoq_sim_advance(int* due) {
   pthread_mutex_lock(&sim.mu);
   /* Receivers' NICs first, for every message that starts before the next due time: each may
    * make a due time of its own, earlier than that one. */
-  while (sim.nrx > 0 && (sim.nheap == 0 || sim.rx[0].t <= sim.heap[0].t)) sim_rx_take_until(sim.rx[0].t);
+  for (;;) {
+    double th = sim.nheap > 0 ? sim.heap[0].t : INFINITY, tr = sim.nrx > 0 ? sim.rx[0].t : INFINITY;
+    if (sim.ntx > 0 && sim.txq[0].t <= th && sim.txq[0].t <= tr) sim_tx_take();
+    else if (sim.nrx > 0 && tr <= th) sim_rx_take_until(tr);
+    else break;
+  }
   while (sim.nheap > 0 && sim.heap[0].t <= sim.now) (void)sim_heap_pop();
   int k = -1;
   if (sim.nheap > 0) {
@@ -434,20 +479,18 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
   double sent = sim.now;
   if (sim.model) {
     int src = c->owner, dst = c->other;
-    double start = fmax(sim.now, sim.cpu_free[src]) + sim.o;
-    sim.cpu_free[src] = start;
-    double wire = (double)size / sim.bps;
-    double tx = fmax(start, sim.tx_free[src]);
-    sent = tx + wire;
-    sim.tx_free[src] = sent;
+    double* cpu = sim_cpu(src);
+    double start = fmax(sim.now, *cpu) + sim.o;
+    *cpu = start;
+    m->from = src;
     m->dst = dst;
-    m->tx = tx;
-    m->sent = sent;
-    m->wire = wire;
+    m->start = start;
+    m->tx = m->sent = INFINITY; /* sim_tx_take decides, once the sending thread is done */
+    m->wire = (double)size / sim.bps;
     m->ready = INFINITY; /* sim_rx_take_until decides, once the message starts */
     sim.st[src].msgs_sent++;
     sim.st[src].bytes_sent += size;
-    sim_due(sent, src);
+    sent = INFINITY;
   }
   if (sim_rec_add(c, x, sent) != 0) {
     res = ncclSystemError;
@@ -459,9 +502,12 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
     res = ncclRemoteError;
     goto out;
   }
-  if (sim.model && sim_rx_push(m) != 0) {
-    res = ncclSystemError;
-    goto out;
+  if (sim.model) {
+    struct sim_rx e = {.t = m->start, .order = sim.rx_order++, .m = m};
+    if (sim_heap_push((void**)&sim.txq, &sim.ntx, &sim.captx, sizeof e, &e, sim_rx_before) != 0) {
+      res = ncclSystemError;
+      goto out;
+    }
   }
   sim.events++;
   if (r->qtail != NULL) r->qtail->next = m;
@@ -504,8 +550,9 @@ static ncclResult_t sim_deliver(agoq_tp_conn* c) {
     rec->x->matched_mask |= 1u << slot;
     rec->done_at = sim.now;
     if (sim.model) {
-      rec->done_at = fmax(m->ready, sim.cpu_free[c->owner]) + sim.o;
-      sim.cpu_free[c->owner] = rec->done_at;
+      double* cpu = sim_cpu(c->owner);
+      rec->done_at = fmax(m->ready, *cpu) + sim.o;
+      *cpu = rec->done_at;
       sim_due(rec->done_at, c->owner);
     }
     c->qhead = m->next;
@@ -577,6 +624,8 @@ static void sim_close(agoq_tp_conn* c) {
     c->qhead = m->next;
     for (int i = 0; i < sim.nrx; i++)
       if (sim.rx[i].m == m) sim.rx[i].m = NULL;
+    for (int i = 0; i < sim.ntx; i++)
+      if (sim.txq[i].m == m) sim.txq[i].m = NULL;
     sim_msg_detach(m);
     free(m->data);
     free(m);

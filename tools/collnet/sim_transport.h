@@ -4,8 +4,9 @@
  * agoq_sim_rank, which the simulation sets before every call into the plugin for a rank.
  *
  * The clock model (enabled with agoq_sim_model; off, every message is there at once): per
- * rank one CPU, one NIC transmit and one receive side. A send posted at virtual time t costs
- * the sender's CPU o (it starts at max(t, cpu free)), then occupies its NIC for size/B from
+ * rank one CPU per thread that handles messages (its own, and each CollNet I/O thread, told
+ * apart by agoq_tp_cpu_lane), one NIC transmit and one receive side. A send posted at virtual
+ * time t costs the sending thread's CPU o (it starts at max(t, cpu free)), then occupies its NIC for size/B from
  * max(then, tx free); the receiver's NIC takes it for size/B after the messages that started
  * before it (in the order their first bytes left, not the order they were posted), its last
  * byte in no earlier than alpha after it left; the receive completes o after that on the
