@@ -54,6 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       back.grid_a = theirs.grid_a;
       back.grid_b = theirs.grid_b;
       back.quant_partials = theirs.quant_partials;
+      back.io_threads = theirs.io_threads;
       uint8_t again[AGOQ_COLL_SETTINGS_SIZE];
       agoq_coll_settings_encode(&back, again);
       if (memcmp(again, in, AGOQ_COLL_SETTINGS_SIZE) != 0) abort();

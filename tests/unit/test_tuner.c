@@ -243,6 +243,22 @@ static void test_estimate_costs_the_schedule_the_rate_chooses(void** state) {
   assert_true(fast > 0 && fast < slow);
   assert_int_equal(grid.a, 8);
   assert_int_equal(grid.b, 4);
+  /* 128 nodes at 100 Gbit/s: 16x8 on the engine alone; with 2 I/O threads the messages cost
+   * half, so the long rows of 32x4 (fewer bytes) win, and the estimate is lower. */
+  agoq_tuner_sched_setting(128, &sched);
+  double engine = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (100e9 / 8) * 1e6,
+                                        &grid);
+  assert_int_equal(grid.a, 16);
+  setenv("AGOQ_COLLNET_IO_THREADS", "2", 1);
+  agoq_params_reset();
+  assert_int_equal(agoq_params_load(), ncclSuccess);
+  agoq_tuner_sched_setting(128, &sched);
+  double threads = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (100e9 / 8) * 1e6,
+                                         &grid);
+  assert_int_equal(grid.a, 32);
+  assert_int_equal(grid.b, 4);
+  assert_true(threads > 0 && threads < engine);
+  unsetenv("AGOQ_COLLNET_IO_THREADS");
   setenv("AGOQ_COLLNET_GRID", "4x8", 1);
   agoq_params_reset();
   assert_int_equal(agoq_params_load(), ncclSuccess);
