@@ -144,7 +144,6 @@ static int agoq_cost_plan(agoq_coll_plan* pl, const agoq_coll_grid* g, double ch
   return 0;
 }
 
-/* The most peers of any rank of grid g (an exact grid: its row and its column). */
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len) {
   memset(p, 0, sizeof *p);
   agoq_coll_grid g;

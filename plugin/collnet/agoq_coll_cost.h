@@ -73,7 +73,8 @@ typedef struct {
  * (every peer carries as many messages per chunk on the mesh and on exact grids):
  * ceil(peers / k) / peers; 1 with k = 0 (the engine alone) or no peers. */
 double agoq_coll_cost_io_share(int peers, int k);
-/* The peers of a rank on grid g (a full row and column; the mesh's n - 1): the cost's peers. */
+/* The most peers of any rank on grid g (an exact grid: its row and its column; the mesh's
+ * n - 1): the cost's peers, and the tie-break of the automatic choice. */
 static inline int agoq_coll_cost_peers(const agoq_coll_grid* g) { return g->a + g->b - 2; }
 
 /* partial_ratio for a call of NCCL type `dtype` reduced with `op`: the partial sums the
