@@ -28,6 +28,13 @@ typedef struct {
   unsigned head, count;
 } agoq_io_fifo;
 
+/* An operation in a lane's inbox, with its peer's index among the lane's peers (found once,
+ * when the engine posts it). */
+typedef struct {
+  agoq_coll_io_op op;
+  int local;
+} agoq_io_entry;
+
 typedef struct {
   struct agoq_coll_io* io;
   int index;
@@ -37,7 +44,7 @@ typedef struct {
   /* mu guards the inbox, the completions, held/parked/stop and the sleeping handshake. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  agoq_coll_io_op* inbox;
+  agoq_io_entry* inbox;
   unsigned in_head, in_count;
   agoq_coll_io_done* done;
   unsigned done_head, done_count;
@@ -105,13 +112,12 @@ static ncclResult_t agoq_io_post_inbox(agoq_io_lane* l, bool* progressed) {
   for (;;) {
     pthread_mutex_lock(&l->mu);
     bool any = l->in_count > 0;
-    agoq_coll_io_op op;
-    if (any) op = l->inbox[l->in_head];
+    agoq_io_entry e;
+    if (any) e = l->inbox[l->in_head];
     pthread_mutex_unlock(&l->mu);
     if (!any) return ncclSuccess;
-    int local = -1;
-    (void)agoq_io_lane_of(l->io, op.peer, &local);
-    agoq_io_fifo* f = &l->fifo[local * AGOQ_IO_KINDS + op.kind];
+    agoq_coll_io_op op = e.op;
+    agoq_io_fifo* f = &l->fifo[e.local * AGOQ_IO_KINDS + op.kind];
     if (f->count == (unsigned)l->io->depth) { /* more than the engine's slots: its bug */
       agoq_io_fail(l, &op, ncclInternalError, "posting more operations than pipeline slots to");
       return ncclInternalError;
@@ -352,7 +358,7 @@ bool agoq_coll_io_post(agoq_coll_io* io, const agoq_coll_io_op* op) {
   pthread_mutex_lock(&l->mu);
   bool room = l->in_count < l->cap;
   if (room) {
-    l->inbox[(l->in_head + l->in_count) % l->cap] = *op;
+    l->inbox[(l->in_head + l->in_count) % l->cap] = (agoq_io_entry){.op = *op, .local = local};
     l->in_count++;
   }
   pthread_mutex_unlock(&l->mu);
