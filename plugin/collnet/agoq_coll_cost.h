@@ -135,8 +135,13 @@ enum { AGOQ_COLL_PLANS_BAD_GRID = -1, AGOQ_COLL_PLANS_NO_MEMORY = -2 };
 int agoq_coll_plans_make(int n, int a, int b, double chunk_bytes, agoq_coll_plans* p, char* why, size_t why_len);
 
 /* The reference traffic the candidates are costed on: bf16 (the training case) in
- * AGOQ_FORMAT frames, 8 calls of 2 MiB in flight per rank (NCCL's CollNetChain calls). The
- * codec is left out: every candidate quantizes and dequantizes the same bytes per rank. */
+ * AGOQ_FORMAT frames, 8 calls of 4 MiB in flight per rank. Those are the calls of the
+ * messages whose time a shape decides: agoq's tuner raises CollNetChain's chunks for large
+ * messages to NCCL_BUFFSIZE/8, so their calls are 4 MiB at NCCL's default NCCL_BUFFSIZE
+ * (CollNetDirect's are NCCL_BUFFSIZE), and a data-parallel gradient bucket grows with the
+ * group (Megatron-LM's default: max(40M, 1M x data-parallel size) elements, about 256 MB of
+ * bf16 at 128 ranks). The codec is left out: every candidate quantizes and dequantizes the
+ * same bytes per rank. */
 typedef struct {
   agoq_format format;
   uint32_t block;
@@ -145,7 +150,7 @@ typedef struct {
   int io_threads;      /* AGOQ_COLLNET_IO_THREADS */
 } agoq_coll_pick_in;
 
-#define AGOQ_COLL_PICK_CALL_BYTES (2.0 * 1048576.0)
+#define AGOQ_COLL_PICK_CALL_BYTES (4.0 * 1048576.0)
 /* Seconds of the reference traffic on plan pl at in->link_Bps (> 0). */
 double agoq_coll_plan_seconds(const agoq_coll_plan* pl, const agoq_coll_pick_in* in);
 /* Which plan runs: the fastest for the reference traffic at in->link_Bps, the one with fewer

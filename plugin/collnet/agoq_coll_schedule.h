@@ -53,10 +53,14 @@ int agoq_coll_grid_make(int n, int a, int b, agoq_coll_grid* g, char* why, size_
 void agoq_coll_grid_auto(int n, agoq_coll_grid* g);
 /* AGOQ_COLLNET_CHUNK=auto on grid g: the pipeline chunk in input bytes, the same on every
  * rank. A chunk costs every rank the schedule's messages (2(a+b-2) on a grid) whatever its
- * size, so a grid takes NCCL's largest CollNetChain call (2 MiB), which makes one call one
- * chunk; the one-level mesh keeps 1 MiB, because it is where the GPU data path runs, whose
- * pinned frames are sized for the worst case per chunk (docs/design-collnet.md). */
-enum { AGOQ_COLL_CHUNK_MESH = 1 << 20, AGOQ_COLL_CHUNK_GRID = 2 << 20 };
+ * size, so a grid takes the largest call NCCL makes at its default NCCL_BUFFSIZE (4 MiB):
+ * CollNetDirect's calls of NCCL_BUFFSIZE, and the CollNetChain calls agoq's tuner asks for
+ * large messages (getChunkSize: 8 chunks of NCCL_BUFFSIZE/8), so that one call is one chunk
+ * and pays the messages once; NCCL's own 2 MiB CollNetChain calls are one chunk of 2 MiB (a
+ * chunk never joins two calls, and slots grow only to the chunks they carry). The one-level
+ * mesh keeps 1 MiB, because it is where the GPU data path runs, whose pinned frames are sized
+ * for the worst case per chunk (docs/design-collnet.md). */
+enum { AGOQ_COLL_CHUNK_MESH = 1 << 20, AGOQ_COLL_CHUNK_GRID = 4 << 20 };
 size_t agoq_coll_chunk_auto(const agoq_coll_grid* g);
 
 static inline int agoq_coll_grid_row(const agoq_coll_grid* g, int rank) { return rank / g->a; }

@@ -413,8 +413,9 @@ static ncclResult_t agoq_coll_schedule_choose(const agoq_coll_config* cfg, int n
              nranks);
   else
     snprintf(chosen, len, "AGOQ_COLLNET_GRID=auto: at %.1f Gbit/s, the slowest rank's link, the fastest of %d shapes "
-             "in the cost model, 8 calls of 2 MiB in %.0f us (%dx%d, n's own grid: %.0f us)", link_mbps / 1e3,
-             plans.count, secs[i] * 1e6, rule->a, rule->b, secs[plans.rule] * 1e6);
+             "in the cost model, %d calls of %.0f MiB in %.0f us (%dx%d, n's own grid: %.0f us)", link_mbps / 1e3,
+             plans.count, AGOQ_COLL_COST_CALLS, AGOQ_COLL_PICK_CALL_BYTES / 1048576.0, secs[i] * 1e6, rule->a,
+             rule->b, secs[plans.rule] * 1e6);
   return ncclSuccess;
 }
 

@@ -251,13 +251,13 @@ static void test_exact_profile_is_the_count(void** state) {
 }
 
 /* The choice against the simulation (data/coll_choice_sim.tsv, tools/collnet/sim-choice-
- * table.sh): at every size, rate and AGOQ_COLLNET_IO_THREADS simulated on every candidate, the
- * simulated time of the pick is within 5% of the fastest candidate's (10% with I/O threads,
- * below). At 64 ranks on the
- * engine alone that is the mesh at 10 Gbit/s, 32x2 at 25, 16x4 at 100, 8x8 at 400; at 32, the
+ * table.sh: the reference traffic, 8 calls of 4 MiB in flight): at every size, rate and
+ * AGOQ_COLLNET_IO_THREADS simulated on every candidate, the simulated time of the pick is
+ * within 5% of the fastest candidate's, with I/O threads too. At 64 ranks on the
+ * engine alone that is the mesh at 10 Gbit/s, 32x2 at 25 and 100, 8x8 at 400; at 32, the
  * mesh or a grid of long rows up to 25 Gbit/s. I/O threads take the messages' CPU time off the
- * engine, so the choice moves to longer rows (fewer bytes, more messages): 128 ranks at 100
- * Gbit/s run 32x4 with 2 threads, where the engine alone runs 16x8. */
+ * engine, so the choice moves to longer rows (fewer bytes, more messages): 64 ranks at 400
+ * Gbit/s run 16x4 with 2 threads and 32x2 with 4, where the engine alone runs 8x8. */
 static void test_choice_matches_the_simulation(void** state) {
   (void)state;
   FILE* f = fopen(AGOQ_CHOICE_TABLE, "r");
@@ -304,10 +304,11 @@ static void test_choice_matches_the_simulation(void** state) {
       in.io_threads = rio[i];
       double secs[AGOQ_COLL_PLANS_MAX];
       int k = agoq_coll_plans_pick(&p, &in, secs);
-      /* With I/O threads the model ignores how their CPU time and the NIC's interleave where
-       * the two are close: 64 ranks at 400 Gbit/s with 2 threads pick 8x8 (the model 421 us,
-       * simulated 466) where 16x4 simulates in 432, 7.9% faster; the one miss of 40. */
-      double tol = rio[i] > 0 ? 1.10 : 1.05;
+      /* The misses are 64 ranks at 400 Gbit/s (8x8, 0.6% behind 16x4), and with 2 threads 128
+       * ranks (16x8, 1.3% behind 32x4) and 48 ranks (24x2, 0.4% behind 16x3) at 400. With 2
+       * MiB calls the model had missed by 7.9% with threads (64 ranks, 400 Gbit/s), where the
+       * threads' CPU time and the NIC's were close and interleaved. */
+      const double tol = 1.05;
       if (t[k] > best * tol)
         fail_msg("%d ranks at %.0f Gbit/s, %d I/O threads: the model picks %dx%d (%.1f us), simulated %.1f us; the "
                  "fastest simulated %.1f us", rn[i], rates[r], rio[i], p.plan[k].grid.a, p.plan[k].grid.b,
@@ -315,10 +316,10 @@ static void test_choice_matches_the_simulation(void** state) {
       not_best += t[k] > best;
       cases++;
       io_cases += rio[i] > 0;
-      if (rn[i] == 128 && rates[r] == 100) assert_int_equal(p.plan[k].grid.a, rio[i] >= 2 ? 32 : 16);
+      if (rn[i] == 64 && rates[r] == 400) assert_int_equal(p.plan[k].grid.a, rio[i] >= 4 ? 32 : rio[i] >= 2 ? 16 : 8);
       if (rio[i] != 0) continue;
       if (rn[i] == 64) {
-        const int want_a[] = {64, 32, 16, 8};
+        const int want_a[] = {64, 32, 32, 8};
         assert_int_equal(p.plan[k].grid.a, want_a[r]);
       }
       if (rn[i] == 32 && rates[r] <= 25) assert_true(p.plan[k].grid.b <= 2);
@@ -326,7 +327,7 @@ static void test_choice_matches_the_simulation(void** state) {
   }
   assert_true(ns >= 6 && cases >= 24 && io_cases >= 8);
   printf("%d sizes and I/O thread counts x 4 rates simulated on every candidate: the pick within 5%% of the fastest "
-         "in every case (10%% in the %d with I/O threads), the fastest itself in %d\n", ns, io_cases, cases - not_best);
+         "in every case (%d of them with I/O threads), the fastest itself in %d\n", ns, io_cases, cases - not_best);
 }
 
 int main(void) {

@@ -223,7 +223,7 @@ static void test_estimate_follows_the_schedule(void** state) {
 
 /* Above 16 nodes the group runs the mesh or a grid by its link rate (agoq_coll_plans_pick),
  * and the estimate costs the one it would run at the rate NCCL's CollNet estimate implies:
- * 32 nodes, the mesh at 25 Gbit/s, the 8x4 grid at 400; a named grid at any rate. */
+ * 32 nodes, the mesh at 25 Gbit/s, the 16x2 grid at 400; a named grid at any rate. */
 static void test_estimate_costs_the_schedule_the_rate_chooses(void** state) {
   (void)state;
   agoq_params_reset();
@@ -241,21 +241,22 @@ static void test_estimate_costs_the_schedule_the_rate_chooses(void** state) {
   assert_int_equal(grid.b, 1);
   double fast = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (400e9 / 8) * 1e6, &grid);
   assert_true(fast > 0 && fast < slow);
-  assert_int_equal(grid.a, 8);
-  assert_int_equal(grid.b, 4);
-  /* 128 nodes at 100 Gbit/s: 16x8 on the engine alone; with 2 I/O threads the messages cost
-   * half, so the long rows of 32x4 (fewer bytes) win, and the estimate is lower. */
-  agoq_tuner_sched_setting(128, &sched);
-  double engine = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (100e9 / 8) * 1e6,
-                                        &grid);
   assert_int_equal(grid.a, 16);
+  assert_int_equal(grid.b, 2);
+  /* 64 nodes at 400 Gbit/s: the square 8x8 on the engine alone (fewest messages); with 2 I/O
+   * threads the messages cost half, so the longer rows of 16x4 (fewer bytes) win, and the
+   * estimate is lower. */
+  agoq_tuner_sched_setting(64, &sched);
+  double engine = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (400e9 / 8) * 1e6,
+                                        &grid);
+  assert_int_equal(grid.a, 8);
   setenv("AGOQ_COLLNET_IO_THREADS", "2", 1);
   agoq_params_reset();
   assert_int_equal(agoq_params_load(), ncclSuccess);
-  agoq_tuner_sched_setting(128, &sched);
-  double threads = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (100e9 / 8) * 1e6,
+  agoq_tuner_sched_setting(64, &sched);
+  double threads = agoq_tuner_network_us(&sched, true, AGOQ_DTYPE_BF16, ratio, nbytes, 2 * nbytes / (400e9 / 8) * 1e6,
                                          &grid);
-  assert_int_equal(grid.a, 32);
+  assert_int_equal(grid.a, 16);
   assert_int_equal(grid.b, 4);
   assert_true(threads > 0 && threads < engine);
   unsetenv("AGOQ_COLLNET_IO_THREADS");

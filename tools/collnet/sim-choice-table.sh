@@ -1,17 +1,17 @@
 #!/bin/sh
 # Measures the table tests/unit/test_coll_cost.c holds the automatic schedule's choice
 # against (agoq_coll_plans_pick): agoq-collnet-sim's virtual time of the choice's reference
-# traffic (bf16 int8, 16 MiB per rank in calls of 2 MiB, 8 in flight, each schedule with its
+# traffic (bf16 int8, 32 MiB per rank in calls of 4 MiB, 8 in flight, each schedule with its
 # automatic chunk) on every candidate: the mesh (up to 64 ranks), the grid n alone gives, and
 # every exact grid a x b = n with a >= b >= 2 and at most 63 peers (a + b - 2), at 10, 25, 100
 # and 400 Gbit/s, for each AGOQ_COLLNET_IO_THREADS value in IO_THREADS (default 0; the
 # sixth column). Virtual time does not depend on the machine; the whole table takes about
-# 10 minutes per I/O thread value on one core and 12 GB of memory (128 ranks).
+# 20 minutes per I/O thread value on one core and 12 GB of memory (128 ranks).
 #   tools/collnet/sim-choice-table.sh build/bin/agoq-collnet-sim > tests/unit/data/coll_choice_sim.tsv
 #   IO_THREADS="2 4" SIZES="24 32 48 64 128" tools/collnet/sim-choice-table.sh ... (rows to append)
 set -eu
 sim=${1:?usage: sim-choice-table.sh path/to/agoq-collnet-sim}
-echo "# measured by tools/collnet/sim-choice-table.sh with $(basename "$sim"); bf16 int8, 16 MiB in calls of 2 MiB, 8 in flight, automatic chunks"
+echo "# measured by tools/collnet/sim-choice-table.sh with $(basename "$sim"); bf16 int8, 32 MiB in calls of 4 MiB, 8 in flight, automatic chunks"
 echo "# n a b gbps vtime_us io_threads"
 for io in ${IO_THREADS:-0}; do
 for n in ${SIZES:-17 24 32 48 64 128}; do
@@ -24,11 +24,11 @@ for n in ${SIZES:-17 24 32 48 64 128}; do
     b=$((b + 1))
   done
   inplace=""
-  [ "$n" -ge 128 ] && inplace=--inplace # 16 MiB per rank once, not twice
+  [ "$n" -ge 128 ] && inplace=--inplace # 32 MiB per rank once, not twice
   done_shapes=""
   for grid in $grids; do
     case " $done_shapes " in *" $grid "*) continue ;; esac # auto ran it already
-    out=$("$sim" -N "$n" --grid "$grid" -b 16777216 --call 2097152 --inflight 8 --gbps 10,25,100,400 $inplace \
+    out=$("$sim" -N "$n" --grid "$grid" -b 33554432 --call 4194304 --inflight 8 --gbps 10,25,100,400 $inplace \
       --io-threads "$io" --check) ||
       { echo "sim-choice-table: agoq-collnet-sim failed at $n ranks ($grid)" >&2; exit 1; }
     rows=$(printf '%s\n' "$out" |

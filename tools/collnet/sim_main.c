@@ -363,7 +363,8 @@ int main(int argc, char** argv) {
     double secs[AGOQ_COLL_PLANS_MAX];
     const agoq_coll_grid* pg = &plans.plan[agoq_coll_plans_pick(&plans, &pin, secs)].grid;
     if (plans.count > 1 && o.link_gbps > 0) {
-      printf("# schedule chosen at %d Gbit/s (the NICs' rate); the model's time for 8 calls of 2 MiB:", o.link_gbps);
+      printf("# schedule chosen at %d Gbit/s (the NICs' rate); the model's time for %d calls of %.0f MiB:", o.link_gbps,
+             AGOQ_COLL_COST_CALLS, AGOQ_COLL_PICK_CALL_BYTES / 1048576.0);
       for (int i = 0; i < plans.count; i++)
         printf(" %dx%d %.1f us%s", plans.plan[i].grid.a, plans.plan[i].grid.b, secs[i] * 1e6,
                i + 1 < plans.count ? "," : "\n");
