@@ -150,7 +150,8 @@ typedef struct {
   int io_threads;      /* AGOQ_COLLNET_IO_THREADS */
 } agoq_coll_pick_in;
 
-#define AGOQ_COLL_PICK_CALL_BYTES (4.0 * 1048576.0)
+/* The same call a grid's automatic chunk is sized for (agoq_coll_schedule.h): one fact. */
+#define AGOQ_COLL_PICK_CALL_BYTES ((double)AGOQ_COLL_CHUNK_GRID)
 /* Seconds of the reference traffic on plan pl at in->link_Bps (> 0). */
 double agoq_coll_plan_seconds(const agoq_coll_plan* pl, const agoq_coll_pick_in* in);
 /* Which plan runs: the fastest for the reference traffic at in->link_Bps, the one with fewer
