@@ -64,6 +64,15 @@ struct Workspace {
 };
 static_assert(sizeof(Workspace) <= AGOQ_CUDA_CODEC_WORKSPACE_SIZE, "workspace size");
 
+/* Where a call's escape scan keeps its counts: a single call's Workspace, or an item's share
+ * of a batch's workspace (sized for its ranges only, so that a batch of many small slices
+ * needs little). */
+struct Ws {
+  unsigned long long* prefix; /* [ranges + 1] */
+  uint32_t* count;            /* [ranges] */
+  uint32_t* status;
+};
+
 /* The body layout of (params, n) (agoq_codec_layout in kernels/agoq_codec_internal.h). */
 struct Layout {
   uint8_t* body;
@@ -316,7 +325,7 @@ struct QuantArgs {
  * together. Chunk k of a block is elements [8 * (k * G + li), +8): each load instruction of a
  * warp covers contiguous memory. */
 template <int FMT, int DT, int G, int C, int U, bool STOCH>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(QuantArgs a) {
+__device__ __forceinline__ void quantize_cta(const QuantArgs& a, uint32_t cta, uint32_t ctas) {
   constexpr int kGroupsPerWarp = 32 / G;
   constexpr int kBlocksPerWarp = kGroupsPerWarp * U;
   constexpr int kBlocksPerCta = (kThreads / 32) * kBlocksPerWarp;
@@ -327,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QuantArgs a) {
   const Layout& L = a.L;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gi = lane / G, li = lane % G;
-  const uint64_t cta_b0 = (uint64_t)blockIdx.x * kBlocksPerCta;
+  const uint64_t cta_b0 = (uint64_t)cta * kBlocksPerCta;
 
   uint32_t w[U][C][NW];
 #pragma unroll
@@ -377,10 +386,15 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QuantArgs a) {
     for (int i = 0; i < 8; i++) v |= (uint32_t)esc_flags[8 * t + i] << i;
     L.body[byte0 + t] = (uint8_t)v;
   }
-  if (blockIdx.x == gridDim.x - 1) { /* padding of the last bitmap word */
+  if (cta == ctas - 1) { /* padding of the last bitmap word */
     for (uint64_t t = byte0 + kBlocksPerCta / 8 + threadIdx.x; t < L.bitmap_bytes; t += kThreads)
       L.body[t] = 0;
   }
+}
+
+template <int FMT, int DT, int G, int C, int U, bool STOCH>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(QuantArgs a) {
+  quantize_cta<FMT, DT, G, C, U, STOCH>(a, blockIdx.x, gridDim.x);
 }
 
 /* ---- 2. escaped blocks per range ------------------------------------------------------------ */
@@ -388,8 +402,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QuantArgs a) {
 /* Also marks a range invalid for a bit past the last block, and with check_scales (frames,
  * as agoq_frame_parse) for a scale that is not a finite non-negative fp32 or a nonzero
  * scale of an escaped block. */
-__global__ void __launch_bounds__(kThreads) count_kernel(Layout L, Workspace* ws, int check_scales) {
-  const uint64_t w0 = (uint64_t)blockIdx.x * L.words_per_range;
+__device__ __forceinline__ void count_cta(const Layout& L, const Ws& ws, int check_scales, uint32_t r) {
+  const uint64_t w0 = (uint64_t)r * L.words_per_range;
   const uint64_t w1 = min(w0 + L.words_per_range, L.nwords);
   uint32_t cnt = 0, bad = 0;
   for (uint64_t w = w0 + threadIdx.x; w < w1; w += kThreads) {
@@ -408,7 +422,11 @@ __global__ void __launch_bounds__(kThreads) count_kernel(Layout L, Workspace* ws
   uint32_t total;
   (void)cta_exclusive_sum<kThreads, uint32_t>(cnt, &total);
   bad = __syncthreads_or(bad);
-  if (threadIdx.x == 0) ws->count[blockIdx.x] = total | (bad ? kRangeInvalid : 0u);
+  if (threadIdx.x == 0) ws.count[r] = total | (bad ? kRangeInvalid : 0u);
+}
+
+__global__ void __launch_bounds__(kThreads) count_kernel(Layout L, Ws ws, int check_scales) {
+  count_cta(L, ws, check_scales, blockIdx.x);
 }
 
 /* ---- 3. prefix, length, status, result, frame header ---------------------------------------- */
@@ -417,7 +435,7 @@ enum : int { kModeQuantize = 0, kModeDecode = 1 };
 
 struct ScanArgs {
   Layout L;
-  Workspace* ws;
+  Ws ws;
   agoq_cuda_codec_result* result;
   int mode;
   uint64_t cap;      /* quantize: body capacity */
@@ -440,17 +458,17 @@ __device__ void put_le(uint8_t* p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-__global__ void __launch_bounds__(kScanThreads) scan_kernel(ScanArgs a) {
-  Workspace* ws = a.ws;
+__device__ __forceinline__ void scan_cta(const ScanArgs& a) {
+  const Ws& ws = a.ws;
   const uint32_t t = threadIdx.x;
-  uint32_t c = t < a.L.ranges ? ws->count[t] : 0u;
+  uint32_t c = t < a.L.ranges ? ws.count[t] : 0u;
   const int bad = __syncthreads_or((c & kRangeInvalid) != 0);
   unsigned long long total;
   unsigned long long excl = cta_exclusive_sum<kScanThreads, unsigned long long>(
       (unsigned long long)(c & ~kRangeInvalid), &total);
-  if (t < a.L.ranges) ws->prefix[t] = excl;
+  if (t < a.L.ranges) ws.prefix[t] = excl;
   if (t != 0) return;
-  ws->prefix[a.L.ranges] = total;
+  ws.prefix[a.L.ranges] = total;
 
   uint32_t status = AGOQ_CODEC_OK;
   uint64_t body_len;
@@ -462,7 +480,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(ScanArgs a) {
     body_len = a.L.head + a.expected * a.L.raw_block;
     if (bad || total != a.expected) status = AGOQ_CODEC_ECORRUPT;
   }
-  ws->status = status;
+  *ws.status = status;
   if (a.header != nullptr && status == AGOQ_CODEC_OK) {
     uint8_t h[AGOQ_FRAME_HEADER_SIZE];
     for (int i = 0; i < (int)AGOQ_FRAME_HEADER_SIZE; i++) h[i] = 0;
@@ -486,17 +504,18 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(ScanArgs a) {
   }
 }
 
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(ScanArgs a) { scan_cta(a); }
+
 /* ---- 4. escaped blocks ------------------------------------------------------------------------ */
 
 /* Calls fn(warp-uniform block index, its rank among escaped blocks) for every escaped block
- * of this CTA's range, one warp per bitmap word. */
+ * of range r (this CTA's), one warp per bitmap word. */
 template <typename Fn>
-__device__ __forceinline__ void for_each_escaped(const Layout& L, const Workspace* ws, Fn fn) {
+__device__ __forceinline__ void for_each_escaped(const Layout& L, const Ws& ws, uint32_t r, Fn fn) {
   __shared__ unsigned long long words[kThreads];
   __shared__ uint32_t word_rank[kThreads];
-  const uint32_t r = blockIdx.x;
-  if ((ws->count[r] & ~kRangeInvalid) == 0) return;
-  unsigned long long base = ws->prefix[r];
+  if ((ws.count[r] & ~kRangeInvalid) == 0) return;
+  unsigned long long base = ws.prefix[r];
   const uint64_t w0 = (uint64_t)r * L.words_per_range;
   const uint64_t w1 = min(w0 + L.words_per_range, L.nwords);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -523,10 +542,10 @@ __device__ __forceinline__ void for_each_escaped(const Layout& L, const Workspac
   }
 }
 
-__global__ void __launch_bounds__(kThreads) raw_copy_kernel(Layout L, const Workspace* ws,
-                                                            const uint8_t* __restrict__ src) {
-  if (ws->status != AGOQ_CODEC_OK) return;
-  for_each_escaped(L, ws, [&](uint64_t b, unsigned long long rank, int lane) {
+__device__ __forceinline__ void raw_copy_cta(const Layout& L, const Ws& ws, const uint8_t* __restrict__ src,
+                                             uint32_t r) {
+  if (*ws.status != AGOQ_CODEC_OK) return;
+  for_each_escaped(L, ws, r, [&](uint64_t b, unsigned long long rank, int lane) {
     const uint64_t start = b * L.block;
     const uint64_t len = min((uint64_t)L.block, L.n - start) * L.esize; /* bytes */
     const uint8_t* s = src + start * L.esize;
@@ -542,6 +561,10 @@ __global__ void __launch_bounds__(kThreads) raw_copy_kernel(Layout L, const Work
       for (uint64_t j = lane; j < L.raw_block; j += 32) d[j] = j < len ? s[j] : 0u;
     }
   });
+}
+
+__global__ void __launch_bounds__(kThreads) raw_copy_kernel(Layout L, Ws ws, const uint8_t* __restrict__ src) {
+  raw_copy_cta(L, ws, src, blockIdx.x);
 }
 
 /* Element i of a raw region that may be unaligned. */
@@ -570,14 +593,19 @@ __device__ __forceinline__ void raw_store(uint32_t in_dtype, uint32_t e, void* d
 }
 
 template <int OUT>
-__global__ void __launch_bounds__(kThreads) raw_decode_kernel(Layout L, const Workspace* ws, void* dst) {
-  if (ws->status != AGOQ_CODEC_OK) return;
-  for_each_escaped(L, ws, [&](uint64_t b, unsigned long long rank, int lane) {
+__device__ __forceinline__ void raw_decode_cta(const Layout& L, const Ws& ws, void* dst, uint32_t r) {
+  if (*ws.status != AGOQ_CODEC_OK) return;
+  for_each_escaped(L, ws, r, [&](uint64_t b, unsigned long long rank, int lane) {
     const uint64_t start = b * L.block;
     const uint64_t len = min((uint64_t)L.block, L.n - start);
     const uint8_t* s = L.body + L.raw_off + rank * L.raw_block;
     for (uint64_t j = lane; j < len; j += 32) raw_store<OUT>(L.dtype, raw_elem(s, L.esize, j), dst, start + j);
   });
+}
+
+template <int OUT>
+__global__ void __launch_bounds__(kThreads) raw_decode_kernel(Layout L, Ws ws, void* dst) {
+  raw_decode_cta<OUT>(L, ws, dst, blockIdx.x);
 }
 
 /* Format NONE: the body is the n raw elements. */
@@ -641,7 +669,7 @@ __global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restric
 
 struct DecodeArgs {
   Layout L;
-  const Workspace* ws;
+  Ws ws;
   void* dst;
   bool codes8;  /* codes region 8-byte aligned */
   bool dst_vec; /* dst 16-byte aligned */
@@ -709,10 +737,88 @@ __device__ __forceinline__ uint32_t cvt_f16x2(float lo, float hi) {
 #endif
 }
 
+/* The 8 values y = q * s of a coded chunk, as the CPU computes them. Fast path: no fp8 NaN/Inf
+ * code and no NaN product; then y saturates with min/max and narrows with the hardware RNE
+ * conversions, which agree with the CPU on such values. Returns whether it took the slow path
+ * (decode_y: the CPU's own saturation and NaN rules). */
+template <int FMT>
+__device__ __forceinline__ bool chunk_y(const uint32_t (&c)[2], float s, float (&y)[8]) {
+  bool slow = codes_special<FMT>(c);
+  bool nan = false;
+  if (!slow) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      y[i] = mul_rn(code_value_fast<FMT>(code_of<FMT>(c, i)), s);
+      nan |= y[i] != y[i];
+    }
+    slow = nan;
+  }
+  if (slow) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = decode_y(code_value<FMT>(code_of<FMT>(c, i)), s);
+  }
+  return slow;
+}
+
+/* The fast path's y as fp32 (decoded into fp32, or accumulated): saturated to the finite range. */
+__device__ __forceinline__ void chunk_saturate_fp32(float (&y)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; i++) y[i] = fminf(fmaxf(y[i], -kFp32MaxF), kFp32MaxF);
+}
+
+/* out = acc + y as the CPU adds: IEEE, and x86's NaN rules (x86_add) once any lane is NaN. */
+__device__ __forceinline__ void chunk_add(const float (&acc)[8], const float (&y)[8], float (&out)[8]) {
+  bool anynan = false;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    out[i] = add_rn(acc[i], y[i]);
+    anynan |= out[i] != out[i];
+  }
+  if (anynan) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = x86_add(acc[i], y[i]);
+  }
+}
+
+/* The codes of the chunk of 8 elements at e0 (left elements to the body's end) into c, which
+ * the caller zeroed. */
+template <int FMT>
+__device__ __forceinline__ void load_codes(const uint8_t* __restrict__ body, uint64_t codes_off, uint64_t e0,
+                                           uint64_t left, bool codes8, uint32_t (&c)[2]) {
+  if (FMT == kInt4) {
+    const uint8_t* p = body + codes_off + e0 / 2;
+    if (left >= 8) {
+      c[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+    } else {
+      /* Constant indices only (unrolled, guarded): a runtime index into the caller's c[][]
+       * would put the whole array in local memory for every chunk, not just the tail's. */
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if ((uint64_t)q < (left + 1) / 2) c[0] |= (uint32_t)p[q] << (8 * q);
+    }
+  } else {
+    const uint8_t* p = body + codes_off + e0;
+    if (left >= 8) {
+      if (codes8) {
+        uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+        c[0] = v.x;
+        c[1] = v.y;
+      } else {
+        c[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+        c[1] = __ldcs(reinterpret_cast<const unsigned int*>(p) + 1);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; q++)
+        if ((uint64_t)q < left) c[q >> 2] |= (uint32_t)p[q] << (8 * (q & 3));
+    }
+  }
+}
+
 template <int FMT, int OUT>
-__global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
+__device__ __forceinline__ void decode_cta(const DecodeArgs& a, uint32_t cta) {
   const Layout& L = a.L;
-  if (a.ws->status != AGOQ_CODEC_OK) return;
+  if (*a.ws.status != AGOQ_CODEC_OK) return;
   const uint8_t* __restrict__ body = L.body;
   const float* __restrict__ scales = reinterpret_cast<const float*>(body + L.scales_off);
 
@@ -730,7 +836,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
   uint32_t bits[kDecodeChunks];
 #pragma unroll
   for (int k = 0; k < kDecodeChunks; k++) {
-    uint64_t j = ((uint64_t)blockIdx.x * kDecodeChunks + k) * kThreads + threadIdx.x;
+    uint64_t j = ((uint64_t)cta * kDecodeChunks + k) * kThreads + threadIdx.x;
     e0[k] = j * 8;
     live[k] = e0[k] < L.n;
     c[k][0] = c[k][1] = 0;
@@ -741,34 +847,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
     bits[k] = bit_of(body, b);
     s[k] = scales[b];
     const uint64_t left = L.n - e0[k];
-    if (FMT == kInt4) {
-      const uint8_t* p = body + L.codes_off + e0[k] / 2;
-      if (left >= 8) {
-        c[k][0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
-      } else {
-        /* Constant indices only (unrolled, guarded): a runtime index into c[][] would put
-         * the whole array in local memory for every chunk, not just the tail's. */
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          if ((uint64_t)q < (left + 1) / 2) c[k][0] |= (uint32_t)p[q] << (8 * q);
-      }
-    } else {
-      const uint8_t* p = body + L.codes_off + e0[k];
-      if (left >= 8) {
-        if (a.codes8) {
-          uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-          c[k][0] = v.x;
-          c[k][1] = v.y;
-        } else {
-          c[k][0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
-          c[k][1] = __ldcs(reinterpret_cast<const unsigned int*>(p) + 1);
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < 8; q++)
-          if ((uint64_t)q < left) c[k][q >> 2] |= (uint32_t)p[q] << (8 * (q & 3));
-      }
-    }
+    load_codes<FMT>(body, L.codes_off, e0[k], left, a.codes8, c[k]);
     if (OUT == kOutAcc) {
       const float* ap = static_cast<const float*>(a.dst) + e0[k];
       if (left >= 8 && a.dst_vec) {
@@ -790,40 +869,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
     if (!live[k]) continue;
     const uint64_t left = L.n - e0[k];
     float y[8];
-    /* Fast path: no fp8 NaN/Inf code and no NaN product; then y saturates with min/max and
-     * narrows with the hardware RNE conversions, which agree with the CPU on such values. */
-    bool slow = codes_special<FMT>(c[k]);
-    bool nan = false;
-    if (!slow) {
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        y[i] = mul_rn(code_value_fast<FMT>(code_of<FMT>(c[k], i)), s[k]);
-        nan |= y[i] != y[i];
-      }
-      slow = nan;
-    }
-    if (slow) {
-#pragma unroll
-      for (int i = 0; i < 8; i++) y[i] = decode_y(code_value<FMT>(code_of<FMT>(c[k], i)), s[k]);
-    }
+    const bool slow = chunk_y<FMT>(c[k], s[k], y);
 
     if (OUT == kOutFp32 || OUT == kOutAcc) {
       float out[8];
-      if (!slow) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) y[i] = fminf(fmaxf(y[i], -kFp32MaxF), kFp32MaxF);
-      }
+      if (!slow) chunk_saturate_fp32(y);
       if (OUT == kOutAcc) {
-        bool anynan = false;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-          out[i] = add_rn(acc[k][i], y[i]);
-          anynan |= out[i] != out[i];
-        }
-        if (anynan) {
-#pragma unroll
-          for (int i = 0; i < 8; i++) out[i] = x86_add(acc[k][i], y[i]);
-        }
+        chunk_add(acc[k], y, out);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) out[i] = y[i];
@@ -866,6 +918,149 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
   }
 }
 
+template <int FMT, int OUT>
+__global__ void __launch_bounds__(kThreads) decode_kernel(DecodeArgs a) {
+  decode_cta<FMT, OUT>(a, blockIdx.x);
+}
+
+/* ---- batches: one launch of each kernel for many items -------------------------------------- */
+
+/* One item of a batch as the batched kernels read it (blockIdx.y picks the item): the single
+ * call's arguments, and how many CTAs of each kernel the item needs. A batch's grid is its
+ * largest item's; an item's CTAs past its own count return at once. The table lives in
+ * device memory (copied there from the caller's pinned table before the launches). */
+struct BatchEntry {
+  ScanArgs scan;      /* layout, workspace share, result, mode, capacity / expected, header */
+  const uint8_t* src; /* encode: the elements */
+  void* dst;          /* decode: where the elements go */
+  uint64_t seed, first_index;
+  uint32_t quant_ctas;  /* encode: CTAs of the quantize kernel */
+  uint32_t decode_ctas; /* decode: CTAs of the coded blocks' decode */
+  bool src_vec, codes8, dst_vec;
+};
+
+__device__ __forceinline__ QuantArgs quant_args_of(const BatchEntry& e) {
+  QuantArgs a;
+  a.L = e.scan.L;
+  a.src = e.src;
+  a.seed = e.seed;
+  a.first_index = e.first_index;
+  a.src_vec = e.src_vec;
+  a.codes8 = e.codes8;
+  return a;
+}
+
+__device__ __forceinline__ DecodeArgs decode_args_of(const BatchEntry& e) {
+  DecodeArgs a;
+  a.L = e.scan.L;
+  a.ws = e.scan.ws;
+  a.dst = e.dst;
+  a.codes8 = e.codes8;
+  a.dst_vec = e.dst_vec;
+  return a;
+}
+
+template <int FMT, int DT, int G, int C, int U, bool STOCH>
+__global__ void __launch_bounds__(kThreads) quantize_batch_kernel(const BatchEntry* t) {
+  const BatchEntry& e = t[blockIdx.y];
+  if (blockIdx.x < e.quant_ctas) quantize_cta<FMT, DT, G, C, U, STOCH>(quant_args_of(e), blockIdx.x, e.quant_ctas);
+}
+
+__global__ void __launch_bounds__(kThreads) count_batch_kernel(const BatchEntry* t, int check_scales) {
+  const BatchEntry& e = t[blockIdx.y];
+  if (blockIdx.x < e.scan.L.ranges) count_cta(e.scan.L, e.scan.ws, check_scales, blockIdx.x);
+}
+
+__global__ void __launch_bounds__(kScanThreads) scan_batch_kernel(const BatchEntry* t) { scan_cta(t[blockIdx.y].scan); }
+
+__global__ void __launch_bounds__(kThreads) raw_copy_batch_kernel(const BatchEntry* t) {
+  const BatchEntry& e = t[blockIdx.y];
+  if (blockIdx.x < e.scan.L.ranges) raw_copy_cta(e.scan.L, e.scan.ws, e.src, blockIdx.x);
+}
+
+template <int FMT, int OUT>
+__global__ void __launch_bounds__(kThreads) decode_batch_kernel(const BatchEntry* t) {
+  const BatchEntry& e = t[blockIdx.y];
+  if (blockIdx.x < e.decode_ctas) decode_cta<FMT, OUT>(decode_args_of(e), blockIdx.x);
+}
+
+template <int OUT>
+__global__ void __launch_bounds__(kThreads) raw_decode_batch_kernel(const BatchEntry* t) {
+  const BatchEntry& e = t[blockIdx.y];
+  if (blockIdx.x < e.scan.L.ranges && e.scan.expected != 0) raw_decode_cta<OUT>(e.scan.L, e.scan.ws, e.dst, blockIdx.x);
+}
+
+/* Block b's rank among the body's escaped blocks (b escaped): the escapes before its scan
+ * range (the scan's prefix), then those before it in the range's words. Escapes are rare (a
+ * block with NaN or Inf), so the words are counted where one is met. */
+__device__ __forceinline__ uint64_t escaped_rank(const Layout& L, const Ws& ws, uint64_t b) {
+  const uint64_t w = b >> 6, r = w / L.words_per_range;
+  uint64_t rank = ws.prefix[r];
+  for (uint64_t v = r * L.words_per_range; v < w; v++)
+    rank += (uint64_t)__popcll(bitmap_word(L.body, v) & word_valid_mask(L, v));
+  return rank + (uint64_t)__popcll(bitmap_word(L.body, w) & ((1ull << (b & 63)) - 1));
+}
+
+/* The k bodies of a batch (one format, type, block and element count: one layout but for the
+ * body and its escaped blocks) summed into acc in item order: item 0 decoded into fp32, each
+ * next one added. Element by element these are the operations of a decode into fp32 followed
+ * by decode-accumulates in item order (the CPU's rank-order sum): the same bits, in one pass
+ * that reads and writes acc once. Nothing is written unless every item's scan found its body
+ * valid, as a corrupt body leaves a single decode's output untouched. */
+template <int FMT>
+__global__ void __launch_bounds__(kThreads) sum_kernel(const BatchEntry* t, uint32_t k, float* acc_out, bool acc_vec) {
+  for (uint32_t j = 0; j < k; j++)
+    if (*t[j].scan.ws.status != AGOQ_CODEC_OK) return;
+  const Layout& L0 = t[0].scan.L;
+  for (int q = 0; q < kDecodeChunks; q++) {
+    const uint64_t e0 = (((uint64_t)blockIdx.x * kDecodeChunks + q) * kThreads + threadIdx.x) * 8;
+    if (e0 >= L0.n) break;
+    const uint64_t left = L0.n - e0, b = e0 >> L0.log2b;
+    float acc[8];
+    for (uint32_t j = 0; j < k; j++) {
+      const BatchEntry& e = t[j];
+      const Layout& L = e.scan.L;
+      float y[8];
+      if (bit_of(L.body, b)) { /* an escaped block: its raw elements, widened exactly */
+        const uint8_t* raw = L.body + L.raw_off + escaped_rank(L, e.scan.ws, b) * L.raw_block;
+        const uint64_t off = e0 - b * L.block;
+#pragma unroll
+        for (int i = 0; i < 8; i++) y[i] = (uint64_t)i < left ? widen_any(L.dtype, raw_elem(raw, L.esize, off + i)) : 0.0f;
+        if (j == 0) {
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc[i] = y[i];
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc[i] = x86_add(acc[i], y[i]);
+        }
+        continue;
+      }
+      uint32_t c[2] = {0, 0};
+      load_codes<FMT>(L.body, L.codes_off, e0, left, e.codes8, c);
+      const float s = reinterpret_cast<const float*>(L.body + L.scales_off)[b];
+      if (!chunk_y<FMT>(c, s, y)) chunk_saturate_fp32(y);
+      if (j == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = y[i];
+      } else {
+        float out[8];
+        chunk_add(acc, y, out);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = out[i];
+      }
+    }
+    float* d = acc_out + e0;
+    if (left >= 8 && acc_vec) {
+      reinterpret_cast<float4*>(d)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      reinterpret_cast<float4*>(d)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        if ((uint64_t)i < left) d[i] = acc[i];
+    }
+  }
+}
+
 /* ---- host side ---------------------------------------------------------------------------------- */
 
 #if defined(AGOQ_CUDA_EMULATION)
@@ -876,16 +1071,28 @@ inline void agoq_emu_rebase(QuantArgs& a, bool& ok) {
   agoq_emu_rebase(a.L, ok);
   agoq_emu::rebase_ptr(a.src, ok);
 }
+inline void agoq_emu_rebase(Ws& w, bool& ok) {
+  agoq_emu::rebase_ptr(w.prefix, ok);
+  agoq_emu::rebase_ptr(w.count, ok);
+  agoq_emu::rebase_ptr(w.status, ok);
+}
 inline void agoq_emu_rebase(ScanArgs& a, bool& ok) {
   agoq_emu_rebase(a.L, ok);
-  agoq_emu::rebase_ptr(a.ws, ok);
+  agoq_emu_rebase(a.ws, ok);
   agoq_emu::rebase_ptr(a.result, ok);
   agoq_emu::rebase_ptr(a.header, ok);
 }
 inline void agoq_emu_rebase(DecodeArgs& a, bool& ok) {
   agoq_emu_rebase(a.L, ok);
-  agoq_emu::rebase_ptr(a.ws, ok);
+  agoq_emu_rebase(a.ws, ok);
   agoq_emu::rebase_ptr(a.dst, ok);
+}
+/* A batch's table entries are written by the host with the device's view of each pointer,
+ * as a launch's arguments are (the kernels read them from the table). */
+inline void agoq_emu_rebase(BatchEntry& e, bool& ok) {
+  agoq_emu_rebase(e.scan, ok);
+  agoq_emu::rebase_ptr(e.src, ok);
+  agoq_emu::rebase_ptr(e.dst, ok);
 }
 #endif
 
@@ -954,6 +1161,17 @@ void launch(Kernel<void (*)(P...)> k, unsigned grid, unsigned block, cudaStream_
 #endif
 }
 
+/* k<<<(grid_x, grid_y), block, 0, st>>>(args): a batch, blockIdx.y its item. */
+template <typename... P, typename... A>
+void launch_2d(Kernel<void (*)(P...)> k, unsigned grid_x, unsigned grid_y, unsigned block, cudaStream_t st,
+               A... args) {
+#if defined(AGOQ_CUDA_EMULATION)
+  agoq_emu::launch_2d(st, k.fn, k.name, grid_x, grid_y, block, static_cast<P>(args)...);
+#else
+  k.fn<<<dim3(grid_x, grid_y), block, 0, st>>>(static_cast<P>(args)...);
+#endif
+}
+
 thread_local int g_last_error = 0;
 
 int cuda_failed(cudaError_t e) {
@@ -967,6 +1185,12 @@ int launched() {
 }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
+
+/* A single call's workspace as the kernels see it (addresses only: the host never reads it). */
+Ws ws_of(void* workspace) {
+  Workspace* w = static_cast<Workspace*>(workspace);
+  return {w->prefix, w->count, &w->status};
+}
 
 uint32_t log2u(uint32_t v) {
   uint32_t r = 0;
@@ -1006,12 +1230,15 @@ bool layout_init(Layout* L, const agoq_codec_params* p, size_t n, const void* bo
 
 using QuantFn = void (*)(QuantArgs);
 using DecodeFn = void (*)(DecodeArgs);
-using RawDecodeFn = void (*)(Layout, const Workspace*, void*);
+using BatchFn = void (*)(const BatchEntry*);
+using SumFn = void (*)(const BatchEntry*, uint32_t, float*, bool);
+using RawDecodeFn = void (*)(Layout, Ws, void*);
 using NoneDecodeFn = void (*)(const uint8_t*, uint64_t, uint32_t, void*);
 using NarrowFn = void (*)(const float*, uint64_t, void*);
 
 struct QuantKernel {
   Kernel<QuantFn> k;
+  Kernel<BatchFn> batch;   /* the same work for a batch's items */
   uint32_t blocks_per_cta; /* codec blocks one CTA quantizes */
 };
 
@@ -1020,7 +1247,8 @@ QuantKernel quantize_geom() {
   constexpr int kChunksPerLane = DT == kFp32 ? 2 : 4;
   constexpr int U = kChunksPerLane / C > 0 ? kChunksPerLane / C : 1;
   constexpr int kBlocksPerCta = (kThreads / 32) * (32 / G) * U;
-  return {kern<quantize_kernel<FMT, DT, G, C, U, STOCH>>(), (uint32_t)kBlocksPerCta};
+  return {kern<quantize_kernel<FMT, DT, G, C, U, STOCH>>(), kern<quantize_batch_kernel<FMT, DT, G, C, U, STOCH>>(),
+          (uint32_t)kBlocksPerCta};
 }
 
 template <int FMT, int DT, bool STOCH>
@@ -1062,33 +1290,58 @@ QuantKernel quantize_kernel_for(const agoq_codec_params* p) {
   }
 }
 
-template <int FMT>
-Kernel<DecodeFn> decode_fmt(int out) {
+/* A single call's kernel, or (BATCH) its batched form. */
+template <int FMT, int OUT, bool BATCH>
+auto decode_one() {
+  if constexpr (BATCH) return kern<decode_batch_kernel<FMT, OUT>>();
+  else return kern<decode_kernel<FMT, OUT>>();
+}
+
+template <int OUT, bool BATCH>
+auto raw_decode_one() {
+  if constexpr (BATCH) return kern<raw_decode_batch_kernel<OUT>>();
+  else return kern<raw_decode_kernel<OUT>>();
+}
+
+template <int FMT, bool BATCH>
+auto decode_fmt(int out) {
   switch (out) {
-    case kOutFp32: return kern<decode_kernel<FMT, kOutFp32>>();
-    case kOutBf16: return kern<decode_kernel<FMT, kOutBf16>>();
-    case kOutFp16: return kern<decode_kernel<FMT, kOutFp16>>();
-    default: return kern<decode_kernel<FMT, kOutAcc>>();
+    case kOutFp32: return decode_one<FMT, kOutFp32, BATCH>();
+    case kOutBf16: return decode_one<FMT, kOutBf16, BATCH>();
+    case kOutFp16: return decode_one<FMT, kOutFp16, BATCH>();
+    default: return decode_one<FMT, kOutAcc, BATCH>();
   }
 }
 
 /* The coded blocks' decode of a non-NONE format into out (a dtype or kOutAcc). */
-Kernel<DecodeFn> decode_kernel_for(agoq_format format, int out) {
+template <bool BATCH = false>
+auto decode_kernel_for(agoq_format format, int out) {
   switch (format) {
-    case AGOQ_FORMAT_INT8: return decode_fmt<kInt8>(out);
-    case AGOQ_FORMAT_INT4: return decode_fmt<kInt4>(out);
-    case AGOQ_FORMAT_FP8E4M3: return decode_fmt<kE4M3>(out);
-    default: return decode_fmt<kE5M2>(out);
+    case AGOQ_FORMAT_INT8: return decode_fmt<kInt8, BATCH>(out);
+    case AGOQ_FORMAT_INT4: return decode_fmt<kInt4, BATCH>(out);
+    case AGOQ_FORMAT_FP8E4M3: return decode_fmt<kE4M3, BATCH>(out);
+    default: return decode_fmt<kE5M2, BATCH>(out);
   }
 }
 
 /* The escaped (raw) blocks' decode: only for a body with escaped blocks (NaN or Inf). */
-Kernel<RawDecodeFn> raw_decode_kernel_for(int out) {
+template <bool BATCH = false>
+auto raw_decode_kernel_for(int out) {
   switch (out) {
-    case kOutFp32: return kern<raw_decode_kernel<kOutFp32>>();
-    case kOutBf16: return kern<raw_decode_kernel<kOutBf16>>();
-    case kOutFp16: return kern<raw_decode_kernel<kOutFp16>>();
-    default: return kern<raw_decode_kernel<kOutAcc>>();
+    case kOutFp32: return raw_decode_one<kOutFp32, BATCH>();
+    case kOutBf16: return raw_decode_one<kOutBf16, BATCH>();
+    case kOutFp16: return raw_decode_one<kOutFp16, BATCH>();
+    default: return raw_decode_one<kOutAcc, BATCH>();
+  }
+}
+
+/* A batch's rank-order sum of a non-NONE format. */
+Kernel<SumFn> sum_kernel_for(agoq_format format) {
+  switch (format) {
+    case AGOQ_FORMAT_INT8: return kern<sum_kernel<kInt8>>();
+    case AGOQ_FORMAT_INT4: return kern<sum_kernel<kInt4>>();
+    case AGOQ_FORMAT_FP8E4M3: return kern<sum_kernel<kE4M3>>();
+    default: return kern<sum_kernel<kE5M2>>();
   }
 }
 
@@ -1129,20 +1382,29 @@ void for_each_kernel(Fn&& f) {
           p.stochastic = stoch != 0;
           if (agoq_codec_params_check(&p) != AGOQ_CODEC_OK) continue;
           f(quantize_kernel_for(&p).k);
+          f(quantize_kernel_for(&p).batch);
           any = true;
         }
-    if (any)
+    if (any) {
       for (int out = kOutFp32; out <= kOutAcc; out++) f(decode_kernel_for((agoq_format)fmt, out));
+      /* A batch decodes into a type, or sums (sum_kernel): no batched accumulate. */
+      for (int out = kOutFp32; out <= kOutFp16; out++) f(decode_kernel_for<true>((agoq_format)fmt, out));
+      f(sum_kernel_for((agoq_format)fmt));
+    }
   }
   for (int out = kOutFp32; out <= kOutAcc; out++) {
     f(raw_decode_kernel_for(out));
     f(none_decode_kernel_for(out));
   }
+  for (int out = kOutFp32; out <= kOutFp16; out++) f(raw_decode_kernel_for<true>(out));
   for (int dt = 0; dt < AGOQ_DTYPE_COUNT; dt++) f(narrow_kernel_for((agoq_dtype)dt));
   /* The kernels every parameter shares (launched below with kern<>()). */
   f(kern<count_kernel>());
   f(kern<scan_kernel>());
   f(kern<raw_copy_kernel>());
+  f(kern<count_batch_kernel>());
+  f(kern<scan_batch_kernel>());
+  f(kern<raw_copy_batch_kernel>());
   f(kern<write_result_kernel>());
   f(kern<write_header_kernel>());
   f(kern<overflow_inf_kernel>());
@@ -1162,7 +1424,7 @@ void launch_decode(const DecodeArgs& a, agoq_format format, int out, cudaStream_
   launch(decode_kernel_for(format, out), grid, kThreads, st, a);
 }
 
-void launch_raw_decode(const Layout& L, Workspace* ws, void* dst, int out, cudaStream_t st) {
+void launch_raw_decode(const Layout& L, const Ws& ws, void* dst, int out, cudaStream_t st) {
   launch(raw_decode_kernel_for(out), L.ranges, kThreads, st, L, ws, dst);
 }
 
@@ -1214,7 +1476,7 @@ int quantize_impl(const agoq_codec_params* p, const void* src, size_t n, void* b
        * writes it (and the result). */
       sa.L = a.L;
       sa.L.ranges = 0;
-      sa.ws = static_cast<Workspace*>(workspace);
+      sa.ws = ws_of(workspace);
       sa.result = result;
       sa.mode = kModeQuantize;
       sa.cap = cap;
@@ -1224,7 +1486,7 @@ int quantize_impl(const agoq_codec_params* p, const void* src, size_t n, void* b
     launch(kern<write_result_kernel>(), 1, 1, st, result, 0, 0, AGOQ_CODEC_OK);
     return launched();
   }
-  Workspace* ws = static_cast<Workspace*>(workspace);
+  const Ws ws = ws_of(workspace);
   a.src = static_cast<const uint8_t*>(src);
   a.seed = p->seed;
   a.first_index = p->first_index;
@@ -1278,7 +1540,7 @@ int decode_impl(const agoq_codec_params* p, const void* body, size_t body_len, s
     if (result != nullptr) launch(kern<write_result_kernel>(), 1, 1, st, result, body_len, 0, AGOQ_CODEC_OK);
     return launched();
   }
-  Workspace* ws = static_cast<Workspace*>(workspace);
+  const Ws ws = ws_of(workspace);
   launch(kern<count_kernel>(), L.ranges, kThreads, st, L, ws, check_scales ? 1 : 0);
   ScanArgs sa;
   memset(&sa, 0, sizeof sa);
@@ -1360,6 +1622,195 @@ int frame_decode_impl(const void* header, const void* frame, size_t len, int out
                      true);
 }
 
+/* ---- batches (host) -------------------------------------------------------------------------- */
+
+/* An item's share of a batch's workspace: the scan's prefix, counts and status for its ranges. */
+size_t batch_ws_bytes(uint32_t ranges) {
+  return ((size_t)8 * (ranges + 1) + (size_t)4 * ranges + 4 + 15) & ~(size_t)15;
+}
+
+/* Where a batch's table and workspace are being filled. */
+struct BatchBuild {
+  const agoq_cuda_batch_mem* mem;
+  BatchEntry* host;
+  size_t k;
+  uint8_t* ws_next;
+  size_t ws_left;
+  uint32_t max_ranges, max_quant, max_decode;
+  bool any_escaped;
+};
+
+int batch_begin(BatchBuild* b, const agoq_codec_params* p, size_t k, const agoq_cuda_batch_mem* mem,
+                const agoq_cuda_codec_result* results) {
+  if (!params_ok(p) || p->format == AGOQ_FORMAT_NONE || k == 0 || k > AGOQ_CUDA_BATCH_MAX_ITEMS || mem == nullptr ||
+      results == nullptr || mem->table_host == nullptr || mem->table_dev == nullptr ||
+      mem->table_cap < k * sizeof(BatchEntry) || !aligned(mem->table_host, alignof(BatchEntry)) ||
+      !aligned(mem->table_dev, alignof(BatchEntry)) || mem->workspace == nullptr || !aligned(mem->workspace, 16))
+    return AGOQ_CODEC_EARG;
+  memset(b, 0, sizeof *b);
+  b->mem = mem;
+  b->host = static_cast<BatchEntry*>(mem->table_host);
+  b->k = k;
+  b->ws_next = static_cast<uint8_t*>(mem->workspace);
+  b->ws_left = mem->workspace_cap;
+  return AGOQ_CODEC_OK;
+}
+
+/* Item i's entry (its layout in e->scan.L), with its workspace share, into the pinned table. */
+int batch_put(BatchBuild* b, size_t i, BatchEntry* e) {
+  const size_t need = batch_ws_bytes(e->scan.L.ranges);
+  if (need > b->ws_left) return AGOQ_CODEC_EARG;
+  uint8_t* w = b->ws_next;
+  e->scan.ws.prefix = reinterpret_cast<unsigned long long*>(w);
+  e->scan.ws.count = reinterpret_cast<uint32_t*>(w + (size_t)8 * (e->scan.L.ranges + 1));
+  e->scan.ws.status = reinterpret_cast<uint32_t*>(w + (size_t)8 * (e->scan.L.ranges + 1) + (size_t)4 * e->scan.L.ranges);
+  b->ws_next += need;
+  b->ws_left -= need;
+  b->max_ranges = std::max(b->max_ranges, e->scan.L.ranges);
+  b->max_quant = std::max(b->max_quant, e->quant_ctas);
+  b->max_decode = std::max(b->max_decode, e->decode_ctas);
+  b->any_escaped = b->any_escaped || e->scan.expected != 0;
+#if defined(AGOQ_CUDA_EMULATION)
+  bool ok = true;
+  agoq_emu_rebase(*e, ok);
+  if (!ok) return cuda_failed(cudaErrorInvalidDevicePointer);
+#endif
+  memcpy(&b->host[i], e, sizeof *e);
+  return AGOQ_CODEC_OK;
+}
+
+/* The table into device memory, ahead of the kernels on the stream. */
+int batch_copy(const BatchBuild* b, cudaStream_t st) {
+  cudaError_t e = cudaMemcpyAsync(b->mem->table_dev, b->mem->table_host, b->k * sizeof(BatchEntry),
+                                  cudaMemcpyHostToDevice, st);
+  return e == cudaSuccess ? AGOQ_CODEC_OK : cuda_failed(e);
+}
+
+const BatchEntry* batch_table(const BatchBuild* b) { return static_cast<const BatchEntry*>(b->mem->table_dev); }
+
+/* A decode item's entry: the checks and layout of decode_impl. */
+int batch_decode_entry(const agoq_codec_params* p, const agoq_cuda_decode_item* it, int out, bool with_dst,
+                       agoq_cuda_codec_result* result, BatchEntry* e) {
+  const size_t osize = out == kOutAcc ? 4 : agoq_dtype_size((agoq_dtype)out);
+  if ((it->body == nullptr && it->body_len != 0) || !aligned(it->body, 4) || it->n > kMaxCount ||
+      (with_dst && ((it->dst == nullptr && it->n != 0) || !aligned(it->dst, osize))))
+    return AGOQ_CODEC_EARG;
+  memset(e, 0, sizeof *e);
+  Layout& L = e->scan.L;
+  if (!layout_init(&L, p, it->n, it->body)) return AGOQ_CODEC_EARG;
+  if (it->body_len < L.head || (it->body_len - L.head) % L.raw_block != 0 ||
+      (it->body_len - L.head) / L.raw_block > L.nb)
+    return AGOQ_CODEC_ECORRUPT;
+  e->scan.result = result;
+  e->scan.mode = kModeDecode;
+  e->scan.expected = (it->body_len - L.head) / L.raw_block;
+  e->dst = with_dst ? it->dst : nullptr;
+  e->codes8 = aligned(L.body + L.codes_off, 8);
+  e->dst_vec = with_dst && aligned(it->dst, 16);
+  const uint64_t per_cta = (uint64_t)kThreads * kDecodeChunks * 8;
+  e->decode_ctas = (uint32_t)((it->n + per_cta - 1) / per_cta);
+  return AGOQ_CODEC_OK;
+}
+
+/* The escape scans of a decode batch: counts (with the bitmap checked against each body's
+ * length), then each item's prefix, status and result. */
+void batch_scan(const BatchBuild* b, cudaStream_t st) {
+  if (b->max_ranges != 0) launch_2d(kern<count_batch_kernel>(), b->max_ranges, (unsigned)b->k, kThreads, st, batch_table(b), 0);
+  launch_2d(kern<scan_batch_kernel>(), 1, (unsigned)b->k, kScanThreads, st, batch_table(b));
+}
+
+int encode_batch_impl(const agoq_codec_params* p, const agoq_cuda_encode_item* items, size_t k,
+                      const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results, cudaStream_t st) {
+  BatchBuild b;
+  if (items == nullptr) return AGOQ_CODEC_EARG;
+  int rc = batch_begin(&b, p, k, mem, results);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  const QuantKernel q = quantize_kernel_for(p);
+  for (size_t i = 0; i < k; i++) {
+    const agoq_cuda_encode_item& it = items[i];
+    /* quantize_impl's and agoq_cuda_frame_encode's checks, in their order. */
+    if (it.n > AGOQ_FRAME_MAX_COUNT) return AGOQ_CODEC_EARG;
+    if (it.frame == nullptr || it.cap < AGOQ_FRAME_HEADER_SIZE) return AGOQ_CODEC_ESPACE;
+    uint8_t* header = static_cast<uint8_t*>(it.frame);
+    uint8_t* body = header + AGOQ_FRAME_HEADER_SIZE;
+    if ((it.src == nullptr && it.n != 0) || !aligned(it.src, agoq_dtype_size(p->dtype)) || !aligned(body, 4))
+      return AGOQ_CODEC_EARG;
+    BatchEntry e;
+    memset(&e, 0, sizeof e);
+    if (!layout_init(&e.scan.L, p, it.n, body)) return AGOQ_CODEC_EARG;
+    const size_t cap = it.cap - AGOQ_FRAME_HEADER_SIZE;
+    if (cap < e.scan.L.head) return AGOQ_CODEC_ESPACE;
+    if (it.n == 0) e.scan.L.ranges = 0; /* the scan alone writes the header and the result */
+    e.scan.result = &results[i];
+    e.scan.mode = kModeQuantize;
+    e.scan.cap = cap;
+    e.scan.header = header;
+    e.scan.header_format = (uint8_t)p->format;
+    e.scan.header_dtype = (uint8_t)p->dtype;
+    e.scan.header_flags = p->stochastic ? AGOQ_FRAME_FLAG_STOCHASTIC : 0u;
+    e.scan.header_block = p->block;
+    e.src = static_cast<const uint8_t*>(it.src);
+    e.seed = p->seed;
+    e.first_index = p->first_index;
+    e.src_vec = aligned(it.src, 16);
+    e.codes8 = aligned(body + e.scan.L.codes_off, 8);
+    e.quant_ctas = (uint32_t)((e.scan.L.nb + q.blocks_per_cta - 1) / q.blocks_per_cta);
+    rc = batch_put(&b, i, &e);
+    if (rc != AGOQ_CODEC_OK) return rc;
+  }
+  rc = batch_copy(&b, st);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  const unsigned ky = (unsigned)k;
+  if (b.max_quant != 0) launch_2d(q.batch, b.max_quant, ky, kThreads, st, batch_table(&b));
+  if (b.max_ranges != 0) launch_2d(kern<count_batch_kernel>(), b.max_ranges, ky, kThreads, st, batch_table(&b), 0);
+  launch_2d(kern<scan_batch_kernel>(), 1, ky, kScanThreads, st, batch_table(&b));
+  if (b.max_ranges != 0) launch_2d(kern<raw_copy_batch_kernel>(), b.max_ranges, ky, kThreads, st, batch_table(&b));
+  return launched();
+}
+
+int decode_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k, int out,
+                      const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results, cudaStream_t st) {
+  BatchBuild b;
+  if (items == nullptr) return AGOQ_CODEC_EARG;
+  int rc = batch_begin(&b, p, k, mem, results);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  for (size_t i = 0; i < k; i++) {
+    BatchEntry e;
+    rc = batch_decode_entry(p, &items[i], out, true, &results[i], &e);
+    if (rc == AGOQ_CODEC_OK) rc = batch_put(&b, i, &e);
+    if (rc != AGOQ_CODEC_OK) return rc;
+  }
+  rc = batch_copy(&b, st);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  batch_scan(&b, st);
+  if (b.max_decode != 0)
+    launch_2d(decode_kernel_for<true>(p->format, out), b.max_decode, (unsigned)k, kThreads, st, batch_table(&b));
+  if (b.any_escaped)
+    launch_2d(raw_decode_kernel_for<true>(out), b.max_ranges, (unsigned)k, kThreads, st, batch_table(&b));
+  return launched();
+}
+
+int sum_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k, size_t n, float* acc,
+                   const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results, cudaStream_t st) {
+  BatchBuild b;
+  if (items == nullptr || (acc == nullptr && n != 0) || !aligned(acc, 4) || n > kMaxCount) return AGOQ_CODEC_EARG;
+  int rc = batch_begin(&b, p, k, mem, results);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  for (size_t i = 0; i < k; i++) {
+    if (items[i].n != n) return AGOQ_CODEC_EARG;
+    BatchEntry e;
+    rc = batch_decode_entry(p, &items[i], kOutAcc, false, &results[i], &e);
+    if (rc == AGOQ_CODEC_OK) rc = batch_put(&b, i, &e);
+    if (rc != AGOQ_CODEC_OK) return rc;
+  }
+  rc = batch_copy(&b, st);
+  if (rc != AGOQ_CODEC_OK) return rc;
+  batch_scan(&b, st);
+  if (n != 0)
+    launch(sum_kernel_for(p->format), b.max_decode, kThreads, st, batch_table(&b), (uint32_t)k, acc, aligned(acc, 16));
+  return launched();
+}
+
 }  // namespace
 }  // namespace agoq_cuda
 
@@ -1410,6 +1861,36 @@ extern "C" int agoq_cuda_frame_decode_accumulate(const void* header, const void*
                                                  agoq_cuda_codec_result* result, void* stream) {
   return frame_decode_impl(header, frame, len, kOutAcc, acc, acc_count, workspace, result,
                            static_cast<cudaStream_t>(stream));
+}
+
+extern "C" size_t agoq_cuda_batch_table_size(size_t items) { return items * sizeof(BatchEntry); }
+
+extern "C" size_t agoq_cuda_batch_workspace_size(const agoq_codec_params* p, size_t items, size_t max_n) {
+  /* An item of n elements has ceil(ceil(n / block) / 64) bitmap words and at most kRangesMax
+   * ranges of them; fewer elements never need more. */
+  const size_t block = p != nullptr && p->block != 0 ? p->block : 1;
+  const size_t words = ((max_n + block - 1) / block + 63) / 64;
+  const uint32_t ranges = (uint32_t)std::min<size_t>(words, kRangesMax);
+  return items * batch_ws_bytes(ranges);
+}
+
+extern "C" int agoq_cuda_frame_encode_batch(const agoq_codec_params* p, const agoq_cuda_encode_item* items, size_t k,
+                                            const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results,
+                                            void* stream) {
+  return encode_batch_impl(p, items, k, mem, results, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int agoq_cuda_dequantize_batch(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
+                                          agoq_dtype out, const agoq_cuda_batch_mem* mem,
+                                          agoq_cuda_codec_result* results, void* stream) {
+  if ((unsigned)out >= AGOQ_DTYPE_COUNT) return AGOQ_CODEC_EARG;
+  return decode_batch_impl(p, items, k, (int)out, mem, results, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int agoq_cuda_dequantize_sum(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
+                                        size_t n, float* acc, const agoq_cuda_batch_mem* mem,
+                                        agoq_cuda_codec_result* results, void* stream) {
+  return sum_batch_impl(p, items, k, n, acc, mem, results, static_cast<cudaStream_t>(stream));
 }
 
 /* A grid-stride launch over n elements: at most 65536 CTAs. */

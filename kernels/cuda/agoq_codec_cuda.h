@@ -90,6 +90,67 @@ int agoq_cuda_frame_decode_accumulate(const void* header, const void* frame, siz
 int agoq_cuda_overflow_to_inf(agoq_dtype out, float* acc, size_t n, void* stream);
 int agoq_cuda_narrow_fp32(agoq_dtype out, const float* acc, size_t n, void* dst, void* stream);
 
+/* ---- batches ------------------------------------------------------------------------------
+ * Many items of one codec step in one launch of each of its kernels, whatever the number of
+ * items (a CollNet step codes one slice per peer: per-item calls would launch 4 kernels per
+ * peer). Each item gets exactly the bits and the result of the single call it stands for.
+ * Every item has the batch's parameters p (format NONE has no batch: AGOQ_CODEC_EARG) and
+ * its own result (results[i], device-accessible as for the single calls).
+ *
+ * The kernels read their arguments from a table: the host writes it into table_host (pinned
+ * memory) at the call, and the call queues its copy into table_dev (device memory) ahead of
+ * the kernels. table_host may be reused once that copy has run (the stream has passed the
+ * call); table_dev and the workspace once the call's work has completed. Each item's escape
+ * scan takes its share of the workspace (device memory, 16-byte aligned), sized for its own
+ * length. Sizes: agoq_cuda_batch_table_size and agoq_cuda_batch_workspace_size; a table or
+ * workspace too small is AGOQ_CODEC_EARG, with nothing queued. So is a batch of no items or
+ * of more than AGOQ_CUDA_BATCH_MAX_ITEMS. Any refusal the host can find queues nothing. */
+#define AGOQ_CUDA_BATCH_MAX_ITEMS 65535u
+
+typedef struct {
+  void* table_host;     /* pinned host memory: table_cap bytes */
+  void* table_dev;      /* device memory: table_cap bytes */
+  size_t table_cap;
+  void* workspace;      /* device memory, 16-byte aligned */
+  size_t workspace_cap;
+} agoq_cuda_batch_mem;
+
+/* Encode: n elements at src into a frame at frame (cap bytes), as agoq_cuda_frame_encode. */
+typedef struct {
+  const void* src;
+  size_t n;
+  void* frame;
+  size_t cap;
+} agoq_cuda_encode_item;
+
+/* Decode: a body of body_len bytes of n elements (as agoq_cuda_dequantize), into dst. */
+typedef struct {
+  const void* body;
+  size_t body_len;
+  size_t n;
+  void* dst; /* agoq_cuda_dequantize_batch: n elements of its out type; agoq_cuda_dequantize_sum: unused */
+} agoq_cuda_decode_item;
+
+/* Bytes of table for `items` items, and of workspace for `items` items of at most max_n
+ * elements each with p's block. */
+size_t agoq_cuda_batch_table_size(size_t items);
+size_t agoq_cuda_batch_workspace_size(const agoq_codec_params* p, size_t items, size_t max_n);
+
+/* k frames, each as agoq_cuda_frame_encode of its item (results[i] its result). */
+int agoq_cuda_frame_encode_batch(const agoq_codec_params* p, const agoq_cuda_encode_item* items, size_t k,
+                                 const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results, void* stream);
+/* k bodies, each decoded into its item's dst as agoq_cuda_dequantize into out. */
+int agoq_cuda_dequantize_batch(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
+                               agoq_dtype out, const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results,
+                               void* stream);
+/* The fp32 sum of k bodies of n elements each, in item order, into acc (device memory, n
+ * floats): the bits of agoq_cuda_dequantize of item 0 into fp32 followed by
+ * agoq_cuda_dequantize_accumulate of items 1..k-1, read and written once. Every item's n must
+ * be n. A body the device finds corrupt (its result says ECORRUPT) leaves acc untouched. */
+int agoq_cuda_dequantize_sum(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k, size_t n,
+                             float* acc, const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results,
+                             void* stream);
+
 /* Makes the driver load, on the calling thread's current device, every kernel the calls above
  * can ever launch (every format, type, output, block size and rounding, the escaped-block and
  * NONE decodes included), launching none of them: with CUDA's lazy module loading a kernel's

@@ -11,7 +11,10 @@
  * frame (encode and decode) are compared with the CPU's. Then corrupt inputs: a bitmap that
  * disagrees with the body length, a bit past the last block, a body length that fits no
  * escape count, a frame with a bad scale, a body too small for its escaped blocks, random
- * body bytes (fp8 NaN codes, NaN scales).
+ * body bytes (fp8 NaN codes, NaN scales). Batches (agoq_cuda_frame_encode_batch,
+ * agoq_cuda_dequantize_batch, agoq_cuda_dequantize_sum) against the single calls they stand
+ * for, byte for byte, on items of every length at uneven offsets, a corrupt body in a sum, and
+ * the refusals the host makes.
  *
  * Throughput: bf16 -> int8, block 128, 1 GiB of input: quantize (GB/s of input) and
  * dequantize to bf16 (GB/s of output), next to cudaMemcpy device-to-device of 1 GiB (GB/s
@@ -702,6 +705,281 @@ static void check_reduce_steps(bufs* B) {
   fflush(stdout);
 }
 
+/* ---- batches ------------------------------------------------------------------------------------------ */
+
+/* A batch of k items against the k single calls it stands for, on the GPU: the frames (every
+ * byte, results, nothing written past them), the decodes into every type, and, where the
+ * items have one length, the rank-order sum against a decode into fp32 followed by
+ * decode-accumulates; then the sum with one body made corrupt on the device, which must leave
+ * the sum untouched and say which item. Items sit at uneven offsets (odd items: src one element
+ * off, frame 4 bytes off 16-byte alignment). */
+enum { BATCH_K_MAX = 8 };
+
+typedef struct {
+  size_t max_n, src_bytes, frame_bytes, dst_bytes;
+  uint8_t *dsrc, *dframe, *dframe1, *ddst, *ddst1;
+  uint8_t *h, *h1;
+  void* ws;
+  agoq_cuda_batch_mem mem;
+  agoq_cuda_codec_result *res, *res1;
+} batch_env;
+
+static size_t batch_frame_max(size_t n) {
+  size_t m = 0;
+  for (int f = AGOQ_FORMAT_INT8; f < AGOQ_FORMAT_COUNT; f++) {
+    agoq_codec_params p = {.format = (agoq_format)f, .dtype = AGOQ_DTYPE_FP32, .block = 32};
+    size_t s = agoq_frame_size_max(&p, n);
+    if (s > m) m = s;
+  }
+  return m;
+}
+
+static void batch_env_init(batch_env* E, size_t item_max) {
+  memset(E, 0, sizeof *E);
+  E->max_n = item_max;
+  E->src_bytes = BATCH_K_MAX * (item_max + 8) * 4 + GUARD;
+  E->frame_bytes = BATCH_K_MAX * (batch_frame_max(item_max) + 32) + GUARD;
+  E->dst_bytes = E->src_bytes;
+  size_t hb = E->frame_bytes > E->src_bytes ? E->frame_bytes : E->src_bytes;
+  E->h = host_alloc(hb);
+  E->h1 = host_alloc(hb);
+  CUDA_OK(cudaMalloc((void**)&E->dsrc, E->src_bytes));
+  CUDA_OK(cudaMalloc((void**)&E->dframe, E->frame_bytes));
+  CUDA_OK(cudaMalloc((void**)&E->dframe1, E->frame_bytes));
+  CUDA_OK(cudaMalloc((void**)&E->ddst, E->dst_bytes));
+  CUDA_OK(cudaMalloc((void**)&E->ddst1, E->dst_bytes));
+  CUDA_OK(cudaMalloc(&E->ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE));
+  /* Block 1 is the worst case of the workspace's size. */
+  E->mem.table_cap = agoq_cuda_batch_table_size(BATCH_K_MAX);
+  E->mem.workspace_cap = agoq_cuda_batch_workspace_size(NULL, BATCH_K_MAX, item_max);
+  CUDA_OK(cudaMallocHost(&E->mem.table_host, E->mem.table_cap));
+  CUDA_OK(cudaMalloc(&E->mem.table_dev, E->mem.table_cap));
+  CUDA_OK(cudaMalloc(&E->mem.workspace, E->mem.workspace_cap));
+  CUDA_OK(cudaMallocHost((void**)&E->res, BATCH_K_MAX * sizeof *E->res));
+  CUDA_OK(cudaMallocHost((void**)&E->res1, BATCH_K_MAX * sizeof *E->res1));
+}
+
+static void batch_env_free(batch_env* E) {
+  free(E->h);
+  free(E->h1);
+  cudaFree(E->dsrc);
+  cudaFree(E->dframe);
+  cudaFree(E->dframe1);
+  cudaFree(E->ddst);
+  cudaFree(E->ddst1);
+  cudaFree(E->ws);
+  cudaFreeHost(E->mem.table_host);
+  cudaFree(E->mem.table_dev);
+  cudaFree(E->mem.workspace);
+  cudaFreeHost(E->res);
+  cudaFreeHost(E->res1);
+}
+
+/* Both device buffers of `bytes` bytes filled with the same byte. */
+static void batch_prefill(uint8_t* a, uint8_t* b, size_t bytes, int v) {
+  CUDA_OK(cudaMemset(a, v, bytes));
+  CUDA_OK(cudaMemset(b, v, bytes));
+}
+
+/* The two device buffers compared over `bytes` (guards included). */
+static void batch_compare(batch_env* E, const codec_case* kc, const char* what, const uint8_t* d_single,
+                          const uint8_t* d_batch, size_t bytes) {
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(E->h1, d_single, bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(E->h, d_batch, bytes, cudaMemcpyDeviceToHost));
+  cases++;
+  same_bytes(kc, what, E->h1, E->h, bytes - GUARD);
+}
+
+static void batch_results(const codec_case* kc, const char* what, const agoq_cuda_codec_result* single,
+                          const agoq_cuda_codec_result* batch, size_t k) {
+  for (size_t i = 0; i < k; i++) {
+    cases++;
+    if (single[i].status != batch[i].status || single[i].body_len != batch[i].body_len ||
+        single[i].escaped_blocks != batch[i].escaped_blocks)
+      mismatch(kc, what, "item %zu: single call status %u length %" PRIu64 " escaped %" PRIu64
+               ", batch status %u length %" PRIu64 " escaped %" PRIu64, i, single[i].status, single[i].body_len,
+               single[i].escaped_blocks, batch[i].status, batch[i].body_len, batch[i].escaped_blocks);
+  }
+}
+
+static void check_batch_case(batch_env* E, const agoq_codec_params* p, int pat, size_t k, const size_t* lens) {
+  const size_t es = agoq_dtype_size(p->dtype);
+  size_t so[BATCH_K_MAX], fo[BATCH_K_MAX], cap[BATCH_K_MAX], src_end = 0, frame_end = 0, nmax = 0;
+  bool same_n = true;
+  codec_case kc;
+  memset(&kc, 0, sizeof kc);
+  kc.p = *p;
+  kc.pattern = pat;
+  for (size_t i = 0; i < k; i++) {
+    so[i] = src_end + (i & 1);
+    src_end = so[i] + lens[i] + 1;
+    fo[i] = ((frame_end + 15) & ~(size_t)15) + 4 * (i & 1);
+    cap[i] = agoq_frame_size_max(p, lens[i]);
+    frame_end = fo[i] + cap[i];
+    if (lens[i] > nmax) nmax = lens[i];
+    same_n = same_n && lens[i] == lens[0];
+  }
+  kc.n = nmax;
+  for (size_t i = 0; i < k; i++) fill_pattern(E->h + so[i] * es, p->dtype, lens[i], p->block, pat, p->format);
+  CUDA_OK(cudaMemcpy(E->dsrc, E->h, src_end * es, cudaMemcpyHostToDevice));
+
+  /* Encode. */
+  const size_t fbytes = frame_end + GUARD;
+  batch_prefill(E->dframe1, E->dframe, fbytes, 0x5a);
+  agoq_cuda_encode_item items[BATCH_K_MAX];
+  for (size_t i = 0; i < k; i++) {
+    items[i] = (agoq_cuda_encode_item){.src = E->dsrc + so[i] * es, .n = lens[i], .frame = E->dframe + fo[i],
+                                       .cap = cap[i]};
+    CODEC_OK(agoq_cuda_frame_encode(p, items[i].src, lens[i], E->dframe1 + fo[i], cap[i], E->ws, &E->res1[i], NULL));
+  }
+  CODEC_OK(agoq_cuda_frame_encode_batch(p, items, k, &E->mem, E->res, NULL));
+  batch_compare(E, &kc, "batch encode", E->dframe1, E->dframe, fbytes);
+  batch_results(&kc, "batch encode", E->res1, E->res, k);
+
+  /* Decode into every type. */
+  agoq_cuda_decode_item d[BATCH_K_MAX];
+  for (int out = 0; out < AGOQ_DTYPE_COUNT; out++) {
+    const size_t os = agoq_dtype_size((agoq_dtype)out), dbytes = src_end * os + GUARD;
+    batch_prefill(E->ddst1, E->ddst, dbytes, 0xa5);
+    for (size_t i = 0; i < k; i++) {
+      d[i] = (agoq_cuda_decode_item){.body = E->dframe + fo[i] + AGOQ_FRAME_HEADER_SIZE,
+                                     .body_len = (size_t)E->res[i].body_len, .n = lens[i], .dst = E->ddst + so[i] * os};
+      CODEC_OK(agoq_cuda_dequantize(p, d[i].body, d[i].body_len, lens[i], (agoq_dtype)out, E->ddst1 + so[i] * os,
+                                    E->ws, &E->res1[i], NULL));
+    }
+    CODEC_OK(agoq_cuda_dequantize_batch(p, d, k, (agoq_dtype)out, &E->mem, E->res, NULL));
+    batch_compare(E, &kc, "batch decode", E->ddst1, E->ddst, dbytes);
+    batch_results(&kc, "batch decode", E->res1, E->res, k);
+  }
+  if (!same_n) return;
+
+  /* The rank-order sum. */
+  const size_t n = lens[0], abytes = n * 4 + GUARD;
+  batch_prefill(E->ddst1, E->ddst, abytes, 0xa5);
+  for (size_t i = 0; i < k; i++) {
+    if (i == 0)
+      CODEC_OK(agoq_cuda_dequantize(p, d[i].body, d[i].body_len, n, AGOQ_DTYPE_FP32, E->ddst1, E->ws, &E->res1[i], NULL));
+    else
+      CODEC_OK(agoq_cuda_dequantize_accumulate(p, d[i].body, d[i].body_len, n, (float*)E->ddst1, E->ws, &E->res1[i],
+                                               NULL));
+  }
+  CODEC_OK(agoq_cuda_dequantize_sum(p, d, k, n, (float*)E->ddst, &E->mem, E->res, NULL));
+  batch_compare(E, &kc, "batch sum", E->ddst1, E->ddst, abytes);
+  batch_results(&kc, "batch sum", E->res1, E->res, k);
+  if (n == 0) return;
+
+  /* One body made corrupt: a bitmap bit set on a block that was not escaped, so the bitmap
+   * disagrees with the body length. */
+  const size_t bad = k > 1 ? 1 : 0;
+  uint8_t* body = E->dframe + fo[bad] + AGOQ_FRAME_HEADER_SIZE;
+  const size_t nb = (n + p->block - 1) / p->block;
+  uint8_t bitmap[8];
+  CUDA_OK(cudaMemcpy(bitmap, body, 8, cudaMemcpyDeviceToHost));
+  size_t b = 0;
+  while (b < nb && b < 64 && (bitmap[b / 8] >> (b % 8)) & 1u) b++;
+  if (b == nb || b == 64) return; /* every block of the first word escaped: nothing to flip */
+  bitmap[b / 8] |= (uint8_t)(1u << (b % 8));
+  CUDA_OK(cudaMemcpy(body, bitmap, 8, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(E->ddst, 0x3c, abytes));
+  CODEC_OK(agoq_cuda_dequantize_sum(p, d, k, n, (float*)E->ddst, &E->mem, E->res, NULL));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(E->h, E->ddst, abytes, cudaMemcpyDeviceToHost));
+  memset(E->h1, 0x3c, abytes);
+  cases++;
+  same_bytes(&kc, "batch sum with a corrupt body (nothing written)", E->h1, E->h, n * 4);
+  for (size_t i = 0; i < k; i++) {
+    cases++;
+    const uint32_t want = i == bad ? AGOQ_CODEC_ECORRUPT : AGOQ_CODEC_OK;
+    if (E->res[i].status != want)
+      mismatch(&kc, "batch sum with a corrupt body", "item %zu: status %u, expected %u", i, E->res[i].status, want);
+  }
+}
+
+/* What the host can refuse queues nothing and says so. */
+static void check_batch_refusals(batch_env* E) {
+  const agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 32};
+  const agoq_codec_params none = {.format = AGOQ_FORMAT_NONE, .dtype = AGOQ_DTYPE_BF16};
+  agoq_cuda_encode_item e[2] = {{.src = E->dsrc, .n = 64, .frame = E->dframe, .cap = agoq_frame_size_max(&p, 64)},
+                                {.src = E->dsrc + 256, .n = 64, .frame = E->dframe + 4096, .cap = agoq_frame_size_max(&p, 64)}};
+  size_t head = agoq_codec_body_size(&p, 64, 0);
+  agoq_cuda_decode_item d[2] = {{.body = E->dframe + 64, .body_len = head, .n = 64, .dst = E->ddst},
+                                {.body = E->dframe + 4160, .body_len = head, .n = 33, .dst = E->ddst + 512}};
+  agoq_cuda_batch_mem small_table = E->mem, small_ws = E->mem, odd_ws = E->mem;
+  small_table.table_cap = agoq_cuda_batch_table_size(1);
+  small_ws.workspace_cap = 16;
+  odd_ws.workspace = (uint8_t*)E->mem.workspace + 8;
+  struct {
+    const char* what;
+    int got, want;
+  } r[] = {
+      {"no items", agoq_cuda_frame_encode_batch(&p, e, 0, &E->mem, E->res, NULL), AGOQ_CODEC_EARG},
+      {"format NONE", agoq_cuda_frame_encode_batch(&none, e, 2, &E->mem, E->res, NULL), AGOQ_CODEC_EARG},
+      {"a table too small", agoq_cuda_frame_encode_batch(&p, e, 2, &small_table, E->res, NULL), AGOQ_CODEC_EARG},
+      {"a workspace too small", agoq_cuda_frame_encode_batch(&p, e, 2, &small_ws, E->res, NULL), AGOQ_CODEC_EARG},
+      {"a misaligned workspace", agoq_cuda_frame_encode_batch(&p, e, 2, &odd_ws, E->res, NULL), AGOQ_CODEC_EARG},
+      {"no results", agoq_cuda_frame_encode_batch(&p, e, 2, &E->mem, NULL, NULL), AGOQ_CODEC_EARG},
+      {"too many items", agoq_cuda_frame_encode_batch(&p, e, AGOQ_CUDA_BATCH_MAX_ITEMS + 1, &E->mem, E->res, NULL),
+       AGOQ_CODEC_EARG},
+      {"an output type out of range",
+       agoq_cuda_dequantize_batch(&p, d, 1, (agoq_dtype)AGOQ_DTYPE_COUNT, &E->mem, E->res, NULL), AGOQ_CODEC_EARG},
+      {"sum of bodies of two lengths", agoq_cuda_dequantize_sum(&p, d, 2, 64, (float*)E->ddst, &E->mem, E->res, NULL),
+       AGOQ_CODEC_EARG},
+  };
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+    cases++;
+    if (r[i].got != r[i].want) mismatch(NULL, "batch refusal", "%s: returned %d, expected %d", r[i].what, r[i].got, r[i].want);
+  }
+  /* A body length that fits no number of escaped blocks: corrupt, found on the host. */
+  d[1].n = 64;
+  d[1].body_len = head + 1;
+  cases++;
+  int rc = agoq_cuda_dequantize_batch(&p, d, 2, AGOQ_DTYPE_BF16, &E->mem, E->res, NULL);
+  if (rc != AGOQ_CODEC_ECORRUPT) mismatch(NULL, "batch refusal", "a body length of no escape count: returned %d", rc);
+}
+
+static void check_batches(bool quick) {
+  batch_env E;
+  const size_t cap_n = max_n < 5000 ? max_n : 5000;
+  batch_env_init(&E, ranges_n > cap_n ? ranges_n : cap_n);
+  static const uint32_t blocks[] = {32, 256};
+  for (int f = AGOQ_FORMAT_INT8; f < AGOQ_FORMAT_COUNT; f++)
+    for (int t = 0; t < AGOQ_DTYPE_COUNT; t++)
+      for (size_t bi = 0; bi < (quick ? 1u : 2u); bi++)
+        for (int pat = PAT_NORMAL; pat <= PAT_ESCAPES; pat++) {
+          const uint32_t b = blocks[bi];
+          const bool is_int = f == AGOQ_FORMAT_INT8 || f == AGOQ_FORMAT_INT4;
+          agoq_codec_params p = {.format = (agoq_format)f, .dtype = (agoq_dtype)t, .block = b,
+                                 .stochastic = is_int && pat == PAT_ESCAPES, .seed = rnd64()};
+          /* Lengths of every kind in one batch: empty, one element, tails, several bitmap words. */
+          size_t lens[BATCH_K_MAX] = {0, 1, b - 1, b + 1, 3 * (size_t)b + 5, 64 * (size_t)b + 3, cap_n};
+          size_t k = 0;
+          for (size_t i = 0; i < 7; i++)
+            if (lens[i] <= cap_n) lens[k++] = lens[i];
+          check_batch_case(&E, &p, pat, k, lens);
+          /* One length: the sum of 5 items of a few blocks, and of 3 of several bitmap words. */
+          const size_t n5 = 3 * (size_t)b + 5, n3 = 64 * (size_t)b + 3;
+          size_t same[BATCH_K_MAX];
+          for (size_t i = 0; i < 5; i++) same[i] = n5;
+          check_batch_case(&E, &p, pat, 5, same);
+          if (n3 <= cap_n) {
+            for (size_t i = 0; i < 3; i++) same[i] = n3;
+            check_batch_case(&E, &p, pat, 3, same);
+          }
+        }
+  /* Several bitmap words per range of the escape scan: the sum's escaped-block rank counts the
+   * words before a block within its range. */
+  if (ranges_n != 0) {
+    agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 32};
+    size_t same[2] = {ranges_n, ranges_n};
+    check_batch_case(&E, &p, PAT_ESCAPES, 2, same);
+  }
+  check_batch_refusals(&E);
+  batch_env_free(&E);
+  printf("codec: batches done, %ld checks, %ld mismatches\n", cases, mismatches);
+  fflush(stdout);
+}
+
 /* ---- the identity matrix ---------------------------------------------------------------------------- */
 
 static void check_identity(bufs* B, bool quick) {
@@ -770,6 +1048,7 @@ static void check_identity(bufs* B, bool quick) {
   }
   check_corrupt(B);
   check_reduce_steps(B);
+  check_batches(quick);
 }
 
 /* ---- throughput ---------------------------------------------------------------------------------------- */

@@ -96,6 +96,9 @@ bool device_view(const void* p, void** out);
 void enqueue(cudaStream_t st, void (*run)(void*), void* ctx, void (*drop)(void*));
 /* A launch whose arguments the device cannot address: the launch error, and a line saying which. */
 void launch_refused(const void* p);
+/* A launch with an empty grid or one past CUDA's limits: cudaErrorInvalidConfiguration (as a GPU
+ * answers), and a line naming the kernel. */
+void launch_bad_grid(const char* name, unsigned grid, unsigned grid_y);
 /* Lazy loading, adversarially: true when kernel `fn` was loaded on the current device
  * (cudaFuncGetAttributes). Otherwise the launch error, cudaErrorFunctionNotLoaded, and a line
  * naming `name`: on a GPU this first launch would load it, and a load may wait for the kernels
@@ -128,20 +131,22 @@ void rebase_arg(T& v, bool& ok) {
 template <typename K, typename Tuple>
 struct LaunchJob {
   K kernel;
-  unsigned grid, block;
+  unsigned grid, grid_y, block;
   Tuple args;
 };
 
+/* The CTAs in the order y, then x (any order is one a GPU may pick). */
 template <typename J>
 void run_job(void* p) {
   J* j = static_cast<J*>(p);
-  g_grid_dim = {j->grid, 1, 1};
+  g_grid_dim = {j->grid, j->grid_y, 1};
   g_block_dim = {j->block, 1, 1};
   auto body = [j]() { std::apply(j->kernel, j->args); };
-  for (unsigned b = 0; b < j->grid; b++) {
-    g_block_idx = {b, 0, 0};
-    run_cta(j->block, &invoke<decltype(body)>, &body);
-  }
+  for (unsigned y = 0; y < j->grid_y; y++)
+    for (unsigned b = 0; b < j->grid; b++) {
+      g_block_idx = {b, y, 0};
+      run_cta(j->block, &invoke<decltype(body)>, &body);
+    }
 }
 
 template <typename J>
@@ -149,12 +154,19 @@ void drop_job(void* p) {
   delete static_cast<J*>(p);
 }
 
+/* kernel<<<(grid, grid_y), block>>>; a CUDA grid's y dimension is at most 65535 (a launch past
+ * it fails on a GPU: refused here too). */
 template <typename... P, typename... A>
-void launch(cudaStream_t st, void (*kernel)(P...), const char* name, unsigned grid, unsigned block, A... args) {
+void launch_2d(cudaStream_t st, void (*kernel)(P...), const char* name, unsigned grid, unsigned grid_y,
+               unsigned block, A... args) {
   if (!launch_loaded(reinterpret_cast<const void*>(kernel), name)) return;
+  if (grid_y == 0 || grid_y > 65535u || grid == 0) {
+    launch_bad_grid(name, grid, grid_y);
+    return;
+  }
   using Tuple = std::tuple<std::decay_t<P>...>;
   using Job = LaunchJob<void (*)(P...), Tuple>;
-  Job* j = new Job{kernel, grid, block, Tuple(static_cast<std::decay_t<P>>(args)...)};
+  Job* j = new Job{kernel, grid, grid_y, block, Tuple(static_cast<std::decay_t<P>>(args)...)};
   bool ok = true;
   std::apply([&ok](auto&... a) { (rebase_arg(a, ok), ...); }, j->args);
   if (!ok) {
@@ -162,6 +174,11 @@ void launch(cudaStream_t st, void (*kernel)(P...), const char* name, unsigned gr
     return;
   }
   enqueue(st, &run_job<Job>, j, &drop_job<Job>);
+}
+
+template <typename... P, typename... A>
+void launch(cudaStream_t st, void (*kernel)(P...), const char* name, unsigned grid, unsigned block, A... args) {
+  launch_2d(st, kernel, name, grid, 1, block, args...);
 }
 
 }  // namespace agoq_emu

@@ -787,6 +787,14 @@ void launch_refused(const void* p) {
   fail(cudaErrorInvalidDevicePointer);
 }
 
+void launch_bad_grid(const char* name, unsigned grid, unsigned grid_y) {
+  fprintf(stderr,
+          "agoq CUDA emulation: kernel %s launched with a grid of %u x %u CTAs (CUDA takes 1 to 2^31-1 by 1 to "
+          "65535); the launch fails\n",
+          name != nullptr ? name : "?", grid, grid_y);
+  fail(cudaErrorInvalidConfiguration);
+}
+
 bool launch_loaded(const void* fn, const char* name) {
   Session lk;
   DeviceKernels& dk = cur_ctx()->kernels;
@@ -1100,6 +1108,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";

@@ -486,6 +486,24 @@ static void test_one_emulated_device(void** state) {
  * exactly those agoq_cuda_codec_load_all loaded. A kernel the launch code reaches but the
  * loader does not is refused here (and in every emulated test that reaches it); one the loader
  * loads but no call can launch makes the counts differ. */
+/* A batch's table (pinned and device) and workspace for k items of up to n elements, and k
+ * pinned results. */
+static void batch_mem_alloc(agoq_cuda_batch_mem* m, agoq_cuda_codec_result** res, size_t k, size_t n) {
+  m->table_cap = agoq_cuda_batch_table_size(k);
+  m->workspace_cap = agoq_cuda_batch_workspace_size(NULL, k, n);
+  assert_int_equal(cudaMallocHost(&m->table_host, m->table_cap), cudaSuccess);
+  assert_int_equal(cudaMalloc(&m->table_dev, m->table_cap), cudaSuccess);
+  assert_int_equal(cudaMalloc(&m->workspace, m->workspace_cap), cudaSuccess);
+  assert_int_equal(cudaMallocHost((void**)res, k * sizeof **res), cudaSuccess);
+}
+
+static void batch_mem_free(agoq_cuda_batch_mem* m, agoq_cuda_codec_result* res) {
+  cudaFreeHost(m->table_host);
+  cudaFree(m->table_dev);
+  cudaFree(m->workspace);
+  cudaFreeHost(res);
+}
+
 static void test_loader_loads_exactly_what_calls_launch(void** state) {
   (void)state;
   agoq_emu_kernels_forget();
@@ -507,6 +525,9 @@ static void test_loader_loads_exactly_what_calls_launch(void** state) {
   assert_int_equal(cudaMalloc(&d_frame, cap), cudaSuccess);
   assert_int_equal(cudaMalloc(&d_dst, N * 4), cudaSuccess);
   assert_int_equal(cudaMalloc(&ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE), cudaSuccess);
+  agoq_cuda_batch_mem bm;
+  agoq_cuda_codec_result* bres = NULL;
+  batch_mem_alloc(&bm, &bres, 2, N);
   cudaStream_t s;
   assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   uint8_t header[AGOQ_FRAME_HEADER_SIZE];
@@ -555,6 +576,27 @@ static void test_loader_loads_exactly_what_calls_launch(void** state) {
           assert_int_equal(
               agoq_cuda_dequantize_accumulate(&p, body, flen - AGOQ_FRAME_HEADER_SIZE, N, d_dst, ws, res, s),
               AGOQ_CODEC_OK);
+          if (f != AGOQ_FORMAT_NONE) {
+            /* The batched forms (no NONE): the frame again and an empty one, their decodes
+             * into every type (the escaped block's batched decode too), and the sum of two. */
+            agoq_cuda_encode_item e[2] = {{.src = d_src, .n = N, .frame = d_frame, .cap = cap},
+                                          {.src = d_src, .n = 0, .frame = (uint8_t*)d_frame + cap - 64, .cap = 64}};
+            /* One table for every call: each waits for the last (its pinned table may be
+             * rewritten only once the stream has copied it). */
+            assert_int_equal(agoq_cuda_frame_encode_batch(&p, e, 2, &bm, bres, s), AGOQ_CODEC_OK);
+            assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+            agoq_cuda_decode_item d[2] = {{.body = body, .body_len = flen - AGOQ_FRAME_HEADER_SIZE, .n = N, .dst = d_dst},
+                                          {.body = body, .body_len = flen - AGOQ_FRAME_HEADER_SIZE, .n = N,
+                                           .dst = (uint8_t*)d_dst + 2 * N}};
+            for (size_t o = 0; o < sizeof types / sizeof types[0]; o++) {
+              assert_int_equal(agoq_cuda_dequantize_batch(&p, d, 1, types[o], &bm, bres, s), AGOQ_CODEC_OK);
+              assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+            }
+            assert_int_equal(agoq_cuda_dequantize_sum(&p, d, 2, N, d_dst, &bm, bres, s), AGOQ_CODEC_OK);
+            assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+            assert_int_equal(bres[0].status, AGOQ_CODEC_OK);
+            calls += 5;
+          }
           /* Empty calls: a frame of no elements (its header only), a body of none. */
           assert_int_equal(agoq_cuda_frame_encode(&p, d_src, 0, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
           assert_int_equal(agoq_cuda_quantize(&p, d_src, 0, d_frame, cap, ws, res, s), AGOQ_CODEC_OK);
@@ -578,13 +620,66 @@ static void test_loader_loads_exactly_what_calls_launch(void** state) {
                 calls);
   assert_int_equal(loaded, nk);
   assert_int_equal(launched, nk);
+  assert_true(agoq_emu_kernel_launches("sum_kernel<") > 0);
+  assert_true(agoq_emu_kernel_launches("raw_decode_batch_kernel<") > 0);
   assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  batch_mem_free(&bm, bres);
   cudaFree(d_src);
   cudaFree(d_frame);
   cudaFree(d_dst);
   cudaFree(ws);
   cudaFreeHost(h_src);
   cudaFreeHost(res);
+}
+
+/* A batch is one launch of each of its kernels, whatever its number of items: a CollNet step
+ * codes one slice per peer, and per-item calls would launch 4 kernels per peer. */
+static unsigned long long batch_launches(size_t k) {
+  enum { N = 4096 };
+  const agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 32};
+  const size_t cap = agoq_frame_size_max(&p, N);
+  agoq_cuda_batch_mem bm;
+  agoq_cuda_codec_result* bres = NULL;
+  batch_mem_alloc(&bm, &bres, k, N);
+  void *d_src = NULL, *d_frames = NULL, *d_dst = NULL;
+  assert_int_equal(cudaMalloc(&d_src, N * 2), cudaSuccess);
+  assert_int_equal(cudaMemset(d_src, 0x3c, N * 2), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_frames, k * cap), cudaSuccess);
+  assert_int_equal(cudaMalloc(&d_dst, k * N * 4), cudaSuccess);
+  agoq_cuda_encode_item e[16];
+  agoq_cuda_decode_item d[16];
+  assert_true(k <= 16);
+  const agoq_emu_counters c0 = counters();
+  for (size_t i = 0; i < k; i++)
+    e[i] = (agoq_cuda_encode_item){.src = d_src, .n = N, .frame = (uint8_t*)d_frames + i * cap, .cap = cap};
+  assert_int_equal(agoq_cuda_frame_encode_batch(&p, e, k, &bm, bres, NULL), AGOQ_CODEC_OK);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+  for (size_t i = 0; i < k; i++) {
+    assert_int_equal(bres[i].status, AGOQ_CODEC_OK);
+    d[i] = (agoq_cuda_decode_item){.body = (uint8_t*)e[i].frame + AGOQ_FRAME_HEADER_SIZE,
+                                   .body_len = (size_t)bres[i].body_len, .n = N, .dst = (uint8_t*)d_dst + i * N * 2};
+  }
+  assert_int_equal(agoq_cuda_dequantize_batch(&p, d, k, AGOQ_DTYPE_BF16, &bm, bres, NULL), AGOQ_CODEC_OK);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+  assert_int_equal(agoq_cuda_dequantize_sum(&p, d, k, N, d_dst, &bm, bres, NULL), AGOQ_CODEC_OK);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+  const agoq_emu_counters c1 = counters();
+  assert_int_equal(c1.kernels_refused, c0.kernels_refused);
+  batch_mem_free(&bm, bres);
+  cudaFree(d_src);
+  cudaFree(d_frames);
+  cudaFree(d_dst);
+  return c1.kernel_launches - c0.kernel_launches;
+}
+
+static void test_batch_launches_do_not_grow_with_items(void** state) {
+  (void)state;
+  (void)load_codec();
+  const unsigned long long one = batch_launches(1), sixteen = batch_launches(16);
+  print_message("batched encode, decode and sum: %llu kernel launches for 1 item, %llu for 16\n", one, sixteen);
+  /* encode: quantize, count, scan, raw copy; decode: count, scan, decode; sum: count, scan, sum */
+  assert_int_equal(one, 10);
+  assert_int_equal(sixteen, one);
 }
 
 /* ---- hangs: the context lock, hardware queues, a stand-in for NCCL's kernel ---- */
@@ -1141,6 +1236,7 @@ int main(void) {
       cmocka_unit_test(test_unloaded_kernel_launch_is_refused),
       cmocka_unit_test(test_one_emulated_device),
       cmocka_unit_test(test_loader_loads_exactly_what_calls_launch),
+      cmocka_unit_test(test_batch_launches_do_not_grow_with_items),
       cmocka_unit_test(test_wait_item_completes_when_its_copy_lands),
       cmocka_unit_test(test_one_hardware_queue_deadlocks),
       cmocka_unit_test(test_one_hardware_queue_without_k2_completes),
