@@ -36,6 +36,8 @@
 /* One event per request of the pool (a request uses its own slot for its input copy, then
  * again for its result copy), then one per pipeline slot for the GPU path (agoq_coll_gpu.c). */
 #define AGOQ_COLL_GPU_SLOTS (AGOQ_COLL_MAX_REQUESTS + AGOQ_COLL_SLOTS)
+/* A chunk's codec calls on the GPU path: 3 batches and at most 3 single calls. */
+#define AGOQ_COLL_GPU_CALLS_PER_CHUNK 6u
 
 static uint32_t agoq_dev_slot(const agoq_coll_comm* g, const agoq_coll_req* r) { return (uint32_t)(r - g->reqs); }
 
@@ -52,9 +54,17 @@ ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_
     /* Setup time (NCCL registers its buffers at connect): groups that only ever see host
      * memory pin nothing. */
     size_t staging = (size_t)agoq_param_int(AGOQ_PARAM_GPU_STAGING);
-    /* Codec calls in flight: at most the GPU path's, per pipeline slot 3 per rank and 2. */
+    /* Codec calls in flight: at most the GPU path's, per pipeline slot its batches (slices'
+     * encode, sum, result frames' decode) and the owner's single calls (overflow to Inf or
+     * narrowing, the sum's encode and decode): AGOQ_COLL_GPU_CALLS_PER_CHUNK. The batches
+     * run in the pipeline slots' link slots, after the requests'. */
+    bool batches = agoq_coll_gpu_wanted(g);
     agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_COLL_GPU_SLOTS, .parts = agoq_coll_gpu_parts(g),
-                               .timed = AGOQ_COLL_SLOTS * (3u * (uint32_t)g->nranks + 2u)};
+                               .timed = AGOQ_COLL_SLOTS * AGOQ_COLL_GPU_CALLS_PER_CHUNK,
+                               .batch_from = AGOQ_COLL_MAX_REQUESTS,
+                               .batch_items = batches ? (uint32_t)g->nranks : 0u,
+                               .batch_block = g->cfg.block,
+                               .batch_max_n = batches ? agoq_coll_gpu_slice_elems(g) : 0};
     res = agoq_gpu_link_create(device, &lc, &g->gpu);
     if (res == ncclSuccess)
       AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet rank %d: device buffers of GPU %d staged through %zu bytes of pinned memory",
@@ -435,6 +445,5 @@ void agoq_coll_dev_close(agoq_coll_comm* g) {
             g->rank, (unsigned long long)st->d2h_bytes, (unsigned long long)st->d2h_copies,
             (unsigned long long)st->h2d_bytes, (unsigned long long)st->h2d_copies);
   agoq_gpu_link_destroy(l); /* waits for work still queued: it touches the staging and the GPU path's memory */
-  free(g->gslots);
-  g->gslots = NULL;
+  agoq_coll_gpu_release(g);
 }

@@ -13,6 +13,9 @@
  *           buffer; reducescatter: the sum is rounded into NCCL's buffer;
  *   decode  each owner's result frame is checked on the host and decoded by the GPU from
  *           the pinned receive buffer into NCCL's buffer.
+ * Each of the three is one batch (agoq_gpu_*_batch: one launch of each kernel for every slice,
+ * contribution or result frame of the chunk, not one call per peer); the result frames are
+ * checked as they arrive and decoded together once all are in.
  * Only frames cross PCIe; the CPU checks and seals CRCs. Nothing waits for the device: each
  * step queues its work on the group's link, records the pipeline slot's event and returns;
  * a later pass (the engine's, or test()'s assisting) polls the event and goes on. A chunk
@@ -58,6 +61,32 @@ static void agoq_gpu_max(size_t* have, size_t v) {
   if (v > *have) *have = v;
 }
 
+bool agoq_coll_gpu_wanted(const agoq_coll_comm* g) {
+  return g->cfg.gpu_reduce && g->cfg.format != AGOQ_FORMAT_NONE && !agoq_coll_on_grid(g);
+}
+
+size_t agoq_coll_gpu_slice_elems(const agoq_coll_comm* g) {
+  size_t m = 0;
+  agoq_gpu_max(&m, agoq_gpu_slice_max(g, agoq_dtype_size(AGOQ_DTYPE_FP32)));
+  agoq_gpu_max(&m, agoq_gpu_slice_max(g, agoq_dtype_size(AGOQ_DTYPE_BF16)));
+  return m;
+}
+
+static void agoq_gpu_slots_free(agoq_coll_gpu_slot* gs) {
+  if (gs == NULL) return;
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    free(gs[i].enc);
+    free(gs[i].sum);
+    free(gs[i].res);
+  }
+  free(gs);
+}
+
+void agoq_coll_gpu_release(agoq_coll_comm* g) {
+  agoq_gpu_slots_free(g->gslots);
+  g->gslots = NULL;
+}
+
 ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   if (!g->cfg.gpu_reduce || g->cfg.format == AGOQ_FORMAT_NONE || g->gslots != NULL) return ncclSuccess;
   if (agoq_coll_on_grid(g)) {
@@ -72,7 +101,14 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   int n = g->nranks;
   size_t* sl = calloc((size_t)n, sizeof *sl);
   agoq_coll_gpu_slot* gs = calloc(AGOQ_COLL_SLOTS, sizeof *gs);
-  if (sl == NULL || gs == NULL) {
+  bool items = gs != NULL;
+  for (int i = 0; items && i < AGOQ_COLL_SLOTS; i++) {
+    gs[i].enc = calloc((size_t)n, sizeof *gs[i].enc);
+    gs[i].sum = calloc((size_t)n, sizeof *gs[i].sum);
+    gs[i].res = calloc((size_t)n, sizeof *gs[i].res);
+    items = gs[i].enc != NULL && gs[i].sum != NULL && gs[i].res != NULL;
+  }
+  if (sl == NULL || !items) {
     AGOQ_WARN("out of memory setting up CollNet's GPU path");
     res = ncclSystemError;
     goto out;
@@ -134,7 +170,7 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   gs = NULL;
 out:
   /* The memory itself belongs to the link: freed with it. */
-  free(gs);
+  agoq_gpu_slots_free(gs);
   free(sl);
   return res;
 }
@@ -172,6 +208,8 @@ ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   s->res = gs->pinned.res;
   s->acc = gs->dacc; /* device memory: the host never touches it */
   s->gpu_step = AGOQ_GPU_STEP_NONE;
+  gs->nres = 0;
+  gs->res_queued = false;
   return ncclSuccess;
 }
 
@@ -214,23 +252,24 @@ out:
   return res;
 }
 
-/* Every slice's frame from NCCL's buffer; this rank's own into device memory. */
+/* Every slice's frame from NCCL's buffer, one batch; this rank's own into device memory. Item
+ * i (result i) is the i-th non-empty slice. */
 static ncclResult_t agoq_gpu_encode_slices(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  (void)arg;
   agoq_coll_req* r = s->req;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
-  uint32_t slot = agoq_gslot(g, s);
+  size_t k = 0;
   for (int j = 0; j < g->nranks; j++) {
     if (s->sl[j] == 0) continue;
     const uint8_t* src = agoq_coll_src_at(r, s->sb[j]);
-    if (j == g->rank) {
-      AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], gs->down.p, gs->down.cap));
-    } else {
-      AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, slot, j, &p, src, s->sl[j], s->sbuf.p + s->s_off[j],
-                                       s->sbuf.cap - s->s_off[j]));
-    }
+    if (j == g->rank)
+      gs->enc[k++] = (agoq_gpu_encode_item){.src = src, .n = s->sl[j], .frame = gs->down.p, .cap = gs->down.cap};
+    else
+      gs->enc[k++] = (agoq_gpu_encode_item){
+          .src = src, .n = s->sl[j], .frame = s->sbuf.p + s->s_off[j], .cap = s->sbuf.cap - s->s_off[j]};
   }
-  return ncclSuccess;
+  return k == 0 ? ncclSuccess : agoq_gpu_frame_encode_batch(g->gpu, agoq_gslot(g, s), 0, &p, gs->enc, k);
 }
 
 ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
@@ -247,10 +286,11 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
   if (!done) return ncclSuccess;
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns(), d2h = 0;
+  int item = 0;
   for (int j = 0; j < g->nranks; j++) {
     if (s->sl[j] == 0) continue;
     uint64_t body_len = 0;
-    uint32_t status = agoq_gpu_status(g, s, j, &body_len);
+    uint32_t status = agoq_gpu_status(g, s, item++, &body_len);
     if (status != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet rank %d: the GPU could not quantize elements [%zu, %zu) of the call: %s", g->rank, s->sb[j],
                 s->sb[j] + s->sl[j], agoq_codec_status_str((agoq_codec_status)status));
@@ -278,13 +318,16 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
 }
 
 /* A received frame parsed on the host for the GPU's decode: *info and *body, its count
- * checked against the slice's; with r, the check's CPU time is counted (agoq_gpu_cpu_time). */
+ * checked against the slice's and its format, type and block against the group's (want: a
+ * batch decodes its frames with one set of parameters); with r, the check's CPU time is
+ * counted (agoq_gpu_cpu_time). */
 typedef struct {
   agoq_coll_comm* g;
   const agoq_coll_req* r;
   int64_t t0;
   uint64_t crc0;
   size_t count;
+  agoq_codec_params want;
   agoq_frame_info* info;
   const void** body;
 } agoq_gpu_parse_arg;
@@ -292,7 +335,10 @@ typedef struct {
 static agoq_codec_status agoq_gpu_parse_step(void* arg, const uint8_t* f, size_t len) {
   const agoq_gpu_parse_arg* a = arg;
   agoq_codec_status st = agoq_frame_parse(f, len, a->info, a->body);
-  if (st == AGOQ_CODEC_OK && a->info->count != (uint64_t)a->count) st = AGOQ_CODEC_ECORRUPT;
+  const agoq_codec_params* got = &a->info->params;
+  if (st == AGOQ_CODEC_OK && (a->info->count != (uint64_t)a->count || got->format != a->want.format ||
+                              got->dtype != a->want.dtype || got->block != a->want.block))
+    st = AGOQ_CODEC_ECORRUPT;
   if (a->r != NULL) agoq_gpu_cpu_time(a->g, a->r, a->t0, a->crc0);
   return st;
 }
@@ -301,27 +347,20 @@ static agoq_codec_status agoq_gpu_parse_step(void* arg, const uint8_t* f, size_t
  * checks it (header and payload CRC32C, lengths, bitmap, scales); *body and *p for the GPU. */
 static ncclResult_t agoq_gpu_check_contribution(agoq_coll_comm* g, agoq_coll_slot* s, int k, agoq_frame_info* info,
                                                 const void** body) {
-  agoq_gpu_parse_arg a = {.g = g, .count = s->sl[g->rank], .info = info, .body = body};
+  agoq_gpu_parse_arg a = {
+      .g = g, .count = s->sl[g->rank], .want = agoq_coll_params(g, s->req->codec_dtype), .info = info, .body = body};
   return agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_CONTRIBUTION, k, true, s->p1r_at[k],
                                      (size_t)s->p1r_size[k], agoq_gpu_parse_step, &a);
 }
 
-/* Rank k's frame, checked (or this rank's own): its parameters and body for the GPU. */
-typedef struct {
-  int k;
-  const agoq_frame_info* info;
-  const void* body;
-} agoq_gpu_frame;
-
-/* A contribution's decode: rank 0's into the fp32 sum, the others' added to it. */
-static ncclResult_t agoq_gpu_add_contribution(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
-  const agoq_gpu_frame* c = arg;
-  float* acc = (float*)g->gslots[s - g->slots].dacc.p;
-  size_t m = s->sl[g->rank], len = (size_t)c->info->payload_len;
-  if (c->k == 0)
-    return agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), c->k, &c->info->params, c->body, len, m, AGOQ_DTYPE_FP32,
-                               acc);
-  return agoq_gpu_dequantize_accumulate(g->gpu, agoq_gslot(g, s), c->k, &c->info->params, c->body, len, m, acc);
+/* The contributions, one batch: rank 0's decoded into the fp32 sum, the others' added to it
+ * in rank order (result k: rank k's). */
+static ncclResult_t agoq_gpu_add_contributions(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  (void)arg;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  agoq_codec_params p = agoq_coll_params(g, s->req->codec_dtype);
+  return agoq_gpu_dequantize_sum(g->gpu, agoq_gslot(g, s), 0, &p, gs->sum, (size_t)g->nranks, s->sl[g->rank],
+                                 (float*)gs->dacc.p);
 }
 
 /* The owner's step on the sum: allreduce overflow to Inf and the sum's frame; reducescatter
@@ -349,20 +388,22 @@ static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uin
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   int n = g->nranks, me = g->rank;
   *h2d = 0;
+  (void)r;
   for (int k = 0; k < n; k++) {
-    agoq_frame_info info;
-    agoq_gpu_frame c = {.k = k, .info = &info};
+    agoq_gpu_decode_item* c = &gs->sum[k];
+    *c = (agoq_gpu_decode_item){.n = s->sl[me]};
     if (k == me) {
-      info.params = agoq_coll_params(g, r->codec_dtype);
-      info.payload_len = s->s_len[me] - AGOQ_FRAME_HEADER_SIZE;
-      c.body = gs->down.p + AGOQ_FRAME_HEADER_SIZE;
+      c->body = gs->down.p + AGOQ_FRAME_HEADER_SIZE;
+      c->body_len = s->s_len[me] - AGOQ_FRAME_HEADER_SIZE;
     } else {
-      AGOQ_CHECK(agoq_gpu_check_contribution(g, s, k, &info, &c.body));
+      agoq_frame_info info;
+      AGOQ_CHECK(agoq_gpu_check_contribution(g, s, k, &info, &c->body));
+      c->body_len = (size_t)info.payload_len;
       *h2d += info.payload_len;
     }
-    /* acc = y_0, then acc += y_k in rank order: the host path's additions. */
-    AGOQ_CHECK(agoq_gpu_queue(g, s, false, agoq_gpu_add_contribution, &c));
   }
+  /* acc = y_0, then acc += y_k in rank order: the host path's additions. */
+  AGOQ_CHECK(agoq_gpu_queue(g, s, false, agoq_gpu_add_contributions, NULL));
   return agoq_gpu_queue(g, s, true, agoq_gpu_finish_sum, NULL);
 }
 
@@ -451,40 +492,55 @@ ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
   return ncclSuccess;
 }
 
-/* Owner k's checked result frame decoded into NCCL's buffer. */
-static ncclResult_t agoq_gpu_decode_result(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
-  const agoq_gpu_frame* c = arg;
-  agoq_coll_req* r = s->req;
-  AGOQ_CHECK(agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), agoq_part_gather(g, c->k), &c->info->params, c->body,
-                                 (size_t)c->info->payload_len, s->sl[c->k], r->codec_dtype,
-                                 agoq_coll_dst_at(r, s->sb[c->k])));
-  return ncclSuccess;
+/* The owners' checked result frames, one batch, into NCCL's buffer (results from
+ * agoq_part_gather(g, 0), in the order the frames arrived). */
+static ncclResult_t agoq_gpu_decode_results(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
+  (void)arg;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  return agoq_gpu_dequantize_batch(g->gpu, agoq_gslot(g, s), agoq_part_gather(g, 0), &p32, gs->res, (size_t)gs->nres,
+                                   s->req->codec_dtype);
 }
 
 ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size) {
   agoq_coll_req* r = s->req;
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_frame_info info;
-  agoq_gpu_frame c = {.k = j, .info = &info};
-  agoq_gpu_parse_arg a = {
-      .g = g, .r = r, .t0 = agoq_coll_now_ns(), .crc0 = agoq_frame_crc_ns(), .count = s->sl[j], .info = &info,
-      .body = &c.body};
+  const void* body = NULL;
+  agoq_gpu_parse_arg a = {.g = g,
+                          .r = r,
+                          .t0 = agoq_coll_now_ns(),
+                          .crc0 = agoq_frame_crc_ns(),
+                          .count = s->sl[j],
+                          .want = agoq_coll_params(g, AGOQ_DTYPE_FP32),
+                          .info = &info,
+                          .body = &body};
   ncclResult_t res = agoq_coll_quant_frame_check(g, s, AGOQ_COLL_FRAME_RESULT, j, true, s->p2r_at[j],
                                                  (size_t)size, agoq_gpu_parse_step, &a);
   if (res != ncclSuccess) return res;
-  res = agoq_gpu_queue(g, s, true, agoq_gpu_decode_result, &c);
-  if (res == ncclSuccess) agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, info.payload_len);
-  return res;
+  if (gs->nres >= g->nranks || gs->res_queued) {
+    AGOQ_WARN("CollNet rank %d: a result frame from rank %d after the chunk's %d were in: internal error", g->rank, j,
+              gs->nres);
+    return ncclInternalError;
+  }
+  gs->res[gs->nres++] = (agoq_gpu_decode_item){
+      .body = body, .body_len = (size_t)info.payload_len, .n = s->sl[j], .dst = agoq_coll_dst_at(r, s->sb[j])};
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, info.payload_len);
+  return ncclSuccess;
 }
 
 ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
-  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, done));
-  if (!*done || !agoq_coll_has_p2(s->req)) return ncclSuccess;
-  for (int j = 0; j < g->nranks; j++) {
-    if (j == g->rank || s->sl[j] == 0) continue;
-    AGOQ_CHECK(agoq_gpu_check_parts(g, s, agoq_part_gather(g, j), agoq_part_gather(g, j) + 1,
-                                    "decoding a result frame"));
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  /* Every receive is in: the result frames' one decode (the slot's earlier batches have
+   * completed: their marks were seen done before this chunk's sends could finish). */
+  if (!gs->res_queued) {
+    if (gs->nres > 0) AGOQ_CHECK(agoq_gpu_queue(g, s, true, agoq_gpu_decode_results, NULL));
+    gs->res_queued = true;
   }
-  return ncclSuccess;
+  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, done));
+  if (!*done || gs->nres == 0) return ncclSuccess;
+  return agoq_gpu_check_parts(g, s, agoq_part_gather(g, 0), agoq_part_gather(g, 0) + gs->nres,
+                              "decoding a result frame");
 }
 
 /* ---- the GPU step (agoq_coll_step.h) ------------------------------------------------------ */

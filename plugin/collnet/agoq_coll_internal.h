@@ -219,6 +219,14 @@ typedef struct {
 typedef struct {
   agoq_coll_slot_bufs pinned; /* acc unused */
   agoq_coll_buf dacc, down, dres;
+  /* The chunk's batches (agoq_gpu_*_batch), n items each: its slices' encodes, the
+   * contributions to its sum, and the result frames checked as they arrive (nres of them),
+   * decoded together once every one is in (res_queued). */
+  agoq_gpu_encode_item* enc;
+  agoq_gpu_decode_item* sum;
+  agoq_gpu_decode_item* res;
+  int nres;
+  bool res_queued;
 } agoq_coll_gpu_slot;
 
 /* Pending net operations of one connection, in posting order (slot indices). */
@@ -460,7 +468,13 @@ ncclResult_t agoq_coll_quant_frame_check(agoq_coll_comm* g, const agoq_coll_slot
 /* With the group's link, under gpu_mu: the link's codec results per slot it needs, and its
  * pipeline slots' memory (AGOQ_COLLNET_GPU=1; a no-op otherwise). */
 uint32_t agoq_coll_gpu_parts(const agoq_coll_comm* g);
+/* Before the link is made: whether the group's device reduction will run (so the link needs
+ * batch memory), and the most elements of any slice it codes. */
+bool agoq_coll_gpu_wanted(const agoq_coll_comm* g);
+size_t agoq_coll_gpu_slice_elems(const agoq_coll_comm* g);
 ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g);
+/* The pipeline slots' GPU path state (at close, after the link). */
+void agoq_coll_gpu_release(agoq_coll_comm* g);
 /* At the call, under gpu_mu: whether r runs on the GPU (quantized, every buffer on the
  * device, the path set up); if so r->gpu is set. */
 bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev);
@@ -470,9 +484,10 @@ ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s);
 ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready);
 /* The owner's sum in rank order and its result message: *done once it can be sent. */
 ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
-/* Rank j's result frame (size bytes) checked and its decode into place queued. */
+/* Rank j's result frame (size bytes) checked, for the slot's one batched decode into place. */
 ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, int size);
-/* *done = every decode of the slot has completed without error (WAIT_ALL). */
+/* The result frames' batched decode queued (once), then *done = it has completed without
+ * error (WAIT_ALL). */
 ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
 
 /* ---- agoq_coll_reduce.c: the exact path ---- */

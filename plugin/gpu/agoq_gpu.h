@@ -58,7 +58,8 @@ typedef struct agoq_gpu_link agoq_gpu_link;
 typedef struct {
   uint64_t d2h_bytes, h2d_bytes; /* copied between device memory and pinned memory */
   uint64_t d2h_copies, h2d_copies;
-  uint64_t encodes, decodes;     /* codec kernels run */
+  uint64_t encodes, decodes;     /* codec operations run (a batch counts its items) */
+  uint64_t codec_calls;          /* codec calls queued: a single call or a whole batch is one */
   uint64_t encoded_bytes;        /* frames the GPU wrote into pinned memory (crossed PCIe) */
   uint64_t decoded_bytes;        /* frame bodies the GPU read from pinned memory (crossed PCIe) */
   uint64_t codec_ns;             /* GPU time of the codec calls seen complete (timing events) */
@@ -70,6 +71,11 @@ typedef struct {
   uint32_t slots; /* events: one per request (or step) the owner tracks */
   uint32_t parts; /* codec results per slot */
   uint32_t timed; /* codec calls whose GPU time may await collection at once */
+  /* Batched codec calls (agoq_gpu_frame_encode_batch and the others): slots [batch_from,
+   * slots) each get a table and a workspace for batches of up to batch_items items of up to
+   * batch_max_n elements (codec blocks of batch_block elements). batch_items 0: none. */
+  uint32_t batch_from, batch_items, batch_block;
+  size_t batch_max_n;
   /* The GPU's pinned pool the link joins (agoq_gpu_pool.h): pool.chunk 0 for none. */
   agoq_gpu_pool_config pool;
   int pool_net_dev;               /* the NIC its pieces are registered with; -1 none */
@@ -138,6 +144,35 @@ ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, cons
 /* Adds a body's n decoded values to the fp32 accumulator acc (device memory). */
 ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
                                             const void* body, size_t body_len, size_t n, float* acc);
+/* Batches: k items of one codec step in one launch of each kernel (kernels/cuda's
+ * agoq_cuda_*_batch and agoq_cuda_dequantize_sum), item i's verdict in result part0 + i of
+ * slot, the same bits as the single calls above. The slot's batch table and workspace are
+ * taken until the slot's next mark is seen done (agoq_gpu_mark, then agoq_gpu_poll): a batch
+ * before then, or on a slot without them, or with more items than it holds, is refused
+ * (ncclInternalError) with nothing queued. Counted as k encodes or decodes. */
+typedef struct {
+  const void* src; /* n elements of the batch's type */
+  size_t n;
+  void* frame;     /* their frame: at most cap bytes */
+  size_t cap;
+} agoq_gpu_encode_item;
+
+typedef struct {
+  const void* body; /* a body of body_len bytes of n elements */
+  size_t body_len;
+  size_t n;
+  void* dst;        /* agoq_gpu_dequantize_batch: n elements of out; agoq_gpu_dequantize_sum: unused */
+} agoq_gpu_decode_item;
+
+ncclResult_t agoq_gpu_frame_encode_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                         const agoq_gpu_encode_item* items, size_t k);
+ncclResult_t agoq_gpu_dequantize_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                       const agoq_gpu_decode_item* items, size_t k, agoq_dtype out);
+/* The fp32 sum of the k bodies (n elements each) in item order into acc: item 0 decoded, the
+ * others added (agoq_gpu_dequantize into fp32, then agoq_gpu_dequantize_accumulate). */
+ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                     const agoq_gpu_decode_item* items, size_t k, size_t n, float* acc);
+
 /* A reduction owner's steps on fp32 sums in device memory (agoq_codec_overflow_to_inf and
  * agoq_codec_narrow_fp32, the same bits); no result is reported, arguments are checked now. */
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n);

@@ -44,7 +44,19 @@ struct agoq_gpu_link {
   uint64_t codec_ns_taken; /* of stats.codec_ns, handed to the owner (agoq_gpu_codec_ns_take) */
   agoq_gpu_link_stats stats;
   bool rdma_flush; /* the device flushes GPUDirect RDMA writes on request */
+  /* Batches: slot batch_from + i has bmem[i] (its pinned and device table, its workspace)
+   * and bstate[i]: AGOQ_GPU_BATCH_FREE, or taken by a batch (QUEUED), then behind a mark
+   * (MARKED) until a poll sees that mark done. benc / bdec: the items as the CUDA codec
+   * takes them, filled at each call (batch_items of each). */
+  agoq_cuda_batch_mem* bmem;
+  uint8_t* bstate;
+  uint32_t batch_from, batch_items;
+  size_t batch_pinned; /* bytes of the pinned tables */
+  agoq_cuda_encode_item* benc;
+  agoq_cuda_decode_item* bdec;
 };
+
+enum { AGOQ_GPU_BATCH_FREE = 0, AGOQ_GPU_BATCH_QUEUED = 1, AGOQ_GPU_BATCH_MARKED = 2 };
 
 /* Where a link's calls run. A stream, an event and a loaded kernel belong to the CUDA
  * context that made them: NCCL's proxy threads run in their device's primary context, or,
@@ -119,7 +131,48 @@ static ncclResult_t agoq_gpu_codec_load(int device);
 /* Pinned bytes of the link's own: its ring (the staging, or its share of it) and its codec
  * results. */
 static size_t agoq_gpu_link_own_pinned(const agoq_gpu_link* l) {
-  return l->ring.size + (size_t)l->slots * l->parts * sizeof *l->results;
+  return l->ring.size + (size_t)l->slots * l->parts * sizeof *l->results + l->batch_pinned;
+}
+
+/* Each batch slot's table (pinned, and its device copy) and workspace, for cfg's batches. */
+static ncclResult_t agoq_gpu_batch_build(agoq_gpu_link* l, const agoq_gpu_link_config* cfg) {
+  ncclResult_t res = ncclSuccess;
+  if (cfg->batch_items == 0 || cfg->batch_from >= l->slots) return ncclSuccess;
+  uint32_t nslots = l->slots - cfg->batch_from;
+  AGOQ_CALLOC_GOTO(l->bmem, nslots, res, out);
+  AGOQ_CALLOC_GOTO(l->bstate, nslots, res, out);
+  AGOQ_CALLOC_GOTO(l->benc, cfg->batch_items, res, out);
+  AGOQ_CALLOC_GOTO(l->bdec, cfg->batch_items, res, out);
+  l->batch_from = cfg->batch_from;
+  l->batch_items = cfg->batch_items;
+  agoq_codec_params pb = {.block = cfg->batch_block};
+  size_t table = agoq_cuda_batch_table_size(cfg->batch_items);
+  size_t ws = agoq_cuda_batch_workspace_size(&pb, cfg->batch_items, cfg->batch_max_n);
+  for (uint32_t i = 0; i < nslots; i++) {
+    agoq_cuda_batch_mem* m = &l->bmem[i];
+    AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc(&m->table_host, table, cudaHostAllocPortable), res, out);
+    m->table_cap = table;
+    l->batch_pinned += table;
+    AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&m->table_dev, table), res, out);
+    AGOQ_CUDA_CHECK_GOTO(cudaMalloc(&m->workspace, ws), res, out);
+    m->workspace_cap = ws;
+  }
+out:
+  return res; /* on failure the teardown frees what was made */
+}
+
+static void agoq_gpu_batch_teardown(agoq_gpu_link* l) {
+  if (l->bmem != NULL)
+    for (uint32_t i = 0; i + l->batch_from < l->slots; i++) {
+      agoq_cuda_batch_mem* m = &l->bmem[i];
+      if (m->table_host != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(m->table_host), "cudaFreeHost");
+      if (m->table_dev != NULL) (void)agoq_gpu_cuda_error(cudaFree(m->table_dev), "cudaFree");
+      if (m->workspace != NULL) (void)agoq_gpu_cuda_error(cudaFree(m->workspace), "cudaFree");
+    }
+  free(l->bmem);
+  free(l->bstate);
+  free(l->benc);
+  free(l->bdec);
 }
 
 /* agoq_gpu_link_create's work, on `device`, in Relaxed capture mode. */
@@ -166,6 +219,7 @@ static ncclResult_t agoq_gpu_link_build(int device, const agoq_gpu_link_config* 
   AGOQ_CUDA_CHECK_GOTO(cudaHostAlloc((void**)&l->results, nres * sizeof *l->results, cudaHostAllocPortable), res,
                        fail);
   memset(l->results, 0, nres * sizeof *l->results);
+  AGOQ_CHECK_GOTO(agoq_gpu_batch_build(l, cfg), res, fail);
   if (!agoq_gpu_ring_init(&l->ring, l->staging, staging, slots * AGOQ_GPU_RING_ENTRIES_PER_SLOT)) {
     AGOQ_WARN("out of memory creating a GPU link");
     res = ncclSystemError;
@@ -242,6 +296,7 @@ static void agoq_gpu_link_teardown(agoq_gpu_link* l) {
   if (l->staging != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->staging), "cudaFreeHost");
   if (l->results != NULL) (void)agoq_gpu_cuda_error(cudaFreeHost(l->results), "cudaFreeHost");
   if (l->workspace != NULL) (void)agoq_gpu_cuda_error(cudaFree(l->workspace), "cudaFree");
+  agoq_gpu_batch_teardown(l);
   while (l->mem != NULL) {
     agoq_gpu_link_mem* m = l->mem;
     l->mem = m->next;
@@ -384,6 +439,9 @@ ncclResult_t agoq_gpu_mark(agoq_gpu_link* l, uint32_t slot) {
   agoq_gpu_scope sc = {0};
   AGOQ_CHECK_GOTO(agoq_gpu_link_enter(l, &sc), res, out);
   AGOQ_CUDA_CHECK_GOTO(cudaEventRecord(l->events[slot], l->stream), res, out);
+  /* A batch queued before this mark: its table and workspace are free once the mark is. */
+  if (l->bstate != NULL && slot >= l->batch_from && l->bstate[slot - l->batch_from] == AGOQ_GPU_BATCH_QUEUED)
+    l->bstate[slot - l->batch_from] = AGOQ_GPU_BATCH_MARKED;
 out:
   agoq_gpu_scope_leave(&sc);
   return res;
@@ -460,8 +518,11 @@ ncclResult_t agoq_gpu_poll(agoq_gpu_link* l, uint32_t slot, bool* done) {
   }
   (void)cudaGetLastError();
   *done = e == cudaSuccess;
-  /* Done: every codec call queued before the mark is complete, its time there to collect. */
+  /* Done: every codec call queued before the mark is complete, its time there to collect,
+   * and a batch behind the mark has released its table and workspace. */
   agoq_gpu_time_collect(l);
+  if (*done && l->bstate != NULL && slot >= l->batch_from && l->bstate[slot - l->batch_from] == AGOQ_GPU_BATCH_MARKED)
+    l->bstate[slot - l->batch_from] = AGOQ_GPU_BATCH_FREE;
 out:
   agoq_gpu_scope_leave(&sc);
   return res;
@@ -487,6 +548,9 @@ typedef enum {
   AGOQ_GPU_OP_DECODE_ACCUMULATE, /* in: a body of in_len bytes; out: n fp32 sums it is added to */
   AGOQ_GPU_OP_OVERFLOW_TO_INF,   /* out: n fp32 sums, Inf beyond dtype's finite range */
   AGOQ_GPU_OP_NARROW,            /* in: n fp32 sums; out: rounded to dtype */
+  AGOQ_GPU_OP_ENCODE_BATCH,      /* enc: k items (AGOQ_GPU_OP_ENCODE each) */
+  AGOQ_GPU_OP_DECODE_BATCH,      /* dec: k items (AGOQ_GPU_OP_DECODE each into dtype) */
+  AGOQ_GPU_OP_DECODE_SUM,        /* dec: k bodies of n elements; out: their fp32 sum in item order */
 } agoq_gpu_op_kind;
 
 typedef struct {
@@ -498,12 +562,50 @@ typedef struct {
   agoq_dtype dtype;
   void* out;
   size_t cap;
+  size_t k; /* batches: items, results in parts [part, part + k) */
+  const agoq_gpu_encode_item* enc;
+  const agoq_gpu_decode_item* dec;
+  const agoq_cuda_batch_mem* mem; /* batches: the slot's table and workspace */
 } agoq_gpu_op;
+
+static bool agoq_gpu_op_batch(agoq_gpu_op_kind kind) {
+  return kind == AGOQ_GPU_OP_ENCODE_BATCH || kind == AGOQ_GPU_OP_DECODE_BATCH || kind == AGOQ_GPU_OP_DECODE_SUM;
+}
 
 /* The encode and the decodes write a codec result (the slot's part) and count in the link's
  * statistics; overflow to Inf and narrowing do neither. */
 static bool agoq_gpu_op_has_result(agoq_gpu_op_kind kind) {
-  return kind == AGOQ_GPU_OP_ENCODE || kind == AGOQ_GPU_OP_DECODE || kind == AGOQ_GPU_OP_DECODE_ACCUMULATE;
+  return kind == AGOQ_GPU_OP_ENCODE || kind == AGOQ_GPU_OP_DECODE || kind == AGOQ_GPU_OP_DECODE_ACCUMULATE ||
+         agoq_gpu_op_batch(kind);
+}
+
+/* A batch's items as the CUDA codec takes them (the link's own arrays: nothing allocated). */
+static void agoq_gpu_batch_items(agoq_gpu_link* l, const agoq_gpu_op* op) {
+  for (size_t i = 0; i < op->k; i++) {
+    if (op->enc != NULL)
+      l->benc[i] = (agoq_cuda_encode_item){
+          .src = op->enc[i].src, .n = op->enc[i].n, .frame = op->enc[i].frame, .cap = op->enc[i].cap};
+    else
+      l->bdec[i] = (agoq_cuda_decode_item){
+          .body = op->dec[i].body, .body_len = op->dec[i].body_len, .n = op->dec[i].n, .dst = op->dec[i].dst};
+  }
+}
+
+/* Whether slot may take a batch of k items now; says why not. */
+static ncclResult_t agoq_gpu_batch_ok(const agoq_gpu_link* l, uint32_t slot, int part, size_t k) {
+  if (l->bstate == NULL || slot < l->batch_from || slot >= l->slots || k == 0 || k > l->batch_items ||
+      part < 0 || (size_t)part + k > l->parts) {
+    AGOQ_WARN("GPU link: a batch of %zu items on slot %u (results from %d) is outside what the link holds (batch "
+              "slots %u to %u, %u items, %u results per slot): internal error",
+              k, slot, part, l->batch_from, l->slots, l->batch_items, l->parts);
+    return ncclInternalError;
+  }
+  if (l->bstate[slot - l->batch_from] != AGOQ_GPU_BATCH_FREE) {
+    AGOQ_WARN("GPU link: a batch on slot %u while the slot's last batch may still read its table (no mark after "
+              "it seen done): internal error", slot);
+    return ncclInternalError;
+  }
+  return ncclSuccess;
 }
 
 /* Queues op on the link's stream between a timing pair (agoq_gpu_time_begin); r: its result. */
@@ -532,6 +634,24 @@ static ncclResult_t agoq_gpu_op_launch(agoq_gpu_link* l, const agoq_gpu_op* op, 
       rc = agoq_cuda_narrow_fp32(op->dtype, op->in, op->n, op->out, l->stream);
       what = "GPU narrowing";
       break;
+    case AGOQ_GPU_OP_ENCODE_BATCH:
+    case AGOQ_GPU_OP_DECODE_BATCH:
+    case AGOQ_GPU_OP_DECODE_SUM: {
+      /* r: the batch's first result. */
+      const agoq_cuda_batch_mem* m = op->mem;
+      agoq_gpu_batch_items(l, op);
+      if (op->kind == AGOQ_GPU_OP_ENCODE_BATCH) {
+        rc = agoq_cuda_frame_encode_batch(op->p, l->benc, op->k, m, r, l->stream);
+        what = "GPU batched frame encode";
+      } else if (op->kind == AGOQ_GPU_OP_DECODE_BATCH) {
+        rc = agoq_cuda_dequantize_batch(op->p, l->bdec, op->k, op->dtype, m, r, l->stream);
+        what = "GPU batched decode";
+      } else {
+        rc = agoq_cuda_dequantize_sum(op->p, l->bdec, op->k, op->n, op->out, m, r, l->stream);
+        what = "GPU batched sum";
+      }
+      break;
+    }
   }
   ncclResult_t res = agoq_gpu_codec_check(rc, what);
   agoq_gpu_time_end(l, pair);
@@ -541,29 +661,44 @@ static ncclResult_t agoq_gpu_op_launch(agoq_gpu_link* l, const agoq_gpu_op* op, 
 /* Every codec call of the data path: the slot's part checked and its result cleared, the
  * device entered, op queued (timed), then the link's statistics. */
 static ncclResult_t agoq_gpu_codec_run(agoq_gpu_link* l, uint32_t slot, int part, const agoq_gpu_op* op) {
-  bool with_result = agoq_gpu_op_has_result(op->kind);
+  bool with_result = agoq_gpu_op_has_result(op->kind), batch = agoq_gpu_op_batch(op->kind);
   agoq_cuda_codec_result* r = NULL;
-  if (with_result) AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
+  if (batch) AGOQ_CHECK(agoq_gpu_batch_ok(l, slot, part, op->k));
+  else if (with_result) AGOQ_CHECK(agoq_gpu_slot_ok(l, slot, part));
   agoq_gpu_scope sc = {0};
   ncclResult_t res = agoq_gpu_link_enter(l, &sc);
   if (res != ncclSuccess) {
     agoq_gpu_scope_leave(&sc);
     return res;
   }
+  size_t nres = batch ? op->k : 1;
   if (with_result) {
     r = agoq_gpu_result(l, slot, part);
-    *r = (agoq_cuda_codec_result){0};
+    memset(r, 0, nres * sizeof *r);
+  }
+  agoq_gpu_op bop;
+  if (batch) {
+    bop = *op;
+    bop.mem = &l->bmem[slot - l->batch_from];
+    op = &bop;
   }
   res = agoq_gpu_op_launch(l, op, r);
   agoq_gpu_scope_leave(&sc);
+  if (res == ncclSuccess) l->stats.codec_calls++;
   if (!with_result) return res; /* overflow to Inf and narrowing: their failure untraced, as always */
   AGOQ_CHECK(res);
-  if (op->kind == AGOQ_GPU_OP_ENCODE) {
-    l->stats.encodes++;
+  if (batch) l->bstate[slot - l->batch_from] = AGOQ_GPU_BATCH_QUEUED;
+  if (op->kind == AGOQ_GPU_OP_ENCODE || op->kind == AGOQ_GPU_OP_ENCODE_BATCH) {
+    l->stats.encodes += nres;
     return ncclSuccess;
   }
-  l->stats.decodes++;
-  if (agoq_gpu_link_pinned(l, op->in, op->in_len)) l->stats.decoded_bytes += op->in_len;
+  l->stats.decodes += nres;
+  if (!batch) {
+    if (agoq_gpu_link_pinned(l, op->in, op->in_len)) l->stats.decoded_bytes += op->in_len;
+    return ncclSuccess;
+  }
+  for (size_t i = 0; i < op->k; i++)
+    if (agoq_gpu_link_pinned(l, op->dec[i].body, op->dec[i].body_len)) l->stats.decoded_bytes += op->dec[i].body_len;
   return ncclSuccess;
 }
 
@@ -584,6 +719,24 @@ ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int
                                             const void* body, size_t body_len, size_t n, float* acc) {
   agoq_gpu_op op = {.kind = AGOQ_GPU_OP_DECODE_ACCUMULATE, .p = p, .in = body, .in_len = body_len, .n = n, .out = acc};
   return agoq_gpu_codec_run(l, slot, part, &op);
+}
+
+ncclResult_t agoq_gpu_frame_encode_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                         const agoq_gpu_encode_item* items, size_t k) {
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_ENCODE_BATCH, .p = p, .k = k, .enc = items};
+  return agoq_gpu_codec_run(l, slot, part0, &op);
+}
+
+ncclResult_t agoq_gpu_dequantize_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                       const agoq_gpu_decode_item* items, size_t k, agoq_dtype out) {
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_DECODE_BATCH, .p = p, .k = k, .dec = items, .dtype = out};
+  return agoq_gpu_codec_run(l, slot, part0, &op);
+}
+
+ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                     const agoq_gpu_decode_item* items, size_t k, size_t n, float* acc) {
+  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_DECODE_SUM, .p = p, .k = k, .dec = items, .n = n, .out = acc};
+  return agoq_gpu_codec_run(l, slot, part0, &op);
 }
 
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {

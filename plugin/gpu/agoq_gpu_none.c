@@ -105,6 +105,21 @@ ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int
   (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)acc;
   return agoq_gpu_none_call("agoq_gpu_dequantize_accumulate");
 }
+ncclResult_t agoq_gpu_frame_encode_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                         const agoq_gpu_encode_item* items, size_t k) {
+  (void)l; (void)slot; (void)part0; (void)p; (void)items; (void)k;
+  return agoq_gpu_none_call("agoq_gpu_frame_encode_batch");
+}
+ncclResult_t agoq_gpu_dequantize_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                       const agoq_gpu_decode_item* items, size_t k, agoq_dtype out) {
+  (void)l; (void)slot; (void)part0; (void)p; (void)items; (void)k; (void)out;
+  return agoq_gpu_none_call("agoq_gpu_dequantize_batch");
+}
+ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                     const agoq_gpu_decode_item* items, size_t k, size_t n, float* acc) {
+  (void)l; (void)slot; (void)part0; (void)p; (void)items; (void)k; (void)n; (void)acc;
+  return agoq_gpu_none_call("agoq_gpu_dequantize_sum");
+}
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {
   (void)l; (void)out; (void)acc; (void)n;
   return agoq_gpu_none_call("agoq_gpu_overflow_to_inf");

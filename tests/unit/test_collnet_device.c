@@ -576,10 +576,17 @@ static void test_test_alone_moves_device_requests(void** state) {
 static _Atomic unsigned long emu_ticks;
 static double tick_clock(void) { return 1e-6 * (double)atomic_fetch_add(&emu_ticks, 1); }
 
+/* Escaped-block decodes launched on the GPU: the single calls' (the owner's own result) and
+ * the batches' (the peers' result frames). The rank-order sum (sum_kernel) reads escaped
+ * blocks itself. */
+static unsigned long long raw_decodes(void) {
+  return agoq_emu_kernel_launches("raw_decode_kernel<") + agoq_emu_kernel_launches("raw_decode_batch_kernel<");
+}
+
 /* A NaN in one rank's input: its block travels raw in that rank's frame, and the sum's block
  * is a NaN, raw in the result frames, so the GPU reduction runs the escaped-block decodes
- * (raw_decode_kernel, into the fp32 sum and into NCCL's buffer) that no call of the other
- * tests needs. They were loaded at setup with every other kernel (agoq_gpu_codec_load): the
+ * (the sum's raw elements, and raw_decode_kernel and raw_decode_batch_kernel into NCCL's
+ * buffer) that no call of the other tests needs. They were loaded at setup with every other kernel (agoq_gpu_codec_load): the
  * emulation refuses a kernel's first launch on the data path, where on a GPU under lazy
  * loading it would load while NCCL's kernel runs (a hang measured on an H200). Bits of the
  * host path, NaN included. */
@@ -590,12 +597,13 @@ static void test_nan_block_on_gpu(void** state) {
     group g;
     group_open(&g, ranks[ni]);
     for (size_t t = 0; t < 2; t++) {
-      unsigned long long raw0 = agoq_emu_kernel_launches("raw_decode_kernel<");
+      unsigned long long raw0 = raw_decodes();
       ccase c = {.kind = CK_AR, .type = types[t], .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1,
                  .gpu = true, .nan_at = 4000};
       run_compare(&g, &c, 900 + t);
-      unsigned long long raw = agoq_emu_kernel_launches("raw_decode_kernel<") - raw0;
-      /* Each rank decodes the NaN contribution into its sum or the NaN result into its buffer. */
+      unsigned long long raw = raw_decodes() - raw0;
+      /* Each rank decodes the NaN result into its buffer: its owner from its own sum's frame,
+       * the others in their batch of result frames. */
       if (gpu_reduce_on() && raw < (unsigned long long)ranks[ni])
         fail_msg("%d ranks, type %d: %llu escaped-block decodes on the GPU", ranks[ni], types[t], raw);
       if (!gpu_reduce_on()) assert_int_equal(raw, 0);
@@ -659,6 +667,48 @@ static void test_gpu_time_is_counted(void** state) {
   }
   group_close(&g);
   agoq_emu_clock_set(NULL);
+}
+
+/* Issue 28: the GPU reduction codes a chunk in a fixed number of calls, however many ranks
+ * share it: one batch each for the slices' encodes, the contributions' sum and the result
+ * frames' decodes (one launch of each kernel for all peers), and the owner's few single
+ * calls. Per-peer calls were 3 per rank and chunk. The same call on 2 and on MAXR ranks: the
+ * same codec calls per rank, at most 6 per chunk, while the items (encodes, decodes) grow. */
+static void gpu_calls(int n, uint64_t* calls, uint64_t* items) {
+  group g;
+  group_open(&g, n);
+  ccase c = {.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1, .out = 1,
+             .gpu = true};
+  run_compare(&g, &c, 1300 + (unsigned)n);
+  *calls = *items = 0;
+  for (int r = 0; r < n; r++) {
+    agoq_coll_comm* cm = g.comm[r];
+    const agoq_gpu_link_stats* ls = agoq_gpu_link_stats_get(cm->gpu);
+    if (r == 0) {
+      *calls = ls->codec_calls;
+      *items = ls->encodes + ls->decodes;
+    }
+    if (ls->codec_calls != *calls) fail_msg("%d ranks: rank %d made %llu codec calls, rank 0 %llu", n, r,
+                                            (unsigned long long)ls->codec_calls, (unsigned long long)*calls);
+  }
+  group_close(&g);
+}
+
+static void test_gpu_calls_per_chunk_do_not_grow_with_ranks(void** state) {
+  (void)state;
+  if (!gpu_reduce_on()) skip();
+  env_set("int8", "0", "64K");
+  uint64_t calls2, items2, callsn, itemsn;
+  gpu_calls(2, &calls2, &items2);
+  gpu_calls(MAXR, &callsn, &itemsn);
+  /* 100003 bf16 in chunks of 64 KiB: 4 chunks (of 32768 elements at most). */
+  const uint64_t chunks = (100003 + 32767) / 32768;
+  print_message("GPU codec calls per rank: %llu on 2 ranks (%llu items), %llu on %d ranks (%llu items), %llu chunks\n",
+                (unsigned long long)calls2, (unsigned long long)items2, (unsigned long long)callsn, MAXR,
+                (unsigned long long)itemsn, (unsigned long long)chunks);
+  assert_int_equal(callsn, calls2);
+  assert_true(calls2 <= 6 * chunks);
+  assert_true(itemsn > items2);
 }
 
 static void staging_env(const char* bytes) {
@@ -871,6 +921,7 @@ static const struct CMUnitTest tests_gpu[] = {
     cmocka_unit_test(test_in_flight_mixed),
     cmocka_unit_test(test_test_alone_moves_device_requests),
     cmocka_unit_test(test_gpu_time_is_counted),
+    cmocka_unit_test(test_gpu_calls_per_chunk_do_not_grow_with_ranks),
     cmocka_unit_test(test_beyond_the_staging),
     cmocka_unit_test(test_beyond_the_staging_one_at_a_time),
     cmocka_unit_test(test_staging_full_is_busy),
