@@ -593,11 +593,15 @@ static void agoq_gpu_batch_items(agoq_gpu_link* l, const agoq_gpu_op* op) {
 
 /* Whether slot may take a batch of k items now; says why not. */
 static ncclResult_t agoq_gpu_batch_ok(const agoq_gpu_link* l, uint32_t slot, int part, size_t k) {
-  if (l->bstate == NULL || slot < l->batch_from || slot >= l->slots || k == 0 || k > l->batch_items ||
-      part < 0 || (size_t)part + k > l->parts) {
+  if (l->bstate == NULL) {
+    AGOQ_WARN("GPU link: a batch on slot %u of a link made without batch memory: internal error", slot);
+    return ncclInternalError;
+  }
+  if (slot < l->batch_from || slot >= l->slots || k == 0 || k > l->batch_items || part < 0 ||
+      (size_t)part + k > l->parts) {
     AGOQ_WARN("GPU link: a batch of %zu items on slot %u (results from %d) is outside what the link holds (batch "
-              "slots %u to %u, %u items, %u results per slot): internal error",
-              k, slot, part, l->batch_from, l->slots, l->batch_items, l->parts);
+              "slots %u to %u, up to %u items, %u results per slot): internal error",
+              k, slot, part, l->batch_from, l->slots - 1, l->batch_items, l->parts);
     return ncclInternalError;
   }
   if (l->bstate[slot - l->batch_from] != AGOQ_GPU_BATCH_FREE) {
