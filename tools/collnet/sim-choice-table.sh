@@ -11,7 +11,13 @@
 #   IO_THREADS="2 4" SIZES="24 32 48 64 128" tools/collnet/sim-choice-table.sh ... (rows to append)
 set -eu
 sim=${1:?usage: sim-choice-table.sh path/to/agoq-collnet-sim}
+# The choice's reference traffic (AGOQ_COLL_COST_CALLS calls of AGOQ_COLL_PICK_CALL_BYTES,
+# plugin/collnet/agoq_coll_cost.h): test_coll_cost reads the "traffic" line and fails on a
+# table measured on other traffic than the model's.
+calls=8
+call=4194304
 echo "# measured by tools/collnet/sim-choice-table.sh with $(basename "$sim"); bf16 int8, 32 MiB in calls of 4 MiB, 8 in flight, automatic chunks"
+echo "# traffic: $calls calls of $call bytes, all in flight"
 echo "# n a b gbps vtime_us io_threads"
 for io in ${IO_THREADS:-0}; do
 for n in ${SIZES:-17 24 32 48 64 128}; do
@@ -28,7 +34,7 @@ for n in ${SIZES:-17 24 32 48 64 128}; do
   done_shapes=""
   for grid in $grids; do
     case " $done_shapes " in *" $grid "*) continue ;; esac # auto ran it already
-    out=$("$sim" -N "$n" --grid "$grid" -b 33554432 --call 4194304 --inflight 8 --gbps 10,25,100,400 $inplace \
+    out=$("$sim" -N "$n" --grid "$grid" -b $((calls * call)) --call "$call" --inflight "$calls" --gbps 10,25,100,400 $inplace \
       --io-threads "$io" --check) ||
       { echo "sim-choice-table: agoq-collnet-sim failed at $n ranks ($grid)" >&2; exit 1; }
     rows=$(printf '%s\n' "$out" |
