@@ -1195,6 +1195,126 @@ static void check_perf(size_t mib) {
   cudaFreeHost(res);
 }
 
+/* A CollNet chunk's codec work on the GPU, per peer against batched (informational: the time the
+ * batches save depends on the GPU, and is measured only where one runs this): a chunk of
+ * `mib` MiB of bf16 (int8, block 128) split into k slices, the k frames encoded, the k bodies
+ * decoded into bf16, and the k contributions summed in fp32 (one slice's worth: the owner's
+ * reduction), each as k single calls and as one batch, by CUDA events, best of 3 rounds. The
+ * batch's results are compared with the single calls' too. */
+typedef struct {
+  const agoq_codec_params* p;
+  size_t k, m; /* slices, elements per slice */
+  uint8_t *src, *frames, *dst, *dst1;
+  size_t cap;
+  void* ws;
+  agoq_cuda_batch_mem mem;
+  agoq_cuda_codec_result *res, *res1;
+  agoq_cuda_encode_item* enc;
+  agoq_cuda_decode_item* dec;
+} perf_chunk;
+
+/* op: 0 encodes, 1 decodes, 2 sum; batch or k single calls. */
+static void perf_chunk_run(const perf_chunk* c, int op, bool batch) {
+  if (batch) {
+    if (op == 0) CODEC_OK(agoq_cuda_frame_encode_batch(c->p, c->enc, c->k, &c->mem, c->res, NULL));
+    else if (op == 1) CODEC_OK(agoq_cuda_dequantize_batch(c->p, c->dec, c->k, AGOQ_DTYPE_BF16, &c->mem, c->res, NULL));
+    else CODEC_OK(agoq_cuda_dequantize_sum(c->p, c->dec, c->k, c->m, (float*)c->dst, &c->mem, c->res, NULL));
+    /* The next batch may rewrite the pinned table only once this one's copy has run. */
+    CUDA_OK(cudaStreamSynchronize(NULL));
+    return;
+  }
+  for (size_t i = 0; i < c->k; i++) {
+    const agoq_cuda_encode_item* e = &c->enc[i];
+    const agoq_cuda_decode_item* d = &c->dec[i];
+    if (op == 0) CODEC_OK(agoq_cuda_frame_encode(c->p, e->src, e->n, e->frame, e->cap, c->ws, &c->res1[i], NULL));
+    else if (op == 1)
+      CODEC_OK(agoq_cuda_dequantize(c->p, d->body, d->body_len, d->n, AGOQ_DTYPE_BF16, d->dst, c->ws, &c->res1[i], NULL));
+    else if (i == 0)
+      CODEC_OK(agoq_cuda_dequantize(c->p, d->body, d->body_len, c->m, AGOQ_DTYPE_FP32, c->dst1, c->ws, &c->res1[i], NULL));
+    else
+      CODEC_OK(agoq_cuda_dequantize_accumulate(c->p, d->body, d->body_len, c->m, (float*)c->dst1, c->ws, &c->res1[i],
+                                               NULL));
+  }
+  CUDA_OK(cudaStreamSynchronize(NULL));
+}
+
+/* Seconds per run (the synchronisation of each run included on both sides). */
+static double perf_chunk_time(const perf_chunk* c, int op, bool batch, int iters) {
+  perf_chunk_run(c, op, batch);
+  double t0 = now_s();
+  for (int i = 0; i < iters; i++) perf_chunk_run(c, op, batch);
+  return (now_s() - t0) / iters;
+}
+
+static void check_perf_batches(size_t mib) {
+  agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 128};
+  const size_t n = mib * (1024 * 1024 / 2);
+  static const size_t ks[] = {8, 64};
+  for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+    perf_chunk c;
+    memset(&c, 0, sizeof c);
+    c.p = &p;
+    c.k = ks[ki];
+    c.m = (n / c.k + p.block - 1) / p.block * p.block;
+    c.cap = (agoq_frame_size_max(&p, c.m) + 15) & ~(size_t)15;
+    CUDA_OK(cudaMalloc((void**)&c.src, c.k * c.m * 2));
+    CUDA_OK(cudaMalloc((void**)&c.frames, c.k * c.cap));
+    CUDA_OK(cudaMalloc((void**)&c.dst, c.k * c.m * 4));
+    CUDA_OK(cudaMalloc((void**)&c.dst1, c.k * c.m * 4));
+    CUDA_OK(cudaMalloc(&c.ws, AGOQ_CUDA_CODEC_WORKSPACE_SIZE));
+    c.mem.table_cap = agoq_cuda_batch_table_size(c.k);
+    c.mem.workspace_cap = agoq_cuda_batch_workspace_size(&p, c.k, c.m);
+    CUDA_OK(cudaMallocHost(&c.mem.table_host, c.mem.table_cap));
+    CUDA_OK(cudaMalloc(&c.mem.table_dev, c.mem.table_cap));
+    CUDA_OK(cudaMalloc(&c.mem.workspace, c.mem.workspace_cap));
+    CUDA_OK(cudaMallocHost((void**)&c.res, c.k * sizeof *c.res));
+    CUDA_OK(cudaMallocHost((void**)&c.res1, c.k * sizeof *c.res1));
+    c.enc = host_alloc(c.k * sizeof *c.enc);
+    c.dec = host_alloc(c.k * sizeof *c.dec);
+    uint16_t* h = host_alloc(c.k * c.m * 2);
+    for (size_t i = 0; i < c.k * c.m; i++) h[i] = (uint16_t)(f32_bits(rnd_normal()) >> 16);
+    CUDA_OK(cudaMemcpy(c.src, h, c.k * c.m * 2, cudaMemcpyHostToDevice));
+    free(h);
+    for (size_t i = 0; i < c.k; i++)
+      c.enc[i] = (agoq_cuda_encode_item){.src = c.src + i * c.m * 2, .n = c.m, .frame = c.frames + i * c.cap, .cap = c.cap};
+    perf_chunk_run(&c, 0, true);
+    for (size_t i = 0; i < c.k; i++)
+      c.dec[i] = (agoq_cuda_decode_item){.body = c.frames + i * c.cap + AGOQ_FRAME_HEADER_SIZE,
+                                         .body_len = (size_t)c.res[i].body_len, .n = c.m, .dst = c.dst + i * c.m * 2};
+    static const char* const names[] = {"encode", "decode", "sum"};
+    for (int op = 0; op < 3; op++) {
+      double single = 0, batch = 0;
+      for (int round = 0; round < 3; round++) {
+        double ts = perf_chunk_time(&c, op, false, perf_iters), tb = perf_chunk_time(&c, op, true, perf_iters);
+        if (round == 0 || ts < single) single = ts;
+        if (round == 0 || tb < batch) batch = tb;
+      }
+      printf("throughput: chunk of %zu MiB in %3zu slices, %-6s: %3zu single calls %8.1f us, one batch %8.1f us "
+             "(%.2f x)\n", mib, c.k, names[op], c.k, single * 1e6, batch * 1e6, single / batch);
+    }
+    /* The sum's bits: the batch's (dst) against the single calls' (dst1), from the last runs. */
+    CUDA_OK(cudaMemcpy(c.dst + c.m * 4, c.dst1, c.m * 4, cudaMemcpyDeviceToDevice));
+    uint8_t* a = host_alloc(c.m * 8);
+    CUDA_OK(cudaMemcpy(a, c.dst, c.m * 8, cudaMemcpyDeviceToHost));
+    cases++;
+    if (memcmp(a, a + c.m * 4, c.m * 4) != 0) mismatch(NULL, "perf chunk", "the batched sum differs from the single calls'");
+    free(a);
+    fflush(stdout);
+    free(c.enc);
+    free(c.dec);
+    cudaFree(c.src);
+    cudaFree(c.frames);
+    cudaFree(c.dst);
+    cudaFree(c.dst1);
+    cudaFree(c.ws);
+    cudaFreeHost(c.mem.table_host);
+    cudaFree(c.mem.table_dev);
+    cudaFree(c.mem.workspace);
+    cudaFreeHost(c.res);
+    cudaFreeHost(c.res1);
+  }
+}
+
 /* ---- main ------------------------------------------------------------------------------------------------ */
 
 static void usage(FILE* f) {
@@ -1277,7 +1397,10 @@ int main(int argc, char** argv) {
     bufs_free(&B);
     printf("codec: identity checks: %ld, mismatches: %ld (%.1f s)\n", cases, mismatches, now_s() - t0);
   }
-  if (perf) check_perf(perf_mib);
+  if (perf) {
+    check_perf(perf_mib);
+    check_perf_batches(perf_mib < 4 ? perf_mib : 4);
+  }
 
   if (mismatches != 0) {
     printf("codec verdict: MISMATCH: %ld of %ld checks differ from the CPU codec\n", mismatches, cases);
