@@ -1001,17 +1001,23 @@ __device__ __forceinline__ uint64_t escaped_rank(const Layout& L, const Ws& ws, 
   return rank + (uint64_t)__popcll(bitmap_word(L.body, w) & ((1ull << (b & 63)) - 1));
 }
 
-/* The k bodies of a batch (one format, type, block and element count: one layout but for the
- * body and its escaped blocks) summed into acc in item order: item 0 decoded into fp32, each
- * next one added. Element by element these are the operations of a decode into fp32 followed
- * by decode-accumulates in item order (the CPU's rank-order sum): the same bits, in one pass
- * that reads and writes acc once. Nothing is written unless every item's scan found its body
- * valid, as a corrupt body leaves a single decode's output untouched. */
+/* Sum blockIdx.y of a batch: its k bodies (one format, type, block and element count: one
+ * layout but for the body and its escaped blocks; items [y * k, y * k + k) of the table, each
+ * with the sum's accumulator as dst) summed into that accumulator in item order: item 0
+ * decoded into fp32, each next one added. Element by element these are the operations of a
+ * decode into fp32 followed by decode-accumulates in item order (the CPU's rank-order sum):
+ * the same bits, in one pass that reads and writes the accumulator once. Nothing is written
+ * unless every item's scan found its body valid, as a corrupt body leaves a single decode's
+ * output untouched. */
 template <int FMT>
-__global__ void __launch_bounds__(kThreads) sum_kernel(const BatchEntry* t, uint32_t k, float* acc_out, bool acc_vec) {
+__global__ void __launch_bounds__(kThreads) sum_kernel(const BatchEntry* all, uint32_t k) {
+  const BatchEntry* t = all + (size_t)blockIdx.y * k;
+  if (blockIdx.x >= t[0].decode_ctas) return;
   for (uint32_t j = 0; j < k; j++)
     if (*t[j].scan.ws.status != AGOQ_CODEC_OK) return;
   const Layout& L0 = t[0].scan.L;
+  float* const acc_out = static_cast<float*>(t[0].dst);
+  const bool acc_vec = t[0].dst_vec;
   for (int q = 0; q < kDecodeChunks; q++) {
     const uint64_t e0 = (((uint64_t)blockIdx.x * kDecodeChunks + q) * kThreads + threadIdx.x) * 8;
     if (e0 >= L0.n) break;
@@ -1231,7 +1237,7 @@ bool layout_init(Layout* L, const agoq_codec_params* p, size_t n, const void* bo
 using QuantFn = void (*)(QuantArgs);
 using DecodeFn = void (*)(DecodeArgs);
 using BatchFn = void (*)(const BatchEntry*);
-using SumFn = void (*)(const BatchEntry*, uint32_t, float*, bool);
+using SumFn = void (*)(const BatchEntry*, uint32_t);
 using RawDecodeFn = void (*)(Layout, Ws, void*);
 using NoneDecodeFn = void (*)(const uint8_t*, uint64_t, uint32_t, void*);
 using NarrowFn = void (*)(const float*, uint64_t, void*);
@@ -1790,24 +1796,36 @@ int decode_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* i
   return launched();
 }
 
-int sum_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k, size_t n, float* acc,
-                   const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results, cudaStream_t st) {
+int sum_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
+                   const agoq_cuda_sum_group* groups, size_t ngroups, const agoq_cuda_batch_mem* mem,
+                   agoq_cuda_codec_result* results, cudaStream_t st) {
   BatchBuild b;
-  if (items == nullptr || (acc == nullptr && n != 0) || !aligned(acc, 4) || n > kMaxCount) return AGOQ_CODEC_EARG;
-  int rc = batch_begin(&b, p, k, mem, results);
+  if (items == nullptr || groups == nullptr || k == 0 || ngroups == 0 || ngroups > AGOQ_CUDA_BATCH_MAX_ITEMS ||
+      k > AGOQ_CUDA_BATCH_MAX_ITEMS / ngroups)
+    return AGOQ_CODEC_EARG;
+  int rc = batch_begin(&b, p, k * ngroups, mem, results);
   if (rc != AGOQ_CODEC_OK) return rc;
-  for (size_t i = 0; i < k; i++) {
-    if (items[i].n != n) return AGOQ_CODEC_EARG;
-    BatchEntry e;
-    rc = batch_decode_entry(p, &items[i], kOutAcc, false, &results[i], &e);
-    if (rc == AGOQ_CODEC_OK) rc = batch_put(&b, i, &e);
-    if (rc != AGOQ_CODEC_OK) return rc;
+  for (size_t g = 0; g < ngroups; g++) {
+    const size_t n = groups[g].n;
+    float* acc = groups[g].acc;
+    if ((acc == nullptr && n != 0) || !aligned(acc, 4) || n > kMaxCount) return AGOQ_CODEC_EARG;
+    for (size_t j = 0; j < k; j++) {
+      const size_t i = g * k + j;
+      if (items[i].n != n) return AGOQ_CODEC_EARG;
+      BatchEntry e;
+      rc = batch_decode_entry(p, &items[i], kOutAcc, false, &results[i], &e);
+      /* Every item of a sum names its accumulator (the kernel reads the first's). */
+      e.dst = acc;
+      e.dst_vec = aligned(acc, 16);
+      if (rc == AGOQ_CODEC_OK) rc = batch_put(&b, i, &e);
+      if (rc != AGOQ_CODEC_OK) return rc;
+    }
   }
   rc = batch_copy(&b, st);
   if (rc != AGOQ_CODEC_OK) return rc;
   batch_scan(&b, st);
-  if (n != 0)
-    launch(sum_kernel_for(p->format), b.max_decode, kThreads, st, batch_table(&b), (uint32_t)k, acc, aligned(acc, 16));
+  if (b.max_decode != 0)
+    launch_2d(sum_kernel_for(p->format), b.max_decode, (unsigned)ngroups, kThreads, st, batch_table(&b), (uint32_t)k);
   return launched();
 }
 
@@ -1890,7 +1908,15 @@ extern "C" int agoq_cuda_dequantize_batch(const agoq_codec_params* p, const agoq
 extern "C" int agoq_cuda_dequantize_sum(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
                                         size_t n, float* acc, const agoq_cuda_batch_mem* mem,
                                         agoq_cuda_codec_result* results, void* stream) {
-  return sum_batch_impl(p, items, k, n, acc, mem, results, static_cast<cudaStream_t>(stream));
+  const agoq_cuda_sum_group one = {.n = n, .acc = acc};
+  return sum_batch_impl(p, items, k, &one, 1, mem, results, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int agoq_cuda_dequantize_sums(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
+                                         const agoq_cuda_sum_group* groups, size_t ngroups,
+                                         const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results,
+                                         void* stream) {
+  return sum_batch_impl(p, items, k, groups, ngroups, mem, results, static_cast<cudaStream_t>(stream));
 }
 
 /* A grid-stride launch over n elements: at most 65536 CTAs. */

@@ -151,6 +151,19 @@ int agoq_cuda_dequantize_sum(const agoq_codec_params* p, const agoq_cuda_decode_
                              float* acc, const agoq_cuda_batch_mem* mem, agoq_cuda_codec_result* results,
                              void* stream);
 
+/* Several independent sums at once (a grid's row reduce sums each of a rank's pieces over its
+ * row): sum g adds items [g * k, g * k + k) (each of groups[g].n elements) into groups[g].acc,
+ * as agoq_cuda_dequantize_sum; results[g * k + i] are its items'. k * ngroups items in all;
+ * the accumulators must not overlap. A corrupt body leaves its own sum's acc untouched. */
+typedef struct {
+  size_t n;
+  float* acc;
+} agoq_cuda_sum_group;
+
+int agoq_cuda_dequantize_sums(const agoq_codec_params* p, const agoq_cuda_decode_item* items, size_t k,
+                              const agoq_cuda_sum_group* groups, size_t ngroups, const agoq_cuda_batch_mem* mem,
+                              agoq_cuda_codec_result* results, void* stream);
+
 /* Makes the driver load, on the calling thread's current device, every kernel the calls above
  * can ever launch (every format, type, output, block size and rounding, the escaped-block and
  * NONE decodes included), launching none of them: with CUDA's lazy module loading a kernel's

@@ -713,7 +713,7 @@ static void check_reduce_steps(bufs* B) {
  * decode-accumulates; then the sum with one body made corrupt on the device, which must leave
  * the sum untouched and say which item. Items sit at uneven offsets (odd items: src one element
  * off, frame 4 bytes off 16-byte alignment). */
-enum { BATCH_K_MAX = 8 };
+enum { BATCH_K_MAX = 12 };
 
 typedef struct {
   size_t max_n, src_bytes, frame_bytes, dst_bytes;
@@ -896,6 +896,95 @@ static void check_batch_case(batch_env* E, const agoq_codec_params* p, int pat, 
   }
 }
 
+/* Several sums in one launch (agoq_cuda_dequantize_sums): groups of k items of their own length
+ * (an empty one among them), each against a decode into fp32 and decode-accumulates; then one
+ * group's body made corrupt, which leaves that group's sum untouched and the others' written. */
+static void check_batch_sums(batch_env* E, const agoq_codec_params* p, int pat) {
+  enum { K = 3, G = 4 };
+  const size_t es = agoq_dtype_size(p->dtype), b = p->block;
+  size_t gn[G] = {b + 1, 0, 3 * b + 5, 64 * b + 3};
+  for (size_t g = 0; g < G; g++)
+    if (gn[g] > E->max_n) gn[g] = E->max_n;
+  codec_case kc;
+  memset(&kc, 0, sizeof kc);
+  kc.p = *p;
+  kc.pattern = pat;
+  kc.n = gn[G - 1];
+  /* Item i = (g, j): its source, frame and the group's accumulator, at uneven offsets. */
+  size_t so[G * K], fo[G * K], ao[G], src_end = 0, frame_end = 0, acc_end = 0;
+  agoq_cuda_encode_item enc[G * K];
+  for (size_t g = 0; g < G; g++) {
+    ao[g] = acc_end + (g & 1);
+    acc_end = ao[g] + gn[g] + 1;
+    for (size_t j = 0; j < K; j++) {
+      size_t i = g * K + j;
+      so[i] = src_end + (i & 1);
+      src_end = so[i] + gn[g] + 1;
+      fo[i] = ((frame_end + 15) & ~(size_t)15) + 4 * (i & 1);
+      frame_end = fo[i] + agoq_frame_size_max(p, gn[g]);
+      fill_pattern(E->h + so[i] * es, p->dtype, gn[g], p->block, pat, p->format);
+      enc[i] = (agoq_cuda_encode_item){.src = E->dsrc + so[i] * es, .n = gn[g], .frame = E->dframe + fo[i],
+                                       .cap = agoq_frame_size_max(p, gn[g])};
+    }
+  }
+  CUDA_OK(cudaMemcpy(E->dsrc, E->h, src_end * es, cudaMemcpyHostToDevice));
+  CODEC_OK(agoq_cuda_frame_encode_batch(p, enc, G * K, &E->mem, E->res, NULL));
+  CUDA_OK(cudaDeviceSynchronize());
+  agoq_cuda_decode_item d[G * K];
+  agoq_cuda_sum_group grp[G];
+  for (size_t i = 0; i < G * K; i++)
+    d[i] = (agoq_cuda_decode_item){.body = E->dframe + fo[i] + AGOQ_FRAME_HEADER_SIZE,
+                                   .body_len = (size_t)E->res[i].body_len, .n = enc[i].n};
+  const size_t abytes = acc_end * 4 + GUARD;
+  batch_prefill(E->ddst1, E->ddst, abytes, 0xa5);
+  for (size_t g = 0; g < G; g++) {
+    grp[g] = (agoq_cuda_sum_group){.n = gn[g], .acc = (float*)E->ddst + ao[g]};
+    float* acc1 = (float*)E->ddst1 + ao[g];
+    for (size_t j = 0; j < K; j++) {
+      const agoq_cuda_decode_item* it = &d[g * K + j];
+      if (j == 0)
+        CODEC_OK(agoq_cuda_dequantize(p, it->body, it->body_len, gn[g], AGOQ_DTYPE_FP32, acc1, E->ws, &E->res1[g * K + j], NULL));
+      else
+        CODEC_OK(agoq_cuda_dequantize_accumulate(p, it->body, it->body_len, gn[g], acc1, E->ws, &E->res1[g * K + j], NULL));
+    }
+  }
+  CODEC_OK(agoq_cuda_dequantize_sums(p, d, K, grp, G, &E->mem, E->res, NULL));
+  batch_compare(E, &kc, "batch sums", E->ddst1, E->ddst, abytes);
+  batch_results(&kc, "batch sums", E->res1, E->res, G * K);
+  /* Group 2's second body corrupt: a bitmap bit set on its first block, which did not escape
+   * (so the bitmap disagrees with the body length). Group 2's sum is left untouched, the others
+   * are the single calls' (batch_compare left those in E->h1). */
+  const size_t bad = 2 * K + 1;
+  uint8_t bit0;
+  CUDA_OK(cudaMemcpy(&bit0, d[bad].body, 1, cudaMemcpyDeviceToHost));
+  if (bit0 & 1u) return; /* the first block escaped: nothing to flip */
+  bit0 |= 1u;
+  CUDA_OK(cudaMemcpy((void*)d[bad].body, &bit0, 1, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(E->ddst, 0x3c, abytes));
+  CODEC_OK(agoq_cuda_dequantize_sums(p, d, K, grp, G, &E->mem, E->res, NULL));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(E->h, E->ddst, abytes, cudaMemcpyDeviceToHost));
+  for (size_t g = 0; g < G; g++) {
+    const uint8_t* got = E->h + ao[g] * 4;
+    cases++;
+    if (g == 2) {
+      for (size_t i = 0; i < gn[g] * 4; i++)
+        if (got[i] != 0x3c) {
+          mismatch(&kc, "batch sums with a corrupt body", "byte %zu of the corrupt group's sum was written", i);
+          break;
+        }
+    } else if (memcmp(got, E->h1 + ao[g] * 4, gn[g] * 4) != 0) {
+      mismatch(&kc, "batch sums with a corrupt body", "group %zu's sum differs from the single calls'", g);
+    }
+  }
+  for (size_t i = 0; i < G * K; i++) {
+    cases++;
+    const uint32_t want = i == bad ? AGOQ_CODEC_ECORRUPT : AGOQ_CODEC_OK;
+    if (E->res[i].status != want)
+      mismatch(&kc, "batch sums with a corrupt body", "item %zu: status %u, expected %u", i, E->res[i].status, want);
+  }
+}
+
 /* What the host can refuse queues nothing and says so. */
 static void check_batch_refusals(batch_env* E) {
   const agoq_codec_params p = {.format = AGOQ_FORMAT_INT8, .dtype = AGOQ_DTYPE_BF16, .block = 32};
@@ -966,6 +1055,7 @@ static void check_batches(bool quick) {
             for (size_t i = 0; i < 3; i++) same[i] = n3;
             check_batch_case(&E, &p, pat, 3, same);
           }
+          check_batch_sums(&E, &p, pat);
         }
   /* Several bitmap words per range of the escape scan: the sum's escaped-block rank counts the
    * words before a block within its range. */
