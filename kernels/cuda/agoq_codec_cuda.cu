@@ -1694,12 +1694,13 @@ int batch_copy(const BatchBuild* b, cudaStream_t st) {
 
 const BatchEntry* batch_table(const BatchBuild* b) { return static_cast<const BatchEntry*>(b->mem->table_dev); }
 
-/* A decode item's entry: the checks and layout of decode_impl. */
-int batch_decode_entry(const agoq_codec_params* p, const agoq_cuda_decode_item* it, int out, bool with_dst,
+/* A decode item's entry, into dst (its own, or its sum's accumulator): the checks and layout
+ * of decode_impl. */
+int batch_decode_entry(const agoq_codec_params* p, const agoq_cuda_decode_item* it, int out, void* dst,
                        agoq_cuda_codec_result* result, BatchEntry* e) {
   const size_t osize = out == kOutAcc ? 4 : agoq_dtype_size((agoq_dtype)out);
   if ((it->body == nullptr && it->body_len != 0) || !aligned(it->body, 4) || it->n > kMaxCount ||
-      (with_dst && ((it->dst == nullptr && it->n != 0) || !aligned(it->dst, osize))))
+      (dst == nullptr && it->n != 0) || !aligned(dst, osize))
     return AGOQ_CODEC_EARG;
   memset(e, 0, sizeof *e);
   Layout& L = e->scan.L;
@@ -1710,16 +1711,16 @@ int batch_decode_entry(const agoq_codec_params* p, const agoq_cuda_decode_item* 
   e->scan.result = result;
   e->scan.mode = kModeDecode;
   e->scan.expected = (it->body_len - L.head) / L.raw_block;
-  e->dst = with_dst ? it->dst : nullptr;
+  e->dst = dst;
   e->codes8 = aligned(L.body + L.codes_off, 8);
-  e->dst_vec = with_dst && aligned(it->dst, 16);
+  e->dst_vec = aligned(dst, 16);
   const uint64_t per_cta = (uint64_t)kThreads * kDecodeChunks * 8;
   e->decode_ctas = (uint32_t)((it->n + per_cta - 1) / per_cta);
   return AGOQ_CODEC_OK;
 }
 
-/* The escape scans of a decode batch: counts (with the bitmap checked against each body's
- * length), then each item's prefix, status and result. */
+/* The escape scans of a batch: counts (for a decode, the bitmap checked against each body's
+ * length), then each item's prefix, status and result (and an encode's frame header). */
 void batch_scan(const BatchBuild* b, cudaStream_t st) {
   if (b->max_ranges != 0) launch_2d(kern<count_batch_kernel>(), b->max_ranges, (unsigned)b->k, kThreads, st, batch_table(b), 0);
   launch_2d(kern<scan_batch_kernel>(), 1, (unsigned)b->k, kScanThreads, st, batch_table(b));
@@ -1746,7 +1747,6 @@ int encode_batch_impl(const agoq_codec_params* p, const agoq_cuda_encode_item* i
     if (!layout_init(&e.scan.L, p, it.n, body)) return AGOQ_CODEC_EARG;
     const size_t cap = it.cap - AGOQ_FRAME_HEADER_SIZE;
     if (cap < e.scan.L.head) return AGOQ_CODEC_ESPACE;
-    if (it.n == 0) e.scan.L.ranges = 0; /* the scan alone writes the header and the result */
     e.scan.result = &results[i];
     e.scan.mode = kModeQuantize;
     e.scan.cap = cap;
@@ -1768,8 +1768,7 @@ int encode_batch_impl(const agoq_codec_params* p, const agoq_cuda_encode_item* i
   if (rc != AGOQ_CODEC_OK) return rc;
   const unsigned ky = (unsigned)k;
   if (b.max_quant != 0) launch_2d(q.batch, b.max_quant, ky, kThreads, st, batch_table(&b));
-  if (b.max_ranges != 0) launch_2d(kern<count_batch_kernel>(), b.max_ranges, ky, kThreads, st, batch_table(&b), 0);
-  launch_2d(kern<scan_batch_kernel>(), 1, ky, kScanThreads, st, batch_table(&b));
+  batch_scan(&b, st); /* an empty item (no ranges) gets its header and result from the scan alone */
   if (b.max_ranges != 0) launch_2d(kern<raw_copy_batch_kernel>(), b.max_ranges, ky, kThreads, st, batch_table(&b));
   return launched();
 }
@@ -1782,7 +1781,7 @@ int decode_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* i
   if (rc != AGOQ_CODEC_OK) return rc;
   for (size_t i = 0; i < k; i++) {
     BatchEntry e;
-    rc = batch_decode_entry(p, &items[i], out, true, &results[i], &e);
+    rc = batch_decode_entry(p, &items[i], out, items[i].dst, &results[i], &e);
     if (rc == AGOQ_CODEC_OK) rc = batch_put(&b, i, &e);
     if (rc != AGOQ_CODEC_OK) return rc;
   }
@@ -1808,15 +1807,13 @@ int sum_batch_impl(const agoq_codec_params* p, const agoq_cuda_decode_item* item
   for (size_t g = 0; g < ngroups; g++) {
     const size_t n = groups[g].n;
     float* acc = groups[g].acc;
-    if ((acc == nullptr && n != 0) || !aligned(acc, 4) || n > kMaxCount) return AGOQ_CODEC_EARG;
+    if (n > kMaxCount) return AGOQ_CODEC_EARG;
     for (size_t j = 0; j < k; j++) {
       const size_t i = g * k + j;
       if (items[i].n != n) return AGOQ_CODEC_EARG;
       BatchEntry e;
-      rc = batch_decode_entry(p, &items[i], kOutAcc, false, &results[i], &e);
       /* Every item of a sum names its accumulator (the kernel reads the first's). */
-      e.dst = acc;
-      e.dst_vec = aligned(acc, 16);
+      rc = batch_decode_entry(p, &items[i], kOutAcc, acc, &results[i], &e);
       if (rc == AGOQ_CODEC_OK) rc = batch_put(&b, i, &e);
       if (rc != AGOQ_CODEC_OK) return rc;
     }

@@ -384,11 +384,9 @@ static ncclResult_t agoq_gpu_finish_sum(agoq_coll_comm* g, agoq_coll_slot* s, co
 
 /* The contributions in rank order into the fp32 sum, then the owner's step. */
 static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t* h2d) {
-  agoq_coll_req* r = s->req;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   int n = g->nranks, me = g->rank;
   *h2d = 0;
-  (void)r;
   for (int k = 0; k < n; k++) {
     agoq_gpu_decode_item* c = &gs->sum[k];
     *c = (agoq_gpu_decode_item){.n = s->sl[me]};

@@ -141,9 +141,6 @@ ncclResult_t agoq_gpu_frame_encode(agoq_gpu_link* l, uint32_t slot, int part, co
 /* Decodes a body of n elements made with p into dst of type out. */
 ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
                                  const void* body, size_t body_len, size_t n, agoq_dtype out, void* dst);
-/* Adds a body's n decoded values to the fp32 accumulator acc (device memory). */
-ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
-                                            const void* body, size_t body_len, size_t n, float* acc);
 /* Batches: k items of one codec step in one launch of each kernel (kernels/cuda's
  * agoq_cuda_*_batch and agoq_cuda_dequantize_sum), item i's verdict in result part0 + i of
  * slot, the same bits as the single calls above. The slot's batch table and workspace are
@@ -168,8 +165,8 @@ ncclResult_t agoq_gpu_frame_encode_batch(agoq_gpu_link* l, uint32_t slot, int pa
                                          const agoq_gpu_encode_item* items, size_t k);
 ncclResult_t agoq_gpu_dequantize_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
                                        const agoq_gpu_decode_item* items, size_t k, agoq_dtype out);
-/* The fp32 sum of the k bodies (n elements each) in item order into acc: item 0 decoded, the
- * others added (agoq_gpu_dequantize into fp32, then agoq_gpu_dequantize_accumulate). */
+/* The fp32 sum of the k bodies (n elements each) in item order into acc: item 0 decoded into
+ * fp32, the others added, the bits of agoq_cuda_dequantize_accumulate's additions. */
 ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
                                      const agoq_gpu_decode_item* items, size_t k, size_t n, float* acc);
 

@@ -545,7 +545,6 @@ static ncclResult_t agoq_gpu_codec_check(int rc, const char* what) {
 typedef enum {
   AGOQ_GPU_OP_ENCODE,            /* in: n elements of p's type; out: their frame, at most cap bytes */
   AGOQ_GPU_OP_DECODE,            /* in: a body of in_len bytes; out: its n elements as dtype */
-  AGOQ_GPU_OP_DECODE_ACCUMULATE, /* in: a body of in_len bytes; out: n fp32 sums it is added to */
   AGOQ_GPU_OP_OVERFLOW_TO_INF,   /* out: n fp32 sums, Inf beyond dtype's finite range */
   AGOQ_GPU_OP_NARROW,            /* in: n fp32 sums; out: rounded to dtype */
   AGOQ_GPU_OP_ENCODE_BATCH,      /* enc: k items (AGOQ_GPU_OP_ENCODE each) */
@@ -575,7 +574,7 @@ static bool agoq_gpu_op_batch(agoq_gpu_op_kind kind) {
 /* The encode and the decodes write a codec result (the slot's part) and count in the link's
  * statistics; overflow to Inf and narrowing do neither. */
 static bool agoq_gpu_op_has_result(agoq_gpu_op_kind kind) {
-  return kind == AGOQ_GPU_OP_ENCODE || kind == AGOQ_GPU_OP_DECODE || kind == AGOQ_GPU_OP_DECODE_ACCUMULATE ||
+  return kind == AGOQ_GPU_OP_ENCODE || kind == AGOQ_GPU_OP_DECODE ||
          agoq_gpu_op_batch(kind);
 }
 
@@ -625,10 +624,6 @@ static ncclResult_t agoq_gpu_op_launch(agoq_gpu_link* l, const agoq_gpu_op* op, 
     case AGOQ_GPU_OP_DECODE:
       rc = agoq_cuda_dequantize(op->p, op->in, op->in_len, op->n, op->dtype, op->out, l->workspace, r, l->stream);
       what = "GPU decode";
-      break;
-    case AGOQ_GPU_OP_DECODE_ACCUMULATE:
-      rc = agoq_cuda_dequantize_accumulate(op->p, op->in, op->in_len, op->n, op->out, l->workspace, r, l->stream);
-      what = "GPU decode-accumulate";
       break;
     case AGOQ_GPU_OP_OVERFLOW_TO_INF:
       rc = agoq_cuda_overflow_to_inf(op->dtype, op->out, op->n, l->stream);
@@ -716,12 +711,6 @@ ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, cons
                                  const void* body, size_t body_len, size_t n, agoq_dtype out, void* dst) {
   agoq_gpu_op op = {
       .kind = AGOQ_GPU_OP_DECODE, .p = p, .in = body, .in_len = body_len, .n = n, .dtype = out, .out = dst};
-  return agoq_gpu_codec_run(l, slot, part, &op);
-}
-
-ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
-                                            const void* body, size_t body_len, size_t n, float* acc) {
-  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_DECODE_ACCUMULATE, .p = p, .in = body, .in_len = body_len, .n = n, .out = acc};
   return agoq_gpu_codec_run(l, slot, part, &op);
 }
 

@@ -100,11 +100,6 @@ ncclResult_t agoq_gpu_dequantize(agoq_gpu_link* l, uint32_t slot, int part, cons
   (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)out; (void)dst;
   return agoq_gpu_none_call("agoq_gpu_dequantize");
 }
-ncclResult_t agoq_gpu_dequantize_accumulate(agoq_gpu_link* l, uint32_t slot, int part, const agoq_codec_params* p,
-                                            const void* body, size_t body_len, size_t n, float* acc) {
-  (void)l; (void)slot; (void)part; (void)p; (void)body; (void)body_len; (void)n; (void)acc;
-  return agoq_gpu_none_call("agoq_gpu_dequantize_accumulate");
-}
 ncclResult_t agoq_gpu_frame_encode_batch(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
                                          const agoq_gpu_encode_item* items, size_t k) {
   (void)l; (void)slot; (void)part0; (void)p; (void)items; (void)k;
