@@ -30,60 +30,10 @@
 #include <string.h>
 
 #include "agoq_frame.h"
-#include "collnet/agoq_coll_internal.h"
+#include "collnet/agoq_coll_grid_internal.h"
 #include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
 
-typedef struct {
-  int peer;
-  int span0, nspans; /* in the plan's span pool */
-} agoq_gmsg;
-
-/* The messages of this rank for every chunk (the schedule's enumerations, once per group). */
-struct agoq_coll_gplan {
-  /* [step][0: sends, 1: receives]; receives by peer ascending, sends from the first peer
-   * after this rank, wrapping around (agoq_gplan_rotate) */
-  agoq_gmsg* msg[AGOQ_COLL_STEPS][2];
-  int nmsg[AGOQ_COLL_STEPS][2];
-  int* msg_of[AGOQ_COLL_STEPS][2];    /* peer -> index in msg[][], -1: none */
-  agoq_coll_span* spans;
-  int nspans, spans_cap;
-  agoq_coll_span* mine; /* this rank's pieces: its columns, every row (one span per column) */
-  int* cols;            /* the columns it plays, ascending */
-  int ncols;
-  int* col_index;       /* column -> index in cols, -1 where it does not play */
-  bool* row_peer;       /* rank -> in this rank's row */
-  int row_first, row_len;
-};
-
-/* A grid chunk's own state, per pipeline slot. */
-struct agoq_coll_gslot {
-  size_t* pb; /* piece -> first element (of the request's element space), length */
-  size_t* pl;
-  size_t* aoff;      /* piece of this rank's columns -> element offset in acc */
-  size_t* r_off;     /* peer -> its phase-1 message in rbuf */
-  int* p2r_size;     /* peer -> bytes of its phase-2 message */
-  size_t* foff;      /* column index -> this rank's final frame of (column, its row) in res */
-  size_t* flen;
-  /* Each planned message's elements and bytes at most in this chunk ([step][0 send, 1
-   * receive][index in the plan]; 0 elements: no message), computed once at setup. */
-  size_t* melems[AGOQ_COLL_STEPS][2];
-  size_t* mcap[AGOQ_COLL_STEPS][2];
-  /* A message's region: its bytes when no block escapes raw. A larger one, up to mcap, goes
-   * from (sends) or into (receives: agoq_net_irecv_spill) a buffer of its own. */
-  size_t* mnom[AGOQ_COLL_STEPS][2];
-  size_t mine_elems; /* elements of this rank's pieces (its columns, every row) */
-  size_t own_len;    /* quantized: this rank's own frames, packed at sbuf + s_off[me] */
-  size_t pack_len;   /* the row all-gather message in pack (or pack_at: it outgrew pack) */
-  uint8_t* pack_at;
-  size_t isz;        /* bytes of one partial sum: fp32, or the type itself */
-  int pend_rowr, pend_colr, pend_colg; /* receives still to come, by step */
-  bool row_done, col_done, ag_done;    /* the stage's computation ran; its sends are being posted */
-  agoq_coll_buf csum; /* fp32 column sums of this rank's final pieces */
-  agoq_coll_buf pack; /* the row all-gather message when it is not in NCCL's buffer as is */
-};
-
-static size_t agoq_grid_align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
 /* ---- the plan ------------------------------------------------------------------------------ */
 
@@ -204,27 +154,6 @@ fail:
 
 /* ---- pieces and message sizes ---------------------------------------------------------------- */
 
-typedef struct {
-  const agoq_coll_span* sp;
-  int ns, i, r;
-} agoq_piece_it;
-
-static agoq_piece_it agoq_pieces(const agoq_coll_span* sp, int ns) { return (agoq_piece_it){.sp = sp, .ns = ns}; }
-
-static bool agoq_piece_next(agoq_piece_it* it, const agoq_coll_grid* gr, int* idx) {
-  while (it->i < it->ns) {
-    const agoq_coll_span* s = &it->sp[it->i];
-    if (it->r < s->rows) {
-      *idx = agoq_coll_grid_piece(gr, s->col, s->row + it->r);
-      it->r++;
-      return true;
-    }
-    it->i++;
-    it->r = 0;
-  }
-  return false;
-}
-
 typedef enum {
   AGOQ_GC_IN_FRAMES,  /* quantized contributions: frames of the input type */
   AGOQ_GC_OUT_FRAMES, /* quantized final pieces: frames of fp32 sums */
@@ -232,9 +161,6 @@ typedef enum {
   AGOQ_GC_PARTIAL     /* partial sums, isz bytes each */
 } agoq_gcontent;
 
-static const agoq_coll_span* agoq_gspans(const agoq_coll_comm* g, const agoq_gmsg* m) {
-  return g->plan->spans + m->span0;
-}
 
 /* Elements a message's pieces hold, and the bytes it needs as `what`: at most, or (nominal)
  * when none of its frames' blocks escapes raw. */
@@ -271,38 +197,6 @@ static bool agoq_gmsg_contig(const agoq_coll_slot* s, const agoq_coll_grid* gr, 
 }
 
 /* ---- frames -------------------------------------------------------------------------------- */
-
-/* The next frame of a message at *off (a piece of m elements), checked and handed to step:
- * refused when a travelled frame has no payload CRC or the frame does not fit the message. */
-typedef agoq_codec_status (*agoq_gframe_fn)(void* arg, const uint8_t* f, size_t len, size_t m);
-
-static ncclResult_t agoq_gframe_next(agoq_coll_comm* g, int from, const uint8_t* msg, size_t size, size_t* off,
-                                     bool sealed, size_t m, agoq_gframe_fn fn, void* arg) {
-  const char* why = NULL;
-  agoq_codec_status st = AGOQ_CODEC_OK;
-  size_t at = *off, len = 0;
-  if (at > size || size - at < AGOQ_FRAME_HEADER_SIZE) {
-    why = "the message ends before the frame";
-  } else {
-    uint64_t payload = 0;
-    for (int i = 7; i >= 0; i--) payload = payload << 8 | msg[at + 24 + (size_t)i];
-    if (payload > size - at - AGOQ_FRAME_HEADER_SIZE) {
-      why = "the frame runs past the message";
-    } else {
-      len = AGOQ_FRAME_HEADER_SIZE + (size_t)payload;
-      if (sealed && !agoq_frame_has_payload_crc(msg + at, len)) why = "no payload CRC (another agoq version?)";
-      else st = fn(arg, msg + at, len, m);
-    }
-  }
-  if (why == NULL && st == AGOQ_CODEC_OK) {
-    *off = at + len;
-    return ncclSuccess;
-  }
-  AGOQ_WARN("CollNet rank %d: frame from rank %d at byte %zu of a %zu-byte message (a piece of %zu elements) refused "
-            "before decoding: %s; the call fails", g->rank, from, at, size, m,
-            why != NULL ? why : agoq_codec_status_str(st));
-  return ncclSystemError;
-}
 
 typedef struct {
   float* acc;

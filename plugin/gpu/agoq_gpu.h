@@ -169,6 +169,18 @@ ncclResult_t agoq_gpu_dequantize_batch(agoq_gpu_link* l, uint32_t slot, int part
  * fp32, the others added, the bits of agoq_cuda_dequantize_accumulate's additions. */
 ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
                                      const agoq_gpu_decode_item* items, size_t k, size_t n, float* acc);
+/* ngroups independent sums in one batch (a grid's row reduce: one per piece): sum i adds
+ * items [i * k, i * k + k) (groups[i].n elements each) into groups[i].acc, as
+ * agoq_gpu_dequantize_sum; k * ngroups items, results from part0 in item order. The
+ * accumulators must not overlap. */
+typedef struct {
+  size_t n;
+  float* acc;
+} agoq_gpu_sum_group;
+
+ncclResult_t agoq_gpu_dequantize_sums(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                      const agoq_gpu_decode_item* items, size_t k, const agoq_gpu_sum_group* groups,
+                                      size_t ngroups);
 
 /* A reduction owner's steps on fp32 sums in device memory (agoq_codec_overflow_to_inf and
  * agoq_codec_narrow_fp32, the same bits); no result is reported, arguments are checked now. */

@@ -54,6 +54,7 @@ struct agoq_gpu_link {
   size_t batch_pinned; /* bytes of the pinned tables */
   agoq_cuda_encode_item* benc;
   agoq_cuda_decode_item* bdec;
+  agoq_cuda_sum_group* bsum; /* a sum batch's groups (at most batch_items) */
 };
 
 enum { AGOQ_GPU_BATCH_FREE = 0, AGOQ_GPU_BATCH_QUEUED = 1, AGOQ_GPU_BATCH_MARKED = 2 };
@@ -143,6 +144,7 @@ static ncclResult_t agoq_gpu_batch_build(agoq_gpu_link* l, const agoq_gpu_link_c
   AGOQ_CALLOC_GOTO(l->bstate, nslots, res, out);
   AGOQ_CALLOC_GOTO(l->benc, cfg->batch_items, res, out);
   AGOQ_CALLOC_GOTO(l->bdec, cfg->batch_items, res, out);
+  AGOQ_CALLOC_GOTO(l->bsum, cfg->batch_items, res, out);
   l->batch_from = cfg->batch_from;
   l->batch_items = cfg->batch_items;
   agoq_codec_params pb = {.block = cfg->batch_block};
@@ -173,6 +175,7 @@ static void agoq_gpu_batch_teardown(agoq_gpu_link* l) {
   free(l->bstate);
   free(l->benc);
   free(l->bdec);
+  free(l->bsum);
 }
 
 /* agoq_gpu_link_create's work, on `device`, in Relaxed capture mode. */
@@ -549,7 +552,7 @@ typedef enum {
   AGOQ_GPU_OP_NARROW,            /* in: n fp32 sums; out: rounded to dtype */
   AGOQ_GPU_OP_ENCODE_BATCH,      /* enc: k items (AGOQ_GPU_OP_ENCODE each) */
   AGOQ_GPU_OP_DECODE_BATCH,      /* dec: k items (AGOQ_GPU_OP_DECODE each into dtype) */
-  AGOQ_GPU_OP_DECODE_SUM,        /* dec: k bodies of n elements; out: their fp32 sum in item order */
+  AGOQ_GPU_OP_DECODE_SUM,        /* dec: k items, ngroups sums of k / ngroups in item order (groups) */
 } agoq_gpu_op_kind;
 
 typedef struct {
@@ -564,6 +567,8 @@ typedef struct {
   size_t k; /* batches: items, results in parts [part, part + k) */
   const agoq_gpu_encode_item* enc;
   const agoq_gpu_decode_item* dec;
+  const agoq_gpu_sum_group* groups; /* AGOQ_GPU_OP_DECODE_SUM */
+  size_t ngroups;
   const agoq_cuda_batch_mem* mem; /* batches: the slot's table and workspace */
 } agoq_gpu_op;
 
@@ -588,6 +593,7 @@ static void agoq_gpu_batch_items(agoq_gpu_link* l, const agoq_gpu_op* op) {
       l->bdec[i] = (agoq_cuda_decode_item){
           .body = op->dec[i].body, .body_len = op->dec[i].body_len, .n = op->dec[i].n, .dst = op->dec[i].dst};
   }
+  for (size_t i = 0; i < op->ngroups; i++) l->bsum[i] = (agoq_cuda_sum_group){.n = op->groups[i].n, .acc = op->groups[i].acc};
 }
 
 /* Whether slot may take a batch of k items now; says why not. */
@@ -646,7 +652,7 @@ static ncclResult_t agoq_gpu_op_launch(agoq_gpu_link* l, const agoq_gpu_op* op, 
         rc = agoq_cuda_dequantize_batch(op->p, l->bdec, op->k, op->dtype, m, r, l->stream);
         what = "GPU batched decode";
       } else {
-        rc = agoq_cuda_dequantize_sum(op->p, l->bdec, op->k, op->n, op->out, m, r, l->stream);
+        rc = agoq_cuda_dequantize_sums(op->p, l->bdec, op->k / op->ngroups, l->bsum, op->ngroups, m, r, l->stream);
         what = "GPU batched sum";
       }
       break;
@@ -726,10 +732,22 @@ ncclResult_t agoq_gpu_dequantize_batch(agoq_gpu_link* l, uint32_t slot, int part
   return agoq_gpu_codec_run(l, slot, part0, &op);
 }
 
+ncclResult_t agoq_gpu_dequantize_sums(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                      const agoq_gpu_decode_item* items, size_t k, const agoq_gpu_sum_group* groups,
+                                      size_t ngroups) {
+  if (k == 0 || ngroups == 0 || ngroups > SIZE_MAX / k) {
+    AGOQ_WARN("GPU link: %zu sums of %zu items each: internal error", ngroups, k);
+    return ncclInternalError;
+  }
+  agoq_gpu_op op = {
+      .kind = AGOQ_GPU_OP_DECODE_SUM, .p = p, .k = k * ngroups, .dec = items, .groups = groups, .ngroups = ngroups};
+  return agoq_gpu_codec_run(l, slot, part0, &op);
+}
+
 ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
                                      const agoq_gpu_decode_item* items, size_t k, size_t n, float* acc) {
-  agoq_gpu_op op = {.kind = AGOQ_GPU_OP_DECODE_SUM, .p = p, .k = k, .dec = items, .n = n, .out = acc};
-  return agoq_gpu_codec_run(l, slot, part0, &op);
+  agoq_gpu_sum_group one = {.n = n, .acc = acc};
+  return agoq_gpu_dequantize_sums(l, slot, part0, p, items, k, &one, 1);
 }
 
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {

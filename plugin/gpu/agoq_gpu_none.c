@@ -115,6 +115,12 @@ ncclResult_t agoq_gpu_dequantize_sum(agoq_gpu_link* l, uint32_t slot, int part0,
   (void)l; (void)slot; (void)part0; (void)p; (void)items; (void)k; (void)n; (void)acc;
   return agoq_gpu_none_call("agoq_gpu_dequantize_sum");
 }
+ncclResult_t agoq_gpu_dequantize_sums(agoq_gpu_link* l, uint32_t slot, int part0, const agoq_codec_params* p,
+                                      const agoq_gpu_decode_item* items, size_t k, const agoq_gpu_sum_group* groups,
+                                      size_t ngroups) {
+  (void)l; (void)slot; (void)part0; (void)p; (void)items; (void)k; (void)groups; (void)ngroups;
+  return agoq_gpu_none_call("agoq_gpu_dequantize_sums");
+}
 ncclResult_t agoq_gpu_overflow_to_inf(agoq_gpu_link* l, agoq_dtype out, float* acc, size_t n) {
   (void)l; (void)out; (void)acc; (void)n;
   return agoq_gpu_none_call("agoq_gpu_overflow_to_inf");
