@@ -36,7 +36,8 @@
 /* One event per request of the pool (a request uses its own slot for its input copy, then
  * again for its result copy), then one per pipeline slot for the GPU path (agoq_coll_gpu.c). */
 #define AGOQ_COLL_GPU_SLOTS (AGOQ_COLL_MAX_REQUESTS + AGOQ_COLL_SLOTS)
-/* A chunk's codec calls on the GPU path: 3 batches and at most 3 single calls. */
+/* A chunk's codec calls on the GPU path: on the mesh 3 batches and at most 3 single calls; on a
+ * grid at most 4 batches (frames, frames coded again, row sums, final decodes). */
 #define AGOQ_COLL_GPU_CALLS_PER_CHUNK 6u
 
 static uint32_t agoq_dev_slot(const agoq_coll_comm* g, const agoq_coll_req* r) { return (uint32_t)(r - g->reqs); }
@@ -58,13 +59,19 @@ ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_
      * encode, sum, result frames' decode) and the owner's single calls (overflow to Inf or
      * narrowing, the sum's encode and decode): AGOQ_COLL_GPU_CALLS_PER_CHUNK. The batches
      * run in the pipeline slots' link slots, after the requests'. */
-    bool batches = agoq_coll_gpu_wanted(g);
-    agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_COLL_GPU_SLOTS, .parts = agoq_coll_gpu_parts(g),
+    bool mesh = agoq_coll_gpu_wanted(g), grid = agoq_coll_grid_gpu_wanted(g);
+    uint32_t items = mesh ? (uint32_t)g->nranks : 0u, parts = agoq_coll_gpu_parts(g);
+    size_t max_n = mesh ? agoq_coll_gpu_slice_elems(g) : 0;
+    if (grid) {
+      agoq_coll_grid_gpu_needs(g, &items, &max_n);
+      if (items > parts) parts = items;
+    }
+    agoq_gpu_link_config lc = {.staging = staging, .slots = AGOQ_COLL_GPU_SLOTS, .parts = parts,
                                .timed = AGOQ_COLL_SLOTS * AGOQ_COLL_GPU_CALLS_PER_CHUNK,
                                .batch_from = AGOQ_COLL_MAX_REQUESTS,
-                               .batch_items = batches ? (uint32_t)g->nranks : 0u,
+                               .batch_items = items,
                                .batch_block = g->cfg.block,
-                               .batch_max_n = batches ? agoq_coll_gpu_slice_elems(g) : 0};
+                               .batch_max_n = max_n};
     res = agoq_gpu_link_create(device, &lc, &g->gpu);
     if (res == ncclSuccess)
       AGOQ_INFO(NCCL_NET | NCCL_REG, "CollNet rank %d: device buffers of GPU %d staged through %zu bytes of pinned memory",
@@ -73,7 +80,7 @@ ncclResult_t agoq_coll_dev_reg(agoq_coll_comm* g, void* data, size_t size, agoq_
       const agoq_gpu_ring* ring = agoq_gpu_link_ring(g->gpu);
       res = agoq_net_reg_host(g->dev, ring->base, ring->size, &g->gpu_keys[0]);
     }
-    if (res == ncclSuccess) res = agoq_coll_gpu_setup(g);
+    if (res == ncclSuccess) res = agoq_coll_on_grid(g) ? agoq_coll_grid_gpu_setup(g) : agoq_coll_gpu_setup(g);
     if (res != ncclSuccess) { /* no half-built path: the next registration tries again */
       agoq_coll_gpu_unregister(g);
       agoq_gpu_link_destroy(g->gpu);

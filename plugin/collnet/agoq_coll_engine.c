@@ -354,11 +354,11 @@ static ncclResult_t agoq_engine_retire(agoq_coll_comm* g, bool* progressed) {
     agoq_coll_slot* s = &g->slots[i];
     if (s->stage != AGOQ_SLOT_WAIT_ALL || s->pend_p1s > 0 || s->pend_p2s > 0 || s->pend_p2r > 0) continue;
     agoq_coll_req* r = s->req;
-    if (s->step != NULL) { /* the mesh: its results must all be in place (a GPU's decodes) */
-      bool decoded = false;
-      AGOQ_CHECK(s->step->retire(g, s, &decoded));
-      if (!decoded) continue;
-    }
+    /* Its results must all be in place (a GPU's decodes). */
+    bool decoded = false;
+    if (s->step != NULL) AGOQ_CHECK(s->step->retire(g, s, &decoded));
+    else AGOQ_CHECK(agoq_coll_grid_retire(g, s, &decoded));
+    if (!decoded) continue;
     s->stage = AGOQ_SLOT_FREE;
     s->req = NULL;
     agoq_coll_spill_free(g, s);

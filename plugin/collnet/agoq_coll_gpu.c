@@ -32,7 +32,7 @@
 
 /* Pipeline slot i uses the link's event and results after the requests' (agoq_coll_device.c
  * gives request k slot k). */
-static uint32_t agoq_gslot(const agoq_coll_comm* g, const agoq_coll_slot* s) {
+uint32_t agoq_coll_gpu_link_slot(const agoq_coll_comm* g, const agoq_coll_slot* s) {
   return AGOQ_COLL_MAX_REQUESTS + (uint32_t)(s - g->slots);
 }
 
@@ -72,31 +72,27 @@ size_t agoq_coll_gpu_slice_elems(const agoq_coll_comm* g) {
   return m;
 }
 
-static void agoq_gpu_slots_free(agoq_coll_gpu_slot* gs) {
+void agoq_coll_gpu_slots_free(agoq_coll_gpu_slot* gs) {
   if (gs == NULL) return;
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
     free(gs[i].enc);
     free(gs[i].sum);
     free(gs[i].res);
+    free(gs[i].frames);
+    free(gs[i].own);
+    free(gs[i].groups);
+    free(gs[i].redo);
   }
   free(gs);
 }
 
 void agoq_coll_gpu_release(agoq_coll_comm* g) {
-  agoq_gpu_slots_free(g->gslots);
+  agoq_coll_gpu_slots_free(g->gslots);
   g->gslots = NULL;
 }
 
 ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   if (!g->cfg.gpu_reduce || g->cfg.format == AGOQ_FORMAT_NONE || g->gslots != NULL) return ncclSuccess;
-  if (agoq_coll_on_grid(g)) {
-    /* The device kernels run the mesh's two phases only: a grid's chunks are staged through
-     * host memory and reduced on the CPU (same bits on every rank). */
-    AGOQ_INFO(NCCL_INIT | NCCL_NET, "CollNet rank %d: on a %dx%d grid quantized calls on device buffers are staged "
-              "and reduced on the CPU (AGOQ_COLLNET_GPU's device reduction runs the one-level mesh only)", g->rank,
-              g->grid.a, g->grid.b);
-    return ncclSuccess;
-  }
   ncclResult_t res = ncclSuccess;
   int n = g->nranks;
   size_t* sl = calloc((size_t)n, sizeof *sl);
@@ -170,7 +166,7 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   gs = NULL;
 out:
   /* The memory itself belongs to the link: freed with it. */
-  agoq_gpu_slots_free(gs);
+  agoq_coll_gpu_slots_free(gs);
   free(sl);
   return res;
 }
@@ -180,6 +176,8 @@ static bool agoq_gpu_aligned(const void* p, size_t a) { return ((uintptr_t)p & (
 
 bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev) {
   if (!r->quantized || g->gslots == NULL || !in_dev || !out_dev || r->kind == AGOQ_COLL_ALLGATHER) return false;
+  /* A grid runs all-reduces on the GPU; its reduce-scatters are staged (agoq_coll_grid_gpu_setup). */
+  if (agoq_coll_on_grid(g) && r->kind != AGOQ_COLL_ALLREDUCE) return false;
   if (r->kind == AGOQ_COLL_REDUCESCATTER && (r->nparts != 1 || r->dev_parts != 1u)) return false;
   if (!agoq_gpu_aligned(r->src, r->esz) || !agoq_gpu_aligned(r->dst, r->esz)) return false;
   r->gpu = true;
@@ -214,25 +212,25 @@ ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
 }
 
 /* *done = the work queued before the slot's last mark has completed. */
-static ncclResult_t agoq_gpu_poll_slot(agoq_coll_comm* g, const agoq_coll_slot* s, bool* done) {
+ncclResult_t agoq_coll_gpu_poll(agoq_coll_comm* g, const agoq_coll_slot* s, bool* done) {
   pthread_mutex_lock(&g->gpu_mu);
-  ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_gslot(g, s), done);
+  ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_coll_gpu_link_slot(g, s), done);
   uint64_t gpu_ns = agoq_gpu_codec_ns_take(g->gpu); /* the codec's time of what completed */
   pthread_mutex_unlock(&g->gpu_mu);
   agoq_stats_add(&g->st->path[AGOQ_STATS_QUANT].gpu_ns, gpu_ns);
   return res;
 }
 
-static uint32_t agoq_gpu_status(agoq_coll_comm* g, const agoq_coll_slot* s, int part, uint64_t* body_len) {
+uint32_t agoq_coll_gpu_status(agoq_coll_comm* g, const agoq_coll_slot* s, int part, uint64_t* body_len) {
   uint32_t status = 0;
   pthread_mutex_lock(&g->gpu_mu);
-  agoq_gpu_codec_result(g->gpu, agoq_gslot(g, s), part, &status, body_len);
+  agoq_gpu_codec_result(g->gpu, agoq_coll_gpu_link_slot(g, s), part, &status, body_len);
   pthread_mutex_unlock(&g->gpu_mu);
   return status;
 }
 
 /* The CPU's part of a GPU step (CRCs, the checks) counts as codec time, as on the host path. */
-static void agoq_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0) {
+void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0) {
   agoq_stats_add(&agoq_coll_req_stats(g, r)->codec_ns, (uint64_t)(agoq_coll_now_ns() - t0));
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
 }
@@ -242,11 +240,11 @@ typedef ncclResult_t (*agoq_gpu_queue_fn)(agoq_coll_comm* g, agoq_coll_slot* s, 
 
 /* Queues fn's work on the link under gpu_mu and, with mark, the slot's mark after it: the
  * event agoq_gpu_poll_slot polls. */
-static ncclResult_t agoq_gpu_queue(agoq_coll_comm* g, agoq_coll_slot* s, bool mark, agoq_gpu_queue_fn fn,
+ncclResult_t agoq_coll_gpu_queue(agoq_coll_comm* g, agoq_coll_slot* s, bool mark, agoq_coll_gpu_queue_fn fn,
                                    const void* arg) {
   pthread_mutex_lock(&g->gpu_mu);
   ncclResult_t res = fn(g, s, arg);
-  if (res == ncclSuccess && mark) AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, agoq_gslot(g, s)), res, out);
+  if (res == ncclSuccess && mark) AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, agoq_coll_gpu_link_slot(g, s)), res, out);
 out:
   pthread_mutex_unlock(&g->gpu_mu);
   return res;
@@ -269,7 +267,7 @@ static ncclResult_t agoq_gpu_encode_slices(agoq_coll_comm* g, agoq_coll_slot* s,
       gs->enc[k++] = (agoq_gpu_encode_item){
           .src = src, .n = s->sl[j], .frame = s->sbuf.p + s->s_off[j], .cap = s->sbuf.cap - s->s_off[j]};
   }
-  return k == 0 ? ncclSuccess : agoq_gpu_frame_encode_batch(g->gpu, agoq_gslot(g, s), 0, &p, gs->enc, k);
+  return k == 0 ? ncclSuccess : agoq_gpu_frame_encode_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->enc, k);
 }
 
 ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
@@ -277,12 +275,12 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
   *ready = s->gpu_step >= AGOQ_GPU_STEP_ENCODED;
   if (*ready) return ncclSuccess;
   if (s->gpu_step == AGOQ_GPU_STEP_NONE) {
-    AGOQ_CHECK(agoq_gpu_queue(g, s, true, agoq_gpu_encode_slices, NULL));
+    AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_gpu_encode_slices, NULL));
     s->gpu_step = AGOQ_GPU_STEP_ENCODING;
     return ncclSuccess;
   }
   bool done = false;
-  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, &done));
+  AGOQ_CHECK(agoq_coll_gpu_poll(g, s, &done));
   if (!done) return ncclSuccess;
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns(), d2h = 0;
@@ -290,7 +288,7 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
   for (int j = 0; j < g->nranks; j++) {
     if (s->sl[j] == 0) continue;
     uint64_t body_len = 0;
-    uint32_t status = agoq_gpu_status(g, s, item++, &body_len);
+    uint32_t status = agoq_coll_gpu_status(g, s, item++, &body_len);
     if (status != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet rank %d: the GPU could not quantize elements [%zu, %zu) of the call: %s", g->rank, s->sb[j],
                 s->sb[j] + s->sl[j], agoq_codec_status_str((agoq_codec_status)status));
@@ -311,7 +309,7 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
   agoq_gpu_note_encoded(g->gpu, d2h);
   pthread_mutex_unlock(&g->gpu_mu);
   agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, d2h);
-  agoq_gpu_cpu_time(g, r, t0, crc0);
+  agoq_coll_gpu_cpu_time(g, r, t0, crc0);
   s->gpu_step = AGOQ_GPU_STEP_ENCODED;
   *ready = true;
   return ncclSuccess;
@@ -339,7 +337,7 @@ static agoq_codec_status agoq_gpu_parse_step(void* arg, const uint8_t* f, size_t
   if (st == AGOQ_CODEC_OK && (a->info->count != (uint64_t)a->count || got->format != a->want.format ||
                               got->dtype != a->want.dtype || got->block != a->want.block))
     st = AGOQ_CODEC_ECORRUPT;
-  if (a->r != NULL) agoq_gpu_cpu_time(a->g, a->r, a->t0, a->crc0);
+  if (a->r != NULL) agoq_coll_gpu_cpu_time(a->g, a->r, a->t0, a->crc0);
   return st;
 }
 
@@ -359,7 +357,7 @@ static ncclResult_t agoq_gpu_add_contributions(agoq_coll_comm* g, agoq_coll_slot
   (void)arg;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p = agoq_coll_params(g, s->req->codec_dtype);
-  return agoq_gpu_dequantize_sum(g->gpu, agoq_gslot(g, s), 0, &p, gs->sum, (size_t)g->nranks, s->sl[g->rank],
+  return agoq_gpu_dequantize_sum(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->sum, (size_t)g->nranks, s->sl[g->rank],
                                  (float*)gs->dacc.p);
 }
 
@@ -378,7 +376,7 @@ static ncclResult_t agoq_gpu_finish_sum(agoq_coll_comm* g, agoq_coll_slot* s, co
    * decoded bytes as everyone else (agoq_coll_quant_reduce). */
   AGOQ_CHECK(agoq_gpu_overflow_to_inf(g->gpu, r->codec_dtype, acc, m));
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-  AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, agoq_gslot(g, s), agoq_part_sum(g), &p32, acc, m, gs->dres.p, gs->dres.cap));
+  AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, agoq_coll_gpu_link_slot(g, s), agoq_part_sum(g), &p32, acc, m, gs->dres.p, gs->dres.cap));
   return ncclSuccess;
 }
 
@@ -401,8 +399,8 @@ static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uin
     }
   }
   /* acc = y_0, then acc += y_k in rank order: the host path's additions. */
-  AGOQ_CHECK(agoq_gpu_queue(g, s, false, agoq_gpu_add_contributions, NULL));
-  return agoq_gpu_queue(g, s, true, agoq_gpu_finish_sum, NULL);
+  AGOQ_CHECK(agoq_coll_gpu_queue(g, s, false, agoq_gpu_add_contributions, NULL));
+  return agoq_coll_gpu_queue(g, s, true, agoq_gpu_finish_sum, NULL);
 }
 
 /* The sum's frame (body_len bytes of body) from device memory: its copy to the result
@@ -413,7 +411,7 @@ static ncclResult_t agoq_gpu_share_sum(agoq_coll_comm* g, agoq_coll_slot* s, con
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
   if (g->nranks > 1) AGOQ_CHECK(agoq_gpu_copy_d2h(g->gpu, s->res.p, gs->dres.p, s->res_len));
-  AGOQ_CHECK(agoq_gpu_dequantize(g->gpu, agoq_gslot(g, s), agoq_part_share(g), &p32,
+  AGOQ_CHECK(agoq_gpu_dequantize(g->gpu, agoq_coll_gpu_link_slot(g, s), agoq_part_share(g), &p32,
                                  gs->dres.p + AGOQ_FRAME_HEADER_SIZE, (size_t)body_len, s->sl[g->rank], r->codec_dtype,
                                  agoq_coll_dst_at(r, s->sb[g->rank])));
   return ncclSuccess;
@@ -426,15 +424,15 @@ static ncclResult_t agoq_gpu_share_queue(agoq_coll_comm* g, agoq_coll_slot* s, u
               s->res.cap);
     return ncclInternalError;
   }
-  ncclResult_t res = agoq_gpu_queue(g, s, true, agoq_gpu_share_sum, &body_len);
+  ncclResult_t res = agoq_coll_gpu_queue(g, s, true, agoq_gpu_share_sum, &body_len);
   if (res == ncclSuccess && g->nranks > 1) agoq_stats_add(&agoq_coll_req_stats(g, s->req)->pcie_d2h, s->res_len);
   return res;
 }
 
 /* The device's verdict on parts [from, to) of the slot; anything but OK fails the call. */
-static ncclResult_t agoq_gpu_check_parts(agoq_coll_comm* g, agoq_coll_slot* s, int from, int to, const char* what) {
+ncclResult_t agoq_coll_gpu_check_parts(agoq_coll_comm* g, agoq_coll_slot* s, int from, int to, const char* what) {
   for (int part = from; part < to; part++) {
-    uint32_t status = agoq_gpu_status(g, s, part, NULL);
+    uint32_t status = agoq_coll_gpu_status(g, s, part, NULL);
     if (status == AGOQ_CODEC_OK) continue;
     AGOQ_WARN("CollNet rank %d: %s on the GPU failed (result %d of the chunk): %s", g->rank, what, part,
               agoq_codec_status_str((agoq_codec_status)status));
@@ -455,28 +453,28 @@ ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
     res = agoq_gpu_sum_queue(g, s, &h2d);
     agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, h2d);
     if (res == ncclSuccess) s->gpu_step = AGOQ_GPU_STEP_SUMMING;
-    agoq_gpu_cpu_time(g, r, t0, crc0);
+    agoq_coll_gpu_cpu_time(g, r, t0, crc0);
     return res;
   }
   bool ready = false;
-  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, &ready));
+  AGOQ_CHECK(agoq_coll_gpu_poll(g, s, &ready));
   if (!ready) return ncclSuccess;
   if (s->gpu_step == AGOQ_GPU_STEP_SUMMING) {
-    AGOQ_CHECK(agoq_gpu_check_parts(g, s, 0, g->nranks, "decoding a contribution"));
+    AGOQ_CHECK(agoq_coll_gpu_check_parts(g, s, 0, g->nranks, "decoding a contribution"));
     if (r->kind == AGOQ_COLL_REDUCESCATTER) {
       s->gpu_step = AGOQ_GPU_STEP_REDUCED;
       *done = true;
       return ncclSuccess;
     }
-    AGOQ_CHECK(agoq_gpu_check_parts(g, s, agoq_part_sum(g), agoq_part_sum(g) + 1, "quantizing the sum"));
+    AGOQ_CHECK(agoq_coll_gpu_check_parts(g, s, agoq_part_sum(g), agoq_part_sum(g) + 1, "quantizing the sum"));
     uint64_t body_len = 0;
-    (void)agoq_gpu_status(g, s, agoq_part_sum(g), &body_len);
+    (void)agoq_coll_gpu_status(g, s, agoq_part_sum(g), &body_len);
     AGOQ_CHECK(agoq_gpu_share_queue(g, s, body_len));
     s->gpu_step = AGOQ_GPU_STEP_SHARING;
     return ncclSuccess;
   }
   /* SHARING: the result message is in pinned memory; its copy on the wire gets the CRC. */
-  AGOQ_CHECK(agoq_gpu_check_parts(g, s, agoq_part_share(g), agoq_part_share(g) + 1, "decoding the sum"));
+  AGOQ_CHECK(agoq_coll_gpu_check_parts(g, s, agoq_part_share(g), agoq_part_share(g) + 1, "decoding the sum"));
   if (g->nranks > 1) {
     agoq_codec_status st = agoq_frame_seal_payload_crc(s->res.p, s->res_len);
     if (st != AGOQ_CODEC_OK) {
@@ -484,7 +482,7 @@ ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
       return ncclInternalError;
     }
   }
-  agoq_gpu_cpu_time(g, r, t0, crc0);
+  agoq_coll_gpu_cpu_time(g, r, t0, crc0);
   s->gpu_step = AGOQ_GPU_STEP_REDUCED;
   *done = true;
   return ncclSuccess;
@@ -496,7 +494,7 @@ static ncclResult_t agoq_gpu_decode_results(agoq_coll_comm* g, agoq_coll_slot* s
   (void)arg;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-  return agoq_gpu_dequantize_batch(g->gpu, agoq_gslot(g, s), agoq_part_gather(g, 0), &p32, gs->res, (size_t)gs->nres,
+  return agoq_gpu_dequantize_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), agoq_part_gather(g, 0), &p32, gs->res, (size_t)gs->nres,
                                    s->req->codec_dtype);
 }
 
@@ -532,12 +530,12 @@ ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
   /* Every receive is in: the result frames' one decode (the slot's earlier batches have
    * completed: their marks were seen done before this chunk's sends could finish). */
   if (!gs->res_queued) {
-    if (gs->nres > 0) AGOQ_CHECK(agoq_gpu_queue(g, s, true, agoq_gpu_decode_results, NULL));
+    if (gs->nres > 0) AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_gpu_decode_results, NULL));
     gs->res_queued = true;
   }
-  AGOQ_CHECK(agoq_gpu_poll_slot(g, s, done));
+  AGOQ_CHECK(agoq_coll_gpu_poll(g, s, done));
   if (!*done || gs->nres == 0) return ncclSuccess;
-  return agoq_gpu_check_parts(g, s, agoq_part_gather(g, 0), agoq_part_gather(g, 0) + gs->nres,
+  return agoq_coll_gpu_check_parts(g, s, agoq_part_gather(g, 0), agoq_part_gather(g, 0) + gs->nres,
                               "decoding a result frame");
 }
 

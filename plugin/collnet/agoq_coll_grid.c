@@ -211,14 +211,17 @@ static agoq_codec_status agoq_gsum_step(void* arg, const uint8_t* f, size_t len,
 }
 
 typedef struct {
-  agoq_dtype out;
+  agoq_coll_comm* g;
+  agoq_coll_slot* s;
   void* dst;
-  int threads;
 } agoq_gdecode_arg;
 
+/* A final piece's frame into place: decoded now, or (a GPU request) checked for the chunk's
+ * one decode on the device. */
 static agoq_codec_status agoq_gdecode_step(void* arg, const uint8_t* f, size_t len, size_t m) {
   const agoq_gdecode_arg* a = arg;
-  return agoq_frame_decode_mt(f, len, a->out, a->dst, m, a->threads);
+  if (a->s->req->gpu) return agoq_coll_grid_gpu_final(a->g, a->s, f, len, m, a->dst, true);
+  return agoq_frame_decode_mt(f, len, a->s->req->codec_dtype, a->dst, m, a->g->codec_threads);
 }
 
 /* Decodes every frame of a message of final pieces (spans) into place; the message must
@@ -233,7 +236,7 @@ static ncclResult_t agoq_grid_decode_msg(agoq_coll_comm* g, agoq_coll_slot* s, i
   while (agoq_piece_next(&it, &g->grid, &idx)) {
     if (gs->pl[idx] == 0) continue;
     off = agoq_grid_align16(end);
-    agoq_gdecode_arg a = {.out = r->codec_dtype, .dst = agoq_coll_dst_at(r, gs->pb[idx]), .threads = g->codec_threads};
+    agoq_gdecode_arg a = {.g = g, .s = s, .dst = agoq_coll_dst_at(r, gs->pb[idx])};
     AGOQ_CHECK(agoq_gframe_next(g, from, msg, size, &off, true, gs->pl[idx], agoq_gdecode_step, &a));
     end = off;
   }
@@ -333,13 +336,15 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       if (st == AGOQ_COLL_ROW_RS || (st == AGOQ_COLL_COL_RS && what == AGOQ_GC_OUT_FRAMES)) {
         s->s_off[m->peer] = sb; /* row and column peers are distinct ranks */
         s->s_len[m->peer] = 0;
-        /* The row reduce-scatter's frames at their nominal size (agoq_grid_encode_send). */
-        sb += agoq_grid_align16(st == AGOQ_COLL_ROW_RS ? gs->mnom[st][0][k] : cap);
+        /* The row reduce-scatter's frames at their nominal size (agoq_grid_encode_send); a GPU
+         * request's at their largest (the device writes them where the network reads). */
+        sb += agoq_grid_align16(st == AGOQ_COLL_ROW_RS && !r->gpu ? gs->mnom[st][0][k] : cap);
       }
     }
     for (int k = 0; k < p->nmsg[st][1]; k++) {
       const agoq_gmsg* m = &p->msg[st][1][k];
-      size_t elems = gs->melems[st][1][k], cap = gs->mnom[st][1][k], first;
+      /* A GPU request's receives never spill: the device reads them where they land. */
+      size_t elems = gs->melems[st][1][k], cap = r->gpu ? gs->mcap[st][1][k] : gs->mnom[st][1][k], first;
       if (elems == 0) continue;
       switch (st) {
         case AGOQ_COLL_ROW_RS: s->pend_p1r++; gs->pend_rowr++; break;
@@ -359,20 +364,22 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
     }
   }
   (void)agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_RAW, false, &gs->mine_elems);
-  if (agoq_grid_has_rs(r) && r->quantized) {
+  if (agoq_grid_has_rs(r) && r->quantized && !r->gpu) { /* a GPU request's stay on the device */
     s->s_off[me] = sb;
     sb += agoq_gmsg_size(g, s, p->mine, p->ncols, AGOQ_GC_IN_FRAMES, false, NULL);
   }
   /* Nominal: a row all-gather message whose frames outgrow it is built in a buffer of its own. */
   if (agoq_grid_has_ag(r))
     pack = agoq_gmsg_size(g, s, p->mine, p->ncols, agoq_grid_content(g, r, AGOQ_COLL_ROW_AG), true, NULL);
+  AGOQ_CHECK(agoq_coll_buf_reserve(-1, &gs->csum, fin_elems * sizeof(float)));
+  AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &gs->pack, pack));
+  s->gpu_step = AGOQ_GPU_STEP_NONE;
+  if (r->gpu) return agoq_coll_grid_gpu_bufs(g, s, sb, rb, gb, acc_elems * gs->isz, res_cap);
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.sbuf, sb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, rb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.gbuf, gb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.acc, acc_elems * gs->isz));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.res, res_cap));
-  AGOQ_CHECK(agoq_coll_buf_reserve(-1, &gs->csum, fin_elems * sizeof(float)));
-  AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &gs->pack, pack));
   s->sbuf = s->own.sbuf;
   s->rbuf = s->own.rbuf;
   s->gbuf = s->own.gbuf;
@@ -491,7 +498,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     while (st < AGOQ_COLL_STEPS && k >= p->nmsg[st][1]) k -= p->nmsg[st][1], st++;
     if (st == AGOQ_COLL_STEPS) break;
     const agoq_gmsg* m = &p->msg[st][1][k];
-    size_t nom = gs->mnom[st][1][k], max = gs->mcap[st][1][k];
+    size_t max = gs->mcap[st][1][k], nom = r->gpu ? max : gs->mnom[st][1][k];
     if (gs->melems[st][1][k] == 0) continue; /* none this chunk, or a step this call has not */
     if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS)
       AGOQ_CHECK(agoq_coll_post_recv_max(g, s, AGOQ_CQ_P1R, m->peer, s->rbuf.p + gs->r_off[m->peer], nom, max,
@@ -502,6 +509,10 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     if (!posted) return ncclSuccess;
   }
   if (agoq_grid_has_rs(r)) {
+    /* A GPU request's frames, every one at once on the device. */
+    bool ready = true;
+    if (r->gpu) AGOQ_CHECK(agoq_coll_grid_gpu_encode(g, s, &ready));
+    if (!ready) return ncclSuccess;
     for (; s->post_sends < p->nmsg[AGOQ_COLL_ROW_RS][0]; s->post_sends++) {
       const agoq_gmsg* m = &p->msg[AGOQ_COLL_ROW_RS][0][s->post_sends];
       const agoq_coll_span* sp = agoq_gspans(g, m);
@@ -511,7 +522,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
       const uint8_t* data;
       size_t len;
       if (r->quantized) {
-        if (s->s_len[m->peer] == 0)
+        if (s->s_len[m->peer] == 0 && !r->gpu)
           AGOQ_CHECK(agoq_grid_encode_send(g, s, m, gs->mnom[AGOQ_COLL_ROW_RS][0][s->post_sends], cap));
         data = s->s_at[m->peer];
         len = s->s_len[m->peer];
@@ -528,7 +539,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
       if (!posted) return ncclSuccess;
     }
     /* This rank's own columns, quantized like every contribution, never sent. */
-    if (r->quantized && gs->own_len == 0)
+    if (r->quantized && !r->gpu && gs->own_len == 0)
       AGOQ_CHECK(agoq_grid_encode(g, s, p->mine, p->ncols, false, s->sbuf.p + s->s_off[g->rank],
                                   s->sbuf.cap - s->s_off[g->rank], &gs->own_len));
   }
@@ -686,10 +697,13 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     }
     agoq_codec_overflow_to_inf(r->codec_dtype, csum, m);
     uint8_t* f = s->res.p + gs->foff[i];
-    /* Every rank takes the same decoded bytes, this one too; the copy that travels is sealed. */
+    /* Every rank takes the same decoded bytes, this one too (a GPU request: in the chunk's one
+     * decode on the device); the copy that travels is sealed. */
     agoq_codec_status st = agoq_frame_encode_mt(&p32, csum, m, false, f, s->res.cap - gs->foff[i], &gs->flen[i],
                                                 g->codec_threads);
-    if (st == AGOQ_CODEC_OK) st = agoq_frame_decode_mt(f, gs->flen[i], r->codec_dtype, dst, m, g->codec_threads);
+    if (st == AGOQ_CODEC_OK)
+      st = r->gpu ? agoq_coll_grid_gpu_final(g, s, f, gs->flen[i], m, dst, false)
+                  : agoq_frame_decode_mt(f, gs->flen[i], r->codec_dtype, dst, m, g->codec_threads);
     if (st == AGOQ_CODEC_OK) st = agoq_frame_seal_payload_crc(f, gs->flen[i]);
     if (st != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet: quantizing a reduced piece of %zu elements failed: %s", m, agoq_codec_status_str(st));
@@ -835,7 +849,13 @@ static ncclResult_t agoq_grid_stage(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
     case AGOQ_SLOT_G_ROW:
       if (!gs->row_done) {
         if (gs->pend_rowr > 0) return ncclSuccess;
-        AGOQ_CHECK(agoq_coll_timed(g, s, agoq_grid_row_reduce));
+        if (r->gpu) {
+          bool summed = false;
+          AGOQ_CHECK(agoq_coll_grid_gpu_row(g, s, &summed));
+          if (!summed) return ncclSuccess; /* the device is at it: a later pass looks again */
+        } else {
+          AGOQ_CHECK(agoq_coll_timed(g, s, agoq_grid_row_reduce));
+        }
         gs->row_done = *progressed = true;
       }
       AGOQ_CHECK(agoq_grid_send_step(g, s, AGOQ_COLL_COL_RS, &sent));
@@ -892,6 +912,11 @@ ncclResult_t agoq_coll_grid_advance(agoq_coll_comm* g, bool* progressed) {
     }
   }
   return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_grid_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
+  *done = true;
+  return s->req->gpu ? agoq_coll_grid_gpu_retire(g, s, done) : ncclSuccess;
 }
 
 /* ---- lifetime -------------------------------------------------------------------------------------- */

@@ -60,6 +60,14 @@ struct agoq_coll_gslot {
 
 static inline size_t agoq_grid_align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
+/* A frame the GPU makes for a grid chunk (agoq_coll_grid_gpu.c): whose message (peer; this
+ * rank for its own pieces), where in it (off) with room for cap bytes, and its length once
+ * made. */
+struct agoq_coll_gpu_frame {
+  int peer;
+  size_t off, cap, len;
+};
+
 /* ---- pieces -------------------------------------------------------------------------------- */
 
 typedef struct {

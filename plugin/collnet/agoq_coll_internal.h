@@ -146,6 +146,7 @@ typedef struct {
 typedef enum {
   AGOQ_GPU_STEP_NONE = 0,
   AGOQ_GPU_STEP_ENCODING, /* every slice's frame queued */
+  AGOQ_GPU_STEP_REENCODING, /* a grid's messages whose frames outgrew nominal sizes, coded again */
   AGOQ_GPU_STEP_ENCODED,  /* frames checked and sealed: the sends may go */
   AGOQ_GPU_STEP_SUMMING,  /* contributions decoded and summed, the sum's frame encoded */
   AGOQ_GPU_STEP_SHARING,  /* the sum's frame copied to pinned memory and decoded into place */
@@ -227,6 +228,15 @@ typedef struct {
   agoq_gpu_decode_item* res;
   int nres;
   bool res_queued;
+  /* A grid's chunk (agoq_coll_grid_gpu.c): the row sums' host copy in pinned.acc; the
+   * frames of its row messages (frames[0, nframes)) and of its own pieces (own[0, nown), in
+   * down), the groups of its row sums, and which peers' messages are coded again (redo). */
+  struct agoq_coll_gpu_frame* frames;
+  struct agoq_coll_gpu_frame* own;
+  int nframes, nown, nsum; /* nsum: the row sums' items */
+  agoq_gpu_sum_group* groups;
+  uint8_t* redo;
+  int cap_items; /* of enc, sum, res, frames, own and groups */
 } agoq_coll_gpu_slot;
 
 /* Pending net operations of one connection, in posting order (slot indices). */
@@ -417,6 +427,9 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s);
 ncclResult_t agoq_coll_grid_received(agoq_coll_comm* g, agoq_coll_slot* s, int kind, int j, int size);
 /* Moves every chunk it can through the row, column and all-gather stages, in chunk order. */
 ncclResult_t agoq_coll_grid_advance(agoq_coll_comm* g, bool* progressed);
+/* WAIT_ALL with every send and receive complete: *done once the results are in place (a
+ * GPU request's decodes). */
+ncclResult_t agoq_coll_grid_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
 
 /* ---- agoq_coll_reqpool.c ---- */
 ncclResult_t agoq_coll_pool_init(agoq_coll_comm* comm);
@@ -489,6 +502,44 @@ ncclResult_t agoq_coll_gpu_decode(agoq_coll_comm* g, agoq_coll_slot* s, int j, i
 /* The result frames' batched decode queued (once), then *done = it has completed without
  * error (WAIT_ALL). */
 ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
+
+/* The GPU step's plumbing, for the grid's GPU stages too: the slot's link slot; work queued
+ * under gpu_mu (with mark, the slot's mark after it); the slot's mark polled (its GPU time
+ * collected); a result's status (and an encode's body length); a failure for any result in
+ * [from, to); the CPU time of a GPU step's host part. */
+typedef ncclResult_t (*agoq_coll_gpu_queue_fn)(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg);
+uint32_t agoq_coll_gpu_link_slot(const agoq_coll_comm* g, const agoq_coll_slot* s);
+ncclResult_t agoq_coll_gpu_queue(agoq_coll_comm* g, agoq_coll_slot* s, bool mark, agoq_coll_gpu_queue_fn fn,
+                                 const void* arg);
+ncclResult_t agoq_coll_gpu_poll(agoq_coll_comm* g, const agoq_coll_slot* s, bool* done);
+uint32_t agoq_coll_gpu_status(agoq_coll_comm* g, const agoq_coll_slot* s, int part, uint64_t* body_len);
+ncclResult_t agoq_coll_gpu_check_parts(agoq_coll_comm* g, agoq_coll_slot* s, int from, int to, const char* what);
+void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0);
+/* Frees the slots' item arrays (the memory is the link's). */
+void agoq_coll_gpu_slots_free(agoq_coll_gpu_slot* gs);
+
+/* ---- agoq_coll_grid_gpu.c: a grid's quantized all-reduce on the GPU ---- */
+/* Before the link is made: whether a grid group's device reduction will run, and what its
+ * batches need (items and results per slot, the most elements of an item). */
+bool agoq_coll_grid_gpu_wanted(const agoq_coll_comm* g);
+void agoq_coll_grid_gpu_needs(const agoq_coll_comm* g, uint32_t* items, size_t* max_n);
+/* With the link, under gpu_mu: the pipeline slots' pinned and device memory (at their
+ * largest chunk) and item arrays. */
+ncclResult_t agoq_coll_grid_gpu_setup(agoq_coll_comm* g);
+/* Slot s's buffers for its chunk (sizes from the grid's layout): the group's pinned ones. */
+ncclResult_t agoq_coll_grid_gpu_bufs(agoq_coll_comm* g, agoq_coll_slot* s, size_t sb, size_t rb, size_t gb,
+                                     size_t acc, size_t res);
+/* POSTING, before the row sends: every frame of this rank's input, one batch; *ready once
+ * they are sealed. */
+ncclResult_t agoq_coll_grid_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready);
+/* G_ROW: the row's sums of this rank's pieces, one batch, copied to s->acc; *done then. */
+ncclResult_t agoq_coll_grid_gpu_row(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
+/* A final piece's frame (len bytes, m elements) for the chunk's one decode into dst:
+ * `travelled` frames are checked first (header, payload CRC, count, parameters). */
+agoq_codec_status agoq_coll_grid_gpu_final(agoq_coll_comm* g, agoq_coll_slot* s, const uint8_t* f, size_t len,
+                                           size_t m, void* dst, bool travelled);
+/* WAIT_ALL: the final frames' decode queued (once); *done once it has completed. */
+ncclResult_t agoq_coll_grid_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
 
 /* ---- agoq_coll_reduce.c: the exact path ---- */
 ncclResult_t agoq_coll_exact_reserve(agoq_coll_comm* g, agoq_coll_slot* s);

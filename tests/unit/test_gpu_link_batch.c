@@ -109,10 +109,53 @@ static void test_a_slot_is_taken_until_its_mark_is_done(void** state) {
   env_close(&e);
 }
 
+/* Several sums in one batch (agoq_gpu_dequantize_sums, a grid's row sums): each group's sum
+ * lands in its own accumulator; more items than the slot holds, or no group, is refused. */
+static void test_sums_land_in_their_own_accumulators(void** state) {
+  (void)state;
+  env e;
+  env_open(&e);
+  const uint32_t a = BATCH_FROM;
+  assert_int_equal(encode(&e, a, 0, ITEMS, 0), ncclSuccess);
+  assert_int_equal(agoq_gpu_mark(e.l, a), ncclSuccess);
+  poll_done(&e, a);
+  agoq_gpu_decode_item items[ITEMS];
+  agoq_gpu_sum_group groups[ITEMS];
+  float* acc = NULL;
+  assert_int_equal(cudaMalloc((void**)&acc, ITEMS * N * sizeof(float)), cudaSuccess);
+  assert_int_equal(cudaMemset(acc, 0xff, ITEMS * N * sizeof(float)), cudaSuccess);
+  for (int i = 0; i < ITEMS; i++) {
+    uint32_t status = 99;
+    uint64_t len = 0;
+    agoq_gpu_codec_result(e.l, a, i, &status, &len);
+    assert_int_equal(status, AGOQ_CODEC_OK);
+    items[i] = (agoq_gpu_decode_item){.body = e.items[i].frame + AGOQ_FRAME_HEADER_SIZE, .body_len = len, .n = N};
+    groups[i] = (agoq_gpu_sum_group){.n = N, .acc = acc + (size_t)i * N};
+  }
+  assert_int_equal(agoq_gpu_dequantize_sums(e.l, a, 0, &params, items, 2, groups, 2), ncclInternalError);
+  assert_int_equal(agoq_gpu_dequantize_sums(e.l, a, 0, &params, items, 1, groups, 0), ncclInternalError);
+  assert_int_equal(agoq_gpu_dequantize_sums(e.l, a, 0, &params, items, 1, groups, ITEMS), ncclSuccess);
+  assert_int_equal(agoq_gpu_mark(e.l, a), ncclSuccess);
+  poll_done(&e, a);
+  float* host = malloc(ITEMS * N * sizeof(float));
+  assert_non_null(host);
+  assert_int_equal(cudaMemcpy(host, acc, ITEMS * N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  /* Every input element is bf16 0x3c3c: each sum of one body decodes to it. */
+  for (size_t i = 0; i < (size_t)ITEMS * N; i++) {
+    uint32_t bits;
+    memcpy(&bits, &host[i], 4);
+    if (bits != 0x3c3c0000u) fail_msg("element %zu of sum %zu: %#x, not 0x3c3c0000", i % N, i / N, bits);
+  }
+  free(host);
+  cudaFree(acc);
+  env_close(&e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_only_batch_slots_within_their_sizes),
       cmocka_unit_test(test_a_slot_is_taken_until_its_mark_is_done),
+      cmocka_unit_test(test_sums_land_in_their_own_accumulators),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
