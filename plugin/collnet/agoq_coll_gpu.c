@@ -176,8 +176,6 @@ static bool agoq_gpu_aligned(const void* p, size_t a) { return ((uintptr_t)p & (
 
 bool agoq_coll_gpu_takes(agoq_coll_comm* g, agoq_coll_req* r, bool in_dev, bool out_dev) {
   if (!r->quantized || g->gslots == NULL || !in_dev || !out_dev || r->kind == AGOQ_COLL_ALLGATHER) return false;
-  /* A grid runs all-reduces on the GPU; its reduce-scatters are staged (agoq_coll_grid_gpu_setup). */
-  if (agoq_coll_on_grid(g) && r->kind != AGOQ_COLL_ALLREDUCE) return false;
   if (r->kind == AGOQ_COLL_REDUCESCATTER && (r->nparts != 1 || r->dev_parts != 1u)) return false;
   if (!agoq_gpu_aligned(r->src, r->esz) || !agoq_gpu_aligned(r->dst, r->esz)) return false;
   r->gpu = true;

@@ -691,7 +691,9 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
     /* fp32 sums in row order; a sum beyond the type's range is Inf, as the mesh gives. */
     if (!g->cfg.quant_partials) agoq_coll_reduce_exact(ncclFloat32, ncclSum, g->reduce_in, gr->b, m, csum, NULL);
     if (r->kind == AGOQ_COLL_REDUCESCATTER) {
-      agoq_codec_narrow_fp32(r->codec_dtype, csum, m, dst);
+      /* A GPU request's frames region holds the rounded piece on its way to the device. */
+      if (r->gpu) AGOQ_CHECK(agoq_coll_grid_gpu_narrow(g, s, csum, m, s->res.p + gs->foff[i], dst));
+      else agoq_codec_narrow_fp32(r->codec_dtype, csum, m, dst);
       csum += m;
       continue;
     }

@@ -15,15 +15,16 @@
  *             memory anyway (moving them to the device and back would cross PCIe twice for
  *             work the CPU does in place, with the host's bits by construction);
  *   decode    (WAIT_ALL) every final frame of the chunk (this rank's own, the column's, the
- *             row's), checked as it arrives, decoded into NCCL's buffer in one batch.
+ *             row's), checked as it arrives, decoded into NCCL's buffer in one batch; a
+ *             reduce-scatter's final pieces are rounded on the CPU (into the pinned region of
+ *             the frames it does not make) and copied into NCCL's buffer.
  * The CUDA codec gives the CPU codec's bits and the sums add in the host's order, so the
  * results are the host path's, bit for bit, on every rank.
  * A frame's place in its message depends on the frames before it: the device writes each at
  * the place it has when no block escapes raw (the common case) with no room for more. A
  * message one of whose frames outgrew that (NaN, Inf) is coded again, its frames spaced at
  * their largest, and packed on the host.
- * Reduce-scatters on a grid stay staged: their results leave the column sum in fp32 on the
- * host. Nothing waits for the device: each stage queues its batch and the slot's mark, and a
+ * Nothing waits for the device: each stage queues its batch and the slot's mark, and a
  * later pass polls it (as agoq_coll_gpu.c does on the mesh).
  */
 #include <stdlib.h>
@@ -47,12 +48,14 @@ bool agoq_coll_grid_gpu_wanted(const agoq_coll_comm* g) {
   return g->cfg.gpu_reduce && g->cfg.format != AGOQ_FORMAT_NONE && agoq_coll_on_grid(g);
 }
 
-/* The largest piece of an all-reduce chunk of a type of esz bytes: the chunk's blocks cut
- * into a*b pieces (agoq_coll_slices). */
+/* The largest piece of a chunk of a type of esz bytes: an all-reduce chunk's blocks cut into
+ * a*b pieces (agoq_coll_slices), a reduce-scatter chunk's piece of one rank's range. */
 static size_t agoq_ggpu_piece_max(const agoq_coll_comm* g, size_t esz) {
   size_t b = g->cfg.block, P = (size_t)agoq_coll_grid_pieces(&g->grid);
   size_t blocks = (agoq_coll_chunk_elems(g->cfg.chunk_bytes, esz, g->cfg.block) + b - 1) / b;
-  return (blocks + P - 1) / P * b;
+  size_t ar = (blocks + P - 1) / P * b;
+  size_t rs = agoq_coll_chunk_elems(g->cfg.chunk_bytes / (size_t)g->nranks, esz, g->cfg.block);
+  return ar > rs ? ar : rs;
 }
 
 /* Pieces a step's messages (dir 0 sends, 1 receives) name, empty ones included. */
@@ -161,10 +164,9 @@ ncclResult_t agoq_coll_grid_gpu_setup(agoq_coll_comm* g) {
     gs[i].down = (agoq_coll_buf){.p = d + agoq_ggpu_align256(z.dacc), .cap = z.down};
   }
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
-            "CollNet rank %d: on a %dx%d grid quantized all-reduces on device buffers run on GPU %d "
+            "CollNet rank %d: on a %dx%d grid quantized calls on device buffers run on GPU %d "
             "(AGOQ_COLLNET_GPU=1), one batch per stage: %zu bytes of pinned frames and %zu bytes of device memory for "
-            "%d chunks of pieces of up to %zu elements; reduce-scatters on device buffers are staged and reduced on "
-            "the CPU", g->rank, g->grid.a, g->grid.b, agoq_gpu_link_device(g->gpu), pinned_slot * AGOQ_COLL_SLOTS,
+            "%d chunks of pieces of up to %zu elements", g->rank, g->grid.a, g->grid.b, agoq_gpu_link_device(g->gpu), pinned_slot * AGOQ_COLL_SLOTS,
             device_slot * AGOQ_COLL_SLOTS, AGOQ_COLL_SLOTS, agoq_ggpu_piece_max(g, 2));
   g->gslots = gs;
   gs = NULL;
@@ -463,7 +465,18 @@ ncclResult_t agoq_coll_grid_gpu_row(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
   return ncclSuccess;
 }
 
-/* ---- the final decode -------------------------------------------------------------------- */
+/* ---- the final pieces --------------------------------------------------------------------- */
+
+ncclResult_t agoq_coll_grid_gpu_narrow(agoq_coll_comm* g, agoq_coll_slot* s, const float* sum, size_t m,
+                                       uint8_t* pinned, void* dst) {
+  agoq_coll_req* r = s->req;
+  agoq_codec_narrow_fp32(r->codec_dtype, sum, m, pinned);
+  pthread_mutex_lock(&g->gpu_mu);
+  ncclResult_t res = agoq_gpu_copy_h2d(g->gpu, dst, pinned, m * r->esz);
+  pthread_mutex_unlock(&g->gpu_mu);
+  if (res == ncclSuccess) agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, m * r->esz);
+  return res;
+}
 
 agoq_codec_status agoq_coll_grid_gpu_final(agoq_coll_comm* g, agoq_coll_slot* s, const uint8_t* f, size_t len,
                                            size_t m, void* dst, bool travelled) {
@@ -492,6 +505,7 @@ agoq_codec_status agoq_coll_grid_gpu_final(agoq_coll_comm* g, agoq_coll_slot* s,
 static ncclResult_t agoq_ggpu_decode_queue(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
   (void)arg;
   agoq_coll_gpu_slot* gg = agoq_ggpu_slot(g, s);
+  if (gg->nres == 0) return ncclSuccess; /* a reduce-scatter's copies: the mark behind them */
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
   return agoq_gpu_dequantize_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p32, gg->res, (size_t)gg->nres,
                                    s->req->codec_dtype);
@@ -499,9 +513,10 @@ static ncclResult_t agoq_ggpu_decode_queue(agoq_coll_comm* g, agoq_coll_slot* s,
 
 ncclResult_t agoq_coll_grid_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done) {
   agoq_coll_gpu_slot* gg = agoq_ggpu_slot(g, s);
-  /* Every receive is in, and the slot's earlier batches were seen done. */
+  /* Every receive is in, and the slot's earlier batches were seen done. The mark goes behind
+   * a reduce-scatter's copies too. */
   if (!gg->res_queued) {
-    if (gg->nres > 0) AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_ggpu_decode_queue, NULL));
+    AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_ggpu_decode_queue, NULL));
     gg->res_queued = true;
   }
   AGOQ_CHECK(agoq_coll_gpu_poll(g, s, done));

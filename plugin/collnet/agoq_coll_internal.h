@@ -518,7 +518,7 @@ void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t
 /* Frees the slots' item arrays (the memory is the link's). */
 void agoq_coll_gpu_slots_free(agoq_coll_gpu_slot* gs);
 
-/* ---- agoq_coll_grid_gpu.c: a grid's quantized all-reduce on the GPU ---- */
+/* ---- agoq_coll_grid_gpu.c: a grid's quantized calls on the GPU ---- */
 /* Before the link is made: whether a grid group's device reduction will run, and what its
  * batches need (items and results per slot, the most elements of an item). */
 bool agoq_coll_grid_gpu_wanted(const agoq_coll_comm* g);
@@ -538,7 +538,12 @@ ncclResult_t agoq_coll_grid_gpu_row(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
  * `travelled` frames are checked first (header, payload CRC, count, parameters). */
 agoq_codec_status agoq_coll_grid_gpu_final(agoq_coll_comm* g, agoq_coll_slot* s, const uint8_t* f, size_t len,
                                            size_t m, void* dst, bool travelled);
-/* WAIT_ALL: the final frames' decode queued (once); *done once it has completed. */
+/* A reduce-scatter's final piece: the fp32 sum of m elements rounded into pinned (the slot's
+ * region), then copied into dst (NCCL's device buffer) behind the slot's next mark. */
+ncclResult_t agoq_coll_grid_gpu_narrow(agoq_coll_comm* g, agoq_coll_slot* s, const float* sum, size_t m,
+                                       uint8_t* pinned, void* dst);
+/* WAIT_ALL: the final frames' decode queued (once) and the slot's mark; *done once it has
+ * completed. */
 ncclResult_t agoq_coll_grid_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* done);
 
 /* ---- agoq_coll_reduce.c: the exact path ---- */
