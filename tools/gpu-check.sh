@@ -75,7 +75,9 @@
 #                            socket agoq-exact-gdr agoq-int8-gdr"; also "socket-tuned": NCCL
 #                            Socket with 2 threads x 2 sockets)
 #   AGOQ_GPU_CHECK_COLLNET   CollNet configurations, AllReduce only (default "collnet
-#                            collnet-gdr collnet-exact collnet-exact-gdr"; "" for none)
+#                            collnet-gdr collnet-exact collnet-exact-gdr collnet-grid-gdr";
+#                            "" for none; collnet-grid: compressed on a two-level grid,
+#                            AGOQ_COLLNET_GRID=2x(nranks/2 rounded up))
 #   AGOQ_GPU_CHECK_EXTRA     the GPU path's variants, AllReduce and SendRecv, after the main
 #                            runs (default "agoq-exact-ll128-gdr agoq-exact-flush-gdr
 #                            agoq-exact-reg-gdr": NCCL_PROTO=LL128, NCCL_NET_FORCE_FLUSH=1,
@@ -168,7 +170,7 @@ for t in $all_tests; do
     *) echo "gpu-check: unknown test '$t' in AGOQ_GPU_CHECK_TESTS" >&2; exit 2 ;; esac
 done
 mcore_timeout=${AGOQ_GPU_CHECK_MCORE_TIMEOUT:-300}
-collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-gdr collnet-exact collnet-exact-gdr}
+collnet_configs=${AGOQ_GPU_CHECK_COLLNET-collnet collnet-gdr collnet-exact collnet-exact-gdr collnet-grid-gdr}
 extra_configs=${AGOQ_GPU_CHECK_EXTRA-agoq-exact-ll128-gdr agoq-exact-flush-gdr agoq-exact-reg-gdr}
 torch_timeout=${AGOQ_GPU_CHECK_TORCH_TIMEOUT:-240}
 codec_timeout=${AGOQ_GPU_CHECK_CODEC_TIMEOUT:-300}
@@ -188,12 +190,12 @@ work=$build/gpu-check
 # check's settings. tools/gpu/gpu_check_summary.py computes the summary and the verdict from
 # those files alone (its docstring lists them), so --summarize can redo it anywhere.
 
-# Configuration names: agoq-exact, agoq-int8, collnet and collnet-exact, each also as
+# Configuration names: agoq-exact, agoq-int8, collnet, collnet-exact and collnet-grid, each also as
 # <name>-gdr (device buffers); socket and socket-tuned. (gpu_check_summary.py has the same
 # families; its test compares them with these functions.)
 is_agoq_config() {
   case "${1%-gdr}" in
-    agoq-exact | agoq-int8 | collnet | collnet-exact | agoq-exact-ll128 | agoq-exact-flush | agoq-exact-reg) return 0 ;;
+    agoq-exact | agoq-int8 | collnet | collnet-exact | collnet-grid | agoq-exact-ll128 | agoq-exact-flush | agoq-exact-reg) return 0 ;;
   esac
   return 1
 }
@@ -644,7 +646,7 @@ config_env() {
       echo "NCCL_SOCKET_NTHREADS=2"
       echo "NCCL_NSOCKS_PERTHREAD=2"
       ;;
-    collnet | collnet-exact)
+    collnet | collnet-exact | collnet-grid)
       echo "NCCL_NET_PLUGIN=$plugin"
       echo "NCCL_NET=AGOQ"
       echo "AGOQ_SOCKET_IFNAME=lo"
@@ -653,7 +655,11 @@ config_env() {
       echo "NCCL_COLLNET_ENABLE=1"
       echo "NCCL_ALGO=CollNetChain"
       echo "NCCL_DEBUG_SUBSYS=INIT,NET,ENV,TUNING"
-      if [[ "$base" == collnet ]]; then
+      if [[ "$base" == collnet-grid ]]; then
+        # Two levels (agoq_coll_grid.c; on device buffers agoq_coll_grid_gpu.c): 2 columns.
+        echo "AGOQ_FORMAT=${AGOQ_FORMAT:-int8}"
+        echo "AGOQ_COLLNET_GRID=2x$(((nranks + 1) / 2))"
+      elif [[ "$base" == collnet ]]; then
         echo "AGOQ_FORMAT=${AGOQ_FORMAT:-int8}"
       else
         echo "AGOQ_FORMAT=none"

@@ -39,10 +39,10 @@ import re
 import sys
 
 # ---- Configuration names -------------------------------------------------------------------
-# agoq-exact, agoq-int8, collnet and collnet-exact and the GPU path's variants, each also as
+# agoq-exact, agoq-int8, collnet, collnet-exact, collnet-grid and the GPU path's variants, each also as
 # <name>-gdr (device buffers); socket and socket-tuned. These are the names gpu-check.sh's
 # config_env knows; the summary needs only which family a name is in.
-AGOQ_CONFIGS = ("agoq-exact", "agoq-int8", "collnet", "collnet-exact", "agoq-exact-ll128",
+AGOQ_CONFIGS = ("agoq-exact", "agoq-int8", "collnet", "collnet-exact", "collnet-grid", "agoq-exact-ll128",
                 "agoq-exact-flush", "agoq-exact-reg")
 
 
@@ -57,11 +57,11 @@ def is_agoq_config(config):
 
 def is_lossy_config(config):
     """Compression on: nccl-tests' exact check counts the quantization error, as expected."""
-    return base_config(config) in ("agoq-int8", "collnet")
+    return base_config(config) in ("agoq-int8", "collnet", "collnet-grid")
 
 
 def is_collnet_config(config):
-    return base_config(config) in ("collnet", "collnet-exact")
+    return base_config(config) in ("collnet", "collnet-exact", "collnet-grid")
 
 
 def is_gdr_config(config):
@@ -426,7 +426,7 @@ BUSBW_PAIRS = ("agoq-exact/socket", "agoq-exact/socket-tuned", "agoq-int8/agoq-e
                "agoq-int8/socket", "collnet/agoq-exact", "collnet/collnet-exact",
                "collnet-exact/agoq-exact", "agoq-exact-gdr/agoq-exact",
                "agoq-int8-gdr/agoq-int8", "agoq-int8-gdr/agoq-exact-gdr", "collnet-gdr/collnet",
-               "collnet-exact-gdr/collnet-exact")
+               "collnet-exact-gdr/collnet-exact", "collnet-grid-gdr/collnet-gdr")
 CPU_PAIRS = ("agoq-exact/agoq-exact-gdr", "agoq-int8/agoq-int8-gdr", "collnet/collnet-gdr",
              "collnet-exact/collnet-exact-gdr")
 # The issue's performance criterion: with compression on (the tuner deciding), AllReduce

@@ -580,7 +580,7 @@ class SameFamiliesAsTheScript(unittest.TestCase):
         funcs = "".join(re.findall(r"^(is_agoq_config\(\) \{.*?^\}\n|is_gdr_config\(\) \{.*?^\}\n)",
                                    src, re.S | re.M))
         self.assertIn("is_gdr_config", funcs)
-        names = ["agoq-exact", "agoq-int8", "socket", "socket-tuned", "collnet", "collnet-exact",
+        names = ["agoq-exact", "agoq-int8", "socket", "socket-tuned", "collnet", "collnet-exact", "collnet-grid",
                  "agoq-exact-ll128", "agoq-exact-flush", "agoq-exact-reg", "bogus"]
         names += [n + "-gdr" for n in names]
         probe = funcs + "".join(
