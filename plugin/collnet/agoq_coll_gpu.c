@@ -1,5 +1,6 @@
-/* The quantized CollNet path on the GPU (AGOQ_COLLNET_GPU): a quantized call whose buffers
- * are all in device memory runs the three codec steps of a chunk with the CUDA codec, which
+/* The quantized CollNet path on the GPU (AGOQ_COLLNET_GPU), on the one-level mesh (a grid's is
+ * agoq_coll_grid_gpu.c, with this file's plumbing): a quantized call whose buffers are all in
+ * device memory runs the three codec steps of a chunk with the CUDA codec, which
  * gives the CPU codec's bits, in the CPU path's order of fp32 additions, so its results are
  * the host path's bit for bit:
  *   encode  every slice of NCCL's buffer is quantized straight into the slot's pinned frames

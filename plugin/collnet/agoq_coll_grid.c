@@ -25,15 +25,17 @@
  * A message carries its pieces in span order: quantized, one frame per non-empty piece, each
  * starting 16-byte aligned; exact, their bytes back to back. Frames that travel carry a
  * payload CRC and are refused without one; this rank's own frames never travel unsealed.
+ * A GPU request (every buffer on the device) runs the same stages with its frames, row sums
+ * and final decodes on the device (agoq_coll_grid_gpu.c); its regions are the group's pinned
+ * memory, sized so that nothing spills.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "agoq_frame.h"
-#include "collnet/agoq_coll_grid_internal.h"
+#include "collnet/agoq_coll_grid_state.h"
 #include "collnet/agoq_coll_step.h"
 #include "core/agoq_check.h"
-
 
 /* ---- the plan ------------------------------------------------------------------------------ */
 
@@ -160,7 +162,6 @@ typedef enum {
   AGOQ_GC_RAW,        /* the request's elements */
   AGOQ_GC_PARTIAL     /* partial sums, isz bytes each */
 } agoq_gcontent;
-
 
 /* Elements a message's pieces hold, and the bytes it needs as `what`: at most, or (nominal)
  * when none of its frames' blocks escapes raw. */

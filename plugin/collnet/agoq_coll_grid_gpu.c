@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "agoq_frame.h"
-#include "collnet/agoq_coll_grid_internal.h"
+#include "collnet/agoq_coll_grid_state.h"
 #include "core/agoq_check.h"
 
 static agoq_coll_gpu_slot* agoq_ggpu_slot(agoq_coll_comm* g, const agoq_coll_slot* s) {
@@ -305,9 +305,8 @@ static ncclResult_t agoq_ggpu_frames_done(agoq_coll_comm* g, agoq_coll_slot* s, 
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns(), d2h = 0;
   *redo = false;
-  for (int f = 0; f < gg->nframes; f++) {
-    if (first) gg->redo[gg->frames[f].peer] = 0;
-  }
+  if (first)
+    for (int f = 0; f < gg->nframes; f++) gg->redo[gg->frames[f].peer] = 0;
   for (int f = 0; f < gg->nframes; f++) AGOQ_CHECK(agoq_ggpu_frame_done(g, s, f, &gg->frames[f], first));
   if (first)
     for (int o = 0; o < gg->nown; o++) AGOQ_CHECK(agoq_ggpu_frame_done(g, s, gg->nframes + o, &gg->own[o], false));

@@ -10,7 +10,8 @@
  *    frames crossing PCIe (asynchronous: prepare, reduce and retire say when it is done);
  *  - agoq_coll_step_exact (agoq_coll_reduce.c): raw values reduced in rank order on the CPU;
  *  - agoq_coll_step_gather (agoq_coll_reduce.c): all-gather, nothing reduced.
- * A grid group's chunks have stages of their own (agoq_coll_grid.c), on the host only.
+ * A grid group's chunks have stages of their own (agoq_coll_grid.c), with the GPU's part of
+ * them in agoq_coll_grid_gpu.c.
  */
 #ifndef AGOQ_COLL_STEP_H
 #define AGOQ_COLL_STEP_H

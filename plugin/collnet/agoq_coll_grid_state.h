@@ -1,10 +1,11 @@
 /*
- * What the grid's files share (agoq_coll_grid.c, its stages; agoq_coll_grid_gpu.c, the GPU's
- * part of them; agoq_coll_grid_frame.c): the plan of this rank's messages, a chunk's grid
- * state, and how a message's pieces and frames are walked. Private to the grid.
+ * A grid group's state, as its two files of stages share it (agoq_coll_grid.c, the stages;
+ * agoq_coll_grid_gpu.c, the GPU's part of them): the plan of this rank's messages, a chunk's
+ * grid state, and how a message's pieces and frames are walked (agoq_coll_grid_state.c).
+ * Private to the grid; neither stage file calls the other's helpers through it.
  */
-#ifndef AGOQ_COLL_GRID_INTERNAL_H
-#define AGOQ_COLL_GRID_INTERNAL_H
+#ifndef AGOQ_COLL_GRID_STATE_H
+#define AGOQ_COLL_GRID_STATE_H
 
 #include "agoq_frame.h"
 #include "collnet/agoq_coll_internal.h"
@@ -95,7 +96,7 @@ static inline const agoq_coll_span* agoq_gspans(const agoq_coll_comm* g, const a
   return g->plan->spans + m->span0;
 }
 
-/* ---- frames (agoq_coll_grid_frame.c) --------------------------------------------------------- */
+/* ---- frames (agoq_coll_grid_state.c) --------------------------------------------------------- */
 
 /* The next frame of a message at *off (a piece of m elements), checked and handed to step:
  * refused when a travelled frame has no payload CRC or the frame does not fit the message. */

@@ -1,6 +1,6 @@
-/* The frames of a grid message, one after the other (agoq_coll_grid_internal.h): what the
+/* The frames of a grid message, one after the other (agoq_coll_grid_state.h): what the
  * host's stages and the GPU's checks read alike. */
-#include "collnet/agoq_coll_grid_internal.h"
+#include "collnet/agoq_coll_grid_state.h"
 #include "core/agoq_check.h"
 
 ncclResult_t agoq_gframe_next(agoq_coll_comm* g, int from, const uint8_t* msg, size_t size, size_t* off,
