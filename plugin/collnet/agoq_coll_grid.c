@@ -184,6 +184,7 @@ static size_t agoq_gmsg_size(const agoq_coll_comm* g, const agoq_coll_slot* s, c
       case AGOQ_GC_PARTIAL: bytes += m * gs->isz; break;
     }
   }
+  if (what == AGOQ_GC_PARTIAL && e > 0 && agoq_grid_partials_sealed(g, r)) bytes += AGOQ_GRID_TRAILER;
   if (elems != NULL) *elems = e;
   return bytes;
 }
@@ -305,7 +306,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
     for (int row = 0; row < gr->b; row++) {
       int idx = agoq_coll_grid_piece(gr, p->cols[i], row);
       gs->aoff[idx] = acc_elems;
-      acc_elems += gs->pl[idx];
+      acc_elems += gs->pl[idx] + (agoq_grid_partials_sealed(g, r) ? AGOQ_GRID_TRAILER / sizeof(float) : 0);
     }
     size_t m = gs->pl[agoq_coll_grid_piece(gr, p->cols[i], R)];
     gs->foff[i] = res_cap;
@@ -375,11 +376,12 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   AGOQ_CHECK(agoq_coll_buf_reserve(-1, &gs->csum, fin_elems * sizeof(float)));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &gs->pack, pack));
   s->gpu_step = AGOQ_GPU_STEP_NONE;
-  if (r->gpu) return agoq_coll_grid_gpu_bufs(g, s, sb, rb, gb, acc_elems * gs->isz, res_cap);
+  gs->acc_len = acc_elems * gs->isz;
+  if (r->gpu) return agoq_coll_grid_gpu_bufs(g, s, sb, rb, gb, gs->acc_len, res_cap);
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.sbuf, sb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.rbuf, rb));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.gbuf, gb));
-  AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.acc, acc_elems * gs->isz));
+  AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.acc, gs->acc_len));
   AGOQ_CHECK(agoq_coll_buf_reserve(g->dev, &s->own.res, res_cap));
   s->sbuf = s->own.sbuf;
   s->rbuf = s->own.rbuf;
@@ -632,6 +634,47 @@ static ncclResult_t agoq_grid_row_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
   return ncclSuccess;
 }
 
+/* ---- the partial sums' trailers ------------------------------------------------------------------ */
+
+static uint32_t agoq_grid_crc_timed(agoq_coll_comm* g, const agoq_coll_slot* s, const uint8_t* p, size_t len) {
+  int64_t t0 = agoq_coll_now_ns();
+  uint32_t crc = agoq_crc32c(0, p, len);
+  uint64_t ns = (uint64_t)(agoq_coll_now_ns() - t0);
+  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->crc_ns, ns);
+  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->codec_ns, ns);
+  return crc;
+}
+
+/* After the row reduce: the trailer of every piece this rank sends down its column. */
+static void agoq_grid_partials_seal(agoq_coll_comm* g, agoq_coll_slot* s) {
+  struct agoq_coll_gslot* gs = s->gs;
+  const struct agoq_coll_gplan* p = g->plan;
+  if (!agoq_grid_partials_sealed(g, s->req)) return;
+  for (int k = 0; k < p->nmsg[AGOQ_COLL_COL_RS][0]; k++) {
+    const agoq_coll_span* sp = agoq_gspans(g, &p->msg[AGOQ_COLL_COL_RS][0][k]);
+    int idx = agoq_coll_grid_piece(&g->grid, sp[0].col, sp[0].row);
+    size_t len = gs->pl[idx] * gs->isz;
+    if (len == 0) continue;
+    uint8_t* at = s->acc.p + gs->aoff[idx] * gs->isz;
+    uint32_t crc = agoq_grid_crc_timed(g, s, at, len);
+    for (int i = 0; i < 4; i++) at[len + (size_t)i] = (uint8_t)(crc >> (8 * i));
+    memset(at + len + 4, 0, AGOQ_GRID_TRAILER - 4);
+  }
+}
+
+/* A column message of `len` bytes of partial sums from `from`, followed by its trailer. */
+static ncclResult_t agoq_grid_partial_check(agoq_coll_comm* g, const agoq_coll_slot* s, int from, const uint8_t* msg,
+                                            size_t len) {
+  uint32_t crc = agoq_grid_crc_timed(g, s, msg, len), got = 0;
+  for (int i = 3; i >= 0; i--) got = got << 8 | msg[len + (size_t)i];
+  bool pad = true;
+  for (size_t i = 4; i < AGOQ_GRID_TRAILER; i++) pad = pad && msg[len + i] == 0;
+  if (crc == got && pad) return ncclSuccess;
+  AGOQ_WARN("CollNet rank %d: the partial sums from rank %d (%zu bytes) fail their CRC32C (%08x, carried %08x%s): "
+            "corrupted on the way; the call fails", g->rank, from, len, crc, got, pad ? "" : ", trailer not zero-padded");
+  return ncclSystemError;
+}
+
 /* ---- the column reduce ------------------------------------------------------------------------- */
 
 /* This rank's final pieces: the rows' partial sums in row order, then quantized once (and
@@ -680,7 +723,10 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
           continue;
         }
         int from = agoq_coll_grid_player(gr, row, c);
-        AGOQ_CHECK(agoq_grid_size_check(g, from, (size_t)s->p1r_size[from], m * gs->isz));
+        bool sealed = agoq_grid_partials_sealed(g, r);
+        AGOQ_CHECK(agoq_grid_size_check(g, from, (size_t)s->p1r_size[from],
+                                        m * gs->isz + (sealed ? AGOQ_GRID_TRAILER : 0)));
+        if (sealed) AGOQ_CHECK(agoq_grid_partial_check(g, s, from, s->p1r_at[from], m * gs->isz));
         g->reduce_in[row] = s->p1r_at[from];
       }
     }
@@ -859,6 +905,7 @@ static ncclResult_t agoq_grid_stage(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
         } else {
           AGOQ_CHECK(agoq_coll_timed(g, s, agoq_grid_row_reduce));
         }
+        agoq_grid_partials_seal(g, s);
         gs->row_done = *progressed = true;
       }
       AGOQ_CHECK(agoq_grid_send_step(g, s, AGOQ_COLL_COL_RS, &sent));

@@ -101,7 +101,7 @@ static agoq_ggpu_sizes agoq_ggpu_need(const agoq_coll_comm* g) {
     size_t pm = agoq_ggpu_piece_max(g, agoq_dtype_size(types[t]));
     agoq_codec_params pin = agoq_coll_params(g, types[t]), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
     size_t fin = agoq_grid_align16(agoq_frame_size_max(&pin, pm)), f32 = agoq_grid_align16(agoq_frame_size_max(&p32, pm));
-    size_t partial = g->cfg.quant_partials ? f32 : pm * sizeof(float);
+    size_t partial = g->cfg.quant_partials ? f32 : pm * sizeof(float) + AGOQ_GRID_TRAILER;
     size_t pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][0] + p->nmsg[AGOQ_COLL_COL_RS][0]);
     agoq_ggpu_max(&z.sbuf, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 0) * fin +
                                (g->cfg.quant_partials ? agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 0) * f32 : 0) + pad);
@@ -111,9 +111,9 @@ static agoq_ggpu_sizes agoq_ggpu_need(const agoq_coll_comm* g) {
     pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_COL_AG][1] + p->nmsg[AGOQ_COLL_ROW_AG][1]);
     agoq_ggpu_max(&z.gbuf,
                   (agoq_ggpu_pieces(p, AGOQ_COLL_COL_AG, 1) + agoq_ggpu_pieces(p, AGOQ_COLL_ROW_AG, 1)) * f32 + pad);
-    agoq_ggpu_max(&z.acc, mine * pm * sizeof(float));
+    agoq_ggpu_max(&z.acc, mine * (pm * sizeof(float) + AGOQ_GRID_TRAILER));
     agoq_ggpu_max(&z.res, (size_t)p->ncols * f32);
-    agoq_ggpu_max(&z.dacc, mine * pm * sizeof(float));
+    agoq_ggpu_max(&z.dacc, mine * (pm * sizeof(float) + AGOQ_GRID_TRAILER));
     agoq_ggpu_max(&z.down, mine * fin);
   }
   return z;
@@ -384,7 +384,7 @@ static ncclResult_t agoq_ggpu_sums_queue(agoq_coll_comm* g, agoq_coll_slot* s, c
   AGOQ_CHECK(agoq_gpu_dequantize_sums(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &pin, gg->sum, kn[0], gg->groups,
                                       kn[1]));
   /* The column messages go from host memory. */
-  return agoq_gpu_copy_d2h(g->gpu, s->acc.p, gg->dacc.p, s->gs->mine_elems * sizeof(float));
+  return agoq_gpu_copy_d2h(g->gpu, s->acc.p, gg->dacc.p, s->gs->acc_len);
 }
 
 /* The row's contributions to each of this rank's pieces, item (piece i, row member k) at
@@ -450,7 +450,7 @@ ncclResult_t agoq_coll_grid_gpu_row(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
     AGOQ_CHECK(res);
     AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_ggpu_sums_queue, kn));
     agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, h2d);
-    agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, s->gs->mine_elems * sizeof(float));
+    agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, s->gs->acc_len);
     gg->nsum = (int)(kn[0] * kn[1]);
     s->gpu_step = AGOQ_GPU_STEP_SUMMING;
     return ncclSuccess;

@@ -49,6 +49,7 @@ struct agoq_coll_gslot {
    * from (sends) or into (receives: agoq_net_irecv_spill) a buffer of its own. */
   size_t* mnom[AGOQ_COLL_STEPS][2];
   size_t mine_elems; /* elements of this rank's pieces (its columns, every row) */
+  size_t acc_len;    /* bytes of acc: the pieces' partial sums, each followed by its trailer */
   size_t own_len;    /* quantized: this rank's own frames, packed at sbuf + s_off[me] */
   size_t pack_len;   /* the row all-gather message in pack (or pack_at: it outgrew pack) */
   uint8_t* pack_at;
@@ -68,6 +69,17 @@ struct agoq_coll_gpu_frame {
   int peer;
   size_t off, cap, len;
 };
+
+/* A quantized call's raw fp32 partial sums (the column reduce-scatter, AGOQ_COLLNET_PARTIALS=
+ * fp32) travel with a trailer, as frames travel with their payload CRC: CRC32C of the sums
+ * (little-endian), then 4 zero bytes. Without it a bit flipped on the wire (TCP's checksum
+ * misses some) became a wrong sum on every rank of the column. In acc every piece is followed
+ * by room for it, so the message goes as is. */
+#define AGOQ_GRID_TRAILER 8u
+
+static inline bool agoq_grid_partials_sealed(const agoq_coll_comm* g, const agoq_coll_req* r) {
+  return r->quantized && !g->cfg.quant_partials;
+}
 
 /* ---- pieces -------------------------------------------------------------------------------- */
 

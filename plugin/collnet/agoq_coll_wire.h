@@ -26,8 +26,10 @@
  * one per phase. A peer of another version names both versions.
  * 4: the same settings; bytes [96, 128) carry the listening rank's own facts (the rank block:
  * its NIC's link rate), which differ between ranks and are not compared.
- * 5: AGOQ_COLLNET_IO_THREADS at byte 29 of the settings (the schedule's choice weighs it). */
-#define AGOQ_COLL_HANDLE_VERSION 5
+ * 5: AGOQ_COLLNET_IO_THREADS at byte 29 of the settings (the schedule's choice weighs it).
+ * 6: the same layout; on a grid a quantized call's fp32 partial sums carry a CRC32C trailer
+ *    (a version-5 peer's column messages would be 8 bytes short). */
+#define AGOQ_COLL_HANDLE_VERSION 6
 #define AGOQ_COLL_HANDLE_OFFSET 64
 #define AGOQ_COLL_SETTINGS_SIZE 32
 #define AGOQ_COLL_RANK_OFFSET 96
