@@ -780,6 +780,9 @@ static void test_grid_on_gpu(void** state) {
                  "one more)", grids[gi].grid, n, nan.type, (unsigned long long)d0, (unsigned long long)d1);
       /* 3 batches per chunk (frames, row sums, final decodes), whatever the pieces. */
       const uint64_t chunks = (100003 + (t == 0 ? 32767 : 16383)) / (t == 0 ? 32768 : 16384);
+      print_message("grid %s, %d ranks, type %d: %llu GPU codec calls on rank 1 for %llu chunks, %llu on rank 0 "
+                    "(its NaN's message coded again)\n", grids[gi].grid, n, nan.type, (unsigned long long)d1,
+                    (unsigned long long)chunks, (unsigned long long)d0);
       assert_int_equal(d1, 3 * chunks);
     }
     group_close(&g);
