@@ -1,6 +1,6 @@
 /*
- * A grid's quantized all-reduce on the GPU (AGOQ_COLLNET_GPU with every buffer on the
- * device): the grid's stages (agoq_coll_grid.c) run as on the host, but the work that grows
+ * A grid's quantized calls on the GPU (AGOQ_COLLNET_GPU with every buffer on the device:
+ * all-reduces, and reduce-scatters from one input part): the grid's stages (agoq_coll_grid.c) run as on the host, but the work that grows
  * with the chunk runs on the device, one batch per stage, and only frames and the row sums
  * cross PCIe:
  *   frames    (POSTING) every piece of NCCL's input quantized in one batch: the row
