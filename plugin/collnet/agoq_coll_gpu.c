@@ -92,21 +92,68 @@ void agoq_coll_gpu_release(agoq_coll_comm* g) {
   g->gslots = NULL;
 }
 
+agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t grid_peers) {
+  agoq_coll_gpu_slot* gs = calloc(AGOQ_COLL_SLOTS, sizeof *gs);
+  bool ok = gs != NULL;
+  for (int i = 0; ok && i < AGOQ_COLL_SLOTS; i++) {
+    agoq_coll_gpu_slot* x = &gs[i];
+    x->cap_items = (int)items;
+    x->enc = calloc(items, sizeof *x->enc);
+    x->sum = calloc(items, sizeof *x->sum);
+    x->res = calloc(items, sizeof *x->res);
+    ok = x->enc != NULL && x->sum != NULL && x->res != NULL;
+    if (!ok || grid_peers == 0) continue;
+    x->frames = calloc(items, sizeof *x->frames);
+    x->own = calloc(items, sizeof *x->own);
+    x->groups = calloc(items, sizeof *x->groups);
+    x->redo = calloc(grid_peers, sizeof *x->redo);
+    ok = x->frames != NULL && x->own != NULL && x->groups != NULL && x->redo != NULL;
+  }
+  if (ok) return gs;
+  AGOQ_WARN("out of memory setting up CollNet's GPU path");
+  agoq_coll_gpu_slots_free(gs);
+  return NULL;
+}
+
+ncclResult_t agoq_coll_gpu_slots_carve(agoq_coll_comm* g, agoq_coll_gpu_slot* gs, const agoq_coll_slot_bufs* pin,
+                                       const size_t dev[3], size_t* pinned_bytes, size_t* device_bytes) {
+  size_t pc[] = {pin->sbuf.cap, pin->rbuf.cap, pin->gbuf.cap, pin->acc.cap, pin->res.cap};
+  size_t pinned_slot = 0, device_slot = 0;
+  for (int k = 0; k < 5; k++) pinned_slot += agoq_align256(pc[k]);
+  for (int k = 0; k < 3; k++) device_slot += agoq_align256(dev[k]);
+  uint8_t *pinned = NULL, *device = NULL;
+  AGOQ_CHECK(agoq_gpu_link_alloc(g->gpu, false, pinned_slot * AGOQ_COLL_SLOTS, (void**)&pinned));
+  AGOQ_CHECK(agoq_gpu_link_alloc(g->gpu, true, device_slot * AGOQ_COLL_SLOTS, (void**)&device));
+  /* The network sends the pinned frames and receives into them. */
+  AGOQ_CHECK(agoq_net_reg_host(g->dev, pinned, pinned_slot * AGOQ_COLL_SLOTS, &g->gpu_keys[1]));
+  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
+    uint8_t* p = pinned + (size_t)i * pinned_slot;
+    uint8_t* d = device + (size_t)i * device_slot;
+    agoq_coll_buf* pb[] = {&gs[i].pinned.sbuf, &gs[i].pinned.rbuf, &gs[i].pinned.gbuf, &gs[i].pinned.acc,
+                           &gs[i].pinned.res};
+    agoq_coll_buf* db[] = {&gs[i].dacc, &gs[i].down, &gs[i].dres};
+    for (int k = 0; k < 5; k++) {
+      *pb[k] = (agoq_coll_buf){.p = p, .cap = pc[k]};
+      p += agoq_align256(pc[k]);
+    }
+    for (int k = 0; k < 3; k++) {
+      *db[k] = (agoq_coll_buf){.p = d, .cap = dev[k]};
+      d += agoq_align256(dev[k]);
+    }
+  }
+  *pinned_bytes = pinned_slot * AGOQ_COLL_SLOTS;
+  *device_bytes = device_slot * AGOQ_COLL_SLOTS;
+  return ncclSuccess;
+}
+
 ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   if (!g->cfg.gpu_reduce || g->cfg.format == AGOQ_FORMAT_NONE || g->gslots != NULL) return ncclSuccess;
   ncclResult_t res = ncclSuccess;
   int n = g->nranks;
   size_t* sl = calloc((size_t)n, sizeof *sl);
-  agoq_coll_gpu_slot* gs = calloc(AGOQ_COLL_SLOTS, sizeof *gs);
-  bool items = gs != NULL;
-  for (int i = 0; items && i < AGOQ_COLL_SLOTS; i++) {
-    gs[i].enc = calloc((size_t)n, sizeof *gs[i].enc);
-    gs[i].sum = calloc((size_t)n, sizeof *gs[i].sum);
-    gs[i].res = calloc((size_t)n, sizeof *gs[i].res);
-    items = gs[i].enc != NULL && gs[i].sum != NULL && gs[i].res != NULL;
-  }
-  if (sl == NULL || !items) {
-    AGOQ_WARN("out of memory setting up CollNet's GPU path");
+  agoq_coll_gpu_slot* gs = agoq_coll_gpu_slots_alloc((size_t)n, 0);
+  if (sl == NULL || gs == NULL) {
+    if (sl == NULL) AGOQ_WARN("out of memory setting up CollNet's GPU path");
     res = ncclSystemError;
     goto out;
   }
@@ -131,38 +178,17 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
     agoq_gpu_max(&cap.gbuf.cap, need.gbuf.cap);
     agoq_gpu_max(&cap.res.cap, need.res.cap);
   }
-  size_t pinned_slot = agoq_align256(cap.sbuf.cap) + agoq_align256(cap.rbuf.cap) + agoq_align256(cap.gbuf.cap) +
-                       agoq_align256(cap.res.cap);
-  size_t device_slot = agoq_align256(mmax * sizeof(float)) + agoq_align256(own) + agoq_align256(sum_frame);
-  uint8_t *pinned = NULL, *device = NULL;
-  AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, false, pinned_slot * AGOQ_COLL_SLOTS, (void**)&pinned), res, out);
-  AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, true, device_slot * AGOQ_COLL_SLOTS, (void**)&device), res, out);
-  /* The network sends the pinned frames and receives into them. */
-  AGOQ_CHECK_GOTO(agoq_net_reg_host(g->dev, pinned, pinned_slot * AGOQ_COLL_SLOTS, &g->gpu_keys[1]), res, out);
-  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
-    uint8_t* p = pinned + (size_t)i * pinned_slot;
-    uint8_t* d = device + (size_t)i * device_slot;
-    agoq_coll_buf* pb[] = {&gs[i].pinned.sbuf, &gs[i].pinned.rbuf, &gs[i].pinned.gbuf, &gs[i].pinned.res};
-    size_t pc[] = {cap.sbuf.cap, cap.rbuf.cap, cap.gbuf.cap, cap.res.cap};
-    for (int k = 0; k < 4; k++) {
-      *pb[k] = (agoq_coll_buf){.p = p, .cap = pc[k]};
-      p += agoq_align256(pc[k]);
-    }
-    agoq_coll_buf* db[] = {&gs[i].dacc, &gs[i].down, &gs[i].dres};
-    size_t dc[] = {mmax * sizeof(float), own, sum_frame};
-    for (int k = 0; k < 3; k++) {
-      *db[k] = (agoq_coll_buf){.p = d, .cap = dc[k]};
-      d += agoq_align256(dc[k]);
-    }
-  }
+  /* The sum stays in device memory: no pinned accumulator. */
+  const size_t dev[3] = {mmax * sizeof(float), own, sum_frame};
+  size_t pinned_bytes = 0, device_bytes = 0;
+  AGOQ_CHECK_GOTO(agoq_coll_gpu_slots_carve(g, gs, &cap, dev, &pinned_bytes, &device_bytes), res, out);
   /* Every codec kernel (the escaped-block decodes that a NaN or an overflow to Inf brings
    * included) was loaded in the link's CUDA context when it was made (agoq_gpu_link_create),
    * not at a first launch under NCCL's kernel. */
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
             "CollNet rank %d: quantized calls on device buffers reduced on GPU %d (AGOQ_COLLNET_GPU=1): %zu bytes of "
             "pinned frames and %zu bytes of device memory for %d chunks of up to %zu elements per slice",
-            g->rank, agoq_gpu_link_device(g->gpu), pinned_slot * AGOQ_COLL_SLOTS, device_slot * AGOQ_COLL_SLOTS,
-            AGOQ_COLL_SLOTS, mmax);
+            g->rank, agoq_gpu_link_device(g->gpu), pinned_bytes, device_bytes, AGOQ_COLL_SLOTS, mmax);
   g->gslots = gs;
   gs = NULL;
 out:
@@ -238,9 +264,9 @@ void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t
 typedef ncclResult_t (*agoq_gpu_queue_fn)(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg);
 
 /* Queues fn's work on the link under gpu_mu and, with mark, the slot's mark after it: the
- * event agoq_gpu_poll_slot polls. */
+ * event agoq_coll_gpu_poll polls. */
 ncclResult_t agoq_coll_gpu_queue(agoq_coll_comm* g, agoq_coll_slot* s, bool mark, agoq_coll_gpu_queue_fn fn,
-                                   const void* arg) {
+                                 const void* arg) {
   pthread_mutex_lock(&g->gpu_mu);
   ncclResult_t res = fn(g, s, arg);
   if (res == ncclSuccess && mark) AGOQ_CHECK_GOTO(agoq_gpu_mark(g->gpu, agoq_coll_gpu_link_slot(g, s)), res, out);
@@ -266,7 +292,8 @@ static ncclResult_t agoq_gpu_encode_slices(agoq_coll_comm* g, agoq_coll_slot* s,
       gs->enc[k++] = (agoq_gpu_encode_item){
           .src = src, .n = s->sl[j], .frame = s->sbuf.p + s->s_off[j], .cap = s->sbuf.cap - s->s_off[j]};
   }
-  return k == 0 ? ncclSuccess : agoq_gpu_frame_encode_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->enc, k);
+  if (k == 0) return ncclSuccess;
+  return agoq_gpu_frame_encode_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->enc, k);
 }
 
 ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
@@ -329,13 +356,19 @@ typedef struct {
   const void** body;
 } agoq_gpu_parse_arg;
 
+agoq_codec_status agoq_coll_gpu_frame_check(const uint8_t* f, size_t len, size_t count, const agoq_codec_params* want,
+                                            agoq_frame_info* info, const void** body) {
+  agoq_codec_status st = agoq_frame_parse(f, len, info, body);
+  const agoq_codec_params* got = &info->params;
+  if (st == AGOQ_CODEC_OK && (info->count != (uint64_t)count || got->format != want->format ||
+                              got->dtype != want->dtype || got->block != want->block))
+    st = AGOQ_CODEC_ECORRUPT;
+  return st;
+}
+
 static agoq_codec_status agoq_gpu_parse_step(void* arg, const uint8_t* f, size_t len) {
   const agoq_gpu_parse_arg* a = arg;
-  agoq_codec_status st = agoq_frame_parse(f, len, a->info, a->body);
-  const agoq_codec_params* got = &a->info->params;
-  if (st == AGOQ_CODEC_OK && (a->info->count != (uint64_t)a->count || got->format != a->want.format ||
-                              got->dtype != a->want.dtype || got->block != a->want.block))
-    st = AGOQ_CODEC_ECORRUPT;
+  agoq_codec_status st = agoq_coll_gpu_frame_check(f, len, a->count, &a->want, a->info, a->body);
   if (a->r != NULL) agoq_coll_gpu_cpu_time(a->g, a->r, a->t0, a->crc0);
   return st;
 }
@@ -356,8 +389,8 @@ static ncclResult_t agoq_gpu_add_contributions(agoq_coll_comm* g, agoq_coll_slot
   (void)arg;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p = agoq_coll_params(g, s->req->codec_dtype);
-  return agoq_gpu_dequantize_sum(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->sum, (size_t)g->nranks, s->sl[g->rank],
-                                 (float*)gs->dacc.p);
+  return agoq_gpu_dequantize_sum(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->sum, (size_t)g->nranks,
+                                 s->sl[g->rank], (float*)gs->dacc.p);
 }
 
 /* The owner's step on the sum: allreduce overflow to Inf and the sum's frame; reducescatter
@@ -375,7 +408,8 @@ static ncclResult_t agoq_gpu_finish_sum(agoq_coll_comm* g, agoq_coll_slot* s, co
    * decoded bytes as everyone else (agoq_coll_quant_reduce). */
   AGOQ_CHECK(agoq_gpu_overflow_to_inf(g->gpu, r->codec_dtype, acc, m));
   agoq_codec_params p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-  AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, agoq_coll_gpu_link_slot(g, s), agoq_part_sum(g), &p32, acc, m, gs->dres.p, gs->dres.cap));
+  AGOQ_CHECK(agoq_gpu_frame_encode(g->gpu, agoq_coll_gpu_link_slot(g, s), agoq_part_sum(g), &p32, acc, m, gs->dres.p,
+                                   gs->dres.cap));
   return ncclSuccess;
 }
 

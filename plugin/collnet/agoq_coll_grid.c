@@ -717,13 +717,13 @@ static ncclResult_t agoq_grid_col_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
         if (off != size) return agoq_grid_size_check(g, from, size, off);
       }
     } else {
+      bool sealed = agoq_grid_partials_sealed(g, r);
       for (int row = 0; row < gr->b; row++) {
         if (row == R) {
           g->reduce_in[row] = s->acc.p + gs->aoff[idx] * gs->isz;
           continue;
         }
         int from = agoq_coll_grid_player(gr, row, c);
-        bool sealed = agoq_grid_partials_sealed(g, r);
         AGOQ_CHECK(agoq_grid_size_check(g, from, (size_t)s->p1r_size[from],
                                         m * gs->isz + (sealed ? AGOQ_GRID_TRAILER : 0)));
         if (sealed) AGOQ_CHECK(agoq_grid_partial_check(g, s, from, s->p1r_at[from], m * gs->isz));

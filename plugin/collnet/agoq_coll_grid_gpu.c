@@ -38,8 +38,6 @@ static agoq_coll_gpu_slot* agoq_ggpu_slot(agoq_coll_comm* g, const agoq_coll_slo
   return &g->gslots[s - g->slots];
 }
 
-static size_t agoq_ggpu_align256(size_t v) { return (v + 255) & ~(size_t)255; }
-
 static void agoq_ggpu_max(size_t* have, size_t v) {
   if (v > *have) *have = v;
 }
@@ -85,89 +83,52 @@ void agoq_coll_grid_gpu_needs(const agoq_coll_comm* g, uint32_t* items, size_t* 
 
 /* A slot's memory at the largest chunk of any float type: every piece at its largest
  * bounds every region the grid's layout gives (agoq_coll_grid_slot_setup), 16 bytes of
- * alignment per message on top. */
-typedef struct {
-  size_t sbuf, rbuf, gbuf, acc, res; /* pinned */
-  size_t dacc, down;                 /* device */
-} agoq_ggpu_sizes;
-
-static agoq_ggpu_sizes agoq_ggpu_need(const agoq_coll_comm* g) {
+ * alignment per message on top. Pinned: the regions (pin); device: the row sums and this
+ * rank's own frames (dev[0], dev[1]; no sum frame: the column quantizes on the CPU). */
+static void agoq_ggpu_need(const agoq_coll_comm* g, agoq_coll_slot_bufs* pin, size_t dev[3]) {
   const struct agoq_coll_gplan* p = g->plan;
-  agoq_ggpu_sizes z;
-  memset(&z, 0, sizeof z);
+  memset(pin, 0, sizeof *pin);
+  dev[0] = dev[1] = dev[2] = 0;
   size_t mine = agoq_ggpu_mine(g);
   static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
   for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
     size_t pm = agoq_ggpu_piece_max(g, agoq_dtype_size(types[t]));
-    agoq_codec_params pin = agoq_coll_params(g, types[t]), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-    size_t fin = agoq_grid_align16(agoq_frame_size_max(&pin, pm)), f32 = agoq_grid_align16(agoq_frame_size_max(&p32, pm));
+    agoq_codec_params pin_t = agoq_coll_params(g, types[t]), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+    size_t fin = agoq_grid_align16(agoq_frame_size_max(&pin_t, pm));
+    size_t f32 = agoq_grid_align16(agoq_frame_size_max(&p32, pm));
     size_t partial = g->cfg.quant_partials ? f32 : pm * sizeof(float) + AGOQ_GRID_TRAILER;
+    size_t sums = mine * (pm * sizeof(float) + AGOQ_GRID_TRAILER);
     size_t pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][0] + p->nmsg[AGOQ_COLL_COL_RS][0]);
-    agoq_ggpu_max(&z.sbuf, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 0) * fin +
-                               (g->cfg.quant_partials ? agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 0) * f32 : 0) + pad);
+    agoq_ggpu_max(&pin->sbuf.cap, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 0) * fin +
+                                      (g->cfg.quant_partials ? agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 0) * f32 : 0) +
+                                      pad);
     pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][1] + p->nmsg[AGOQ_COLL_COL_RS][1]);
-    agoq_ggpu_max(&z.rbuf, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 1) * fin +
-                               agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 1) * partial + pad);
+    agoq_ggpu_max(&pin->rbuf.cap, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 1) * fin +
+                                      agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 1) * partial + pad);
     pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_COL_AG][1] + p->nmsg[AGOQ_COLL_ROW_AG][1]);
-    agoq_ggpu_max(&z.gbuf,
+    agoq_ggpu_max(&pin->gbuf.cap,
                   (agoq_ggpu_pieces(p, AGOQ_COLL_COL_AG, 1) + agoq_ggpu_pieces(p, AGOQ_COLL_ROW_AG, 1)) * f32 + pad);
-    agoq_ggpu_max(&z.acc, mine * (pm * sizeof(float) + AGOQ_GRID_TRAILER));
-    agoq_ggpu_max(&z.res, (size_t)p->ncols * f32);
-    agoq_ggpu_max(&z.dacc, mine * (pm * sizeof(float) + AGOQ_GRID_TRAILER));
-    agoq_ggpu_max(&z.down, mine * fin);
+    agoq_ggpu_max(&pin->acc.cap, sums);
+    agoq_ggpu_max(&pin->res.cap, (size_t)p->ncols * f32);
+    agoq_ggpu_max(&dev[0], sums);
+    agoq_ggpu_max(&dev[1], mine * fin);
   }
-  return z;
 }
 
 ncclResult_t agoq_coll_grid_gpu_setup(agoq_coll_comm* g) {
   if (!agoq_coll_grid_gpu_wanted(g) || g->gslots != NULL) return ncclSuccess;
   ncclResult_t res = ncclSuccess;
-  size_t items = agoq_ggpu_items(g), npeers = (size_t)g->nranks;
-  agoq_coll_gpu_slot* gs = calloc(AGOQ_COLL_SLOTS, sizeof *gs);
-  bool ok = gs != NULL;
-  for (int i = 0; ok && i < AGOQ_COLL_SLOTS; i++) {
-    gs[i].enc = calloc(items, sizeof *gs[i].enc);
-    gs[i].sum = calloc(items, sizeof *gs[i].sum);
-    gs[i].res = calloc(items, sizeof *gs[i].res);
-    gs[i].frames = calloc(items, sizeof *gs[i].frames);
-    gs[i].own = calloc(items, sizeof *gs[i].own);
-    gs[i].groups = calloc(items, sizeof *gs[i].groups);
-    gs[i].redo = calloc(npeers, sizeof *gs[i].redo);
-    gs[i].cap_items = (int)items;
-    ok = gs[i].enc != NULL && gs[i].sum != NULL && gs[i].res != NULL && gs[i].frames != NULL && gs[i].own != NULL &&
-         gs[i].groups != NULL && gs[i].redo != NULL;
-  }
-  if (!ok) {
-    AGOQ_WARN("out of memory setting up CollNet's GPU path on a grid");
-    res = ncclSystemError;
-    goto out;
-  }
-  agoq_ggpu_sizes z = agoq_ggpu_need(g);
-  size_t pinned_slot = agoq_ggpu_align256(z.sbuf) + agoq_ggpu_align256(z.rbuf) + agoq_ggpu_align256(z.gbuf) +
-                       agoq_ggpu_align256(z.acc) + agoq_ggpu_align256(z.res);
-  size_t device_slot = agoq_ggpu_align256(z.dacc) + agoq_ggpu_align256(z.down);
-  uint8_t *pinned = NULL, *device = NULL;
-  AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, false, pinned_slot * AGOQ_COLL_SLOTS, (void**)&pinned), res, out);
-  AGOQ_CHECK_GOTO(agoq_gpu_link_alloc(g->gpu, true, device_slot * AGOQ_COLL_SLOTS, (void**)&device), res, out);
-  AGOQ_CHECK_GOTO(agoq_net_reg_host(g->dev, pinned, pinned_slot * AGOQ_COLL_SLOTS, &g->gpu_keys[1]), res, out);
-  for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
-    uint8_t* pp = pinned + (size_t)i * pinned_slot;
-    uint8_t* d = device + (size_t)i * device_slot;
-    agoq_coll_buf* pb[] = {&gs[i].pinned.sbuf, &gs[i].pinned.rbuf, &gs[i].pinned.gbuf, &gs[i].pinned.acc,
-                           &gs[i].pinned.res};
-    size_t pc[] = {z.sbuf, z.rbuf, z.gbuf, z.acc, z.res};
-    for (int k = 0; k < 5; k++) {
-      *pb[k] = (agoq_coll_buf){.p = pp, .cap = pc[k]};
-      pp += agoq_ggpu_align256(pc[k]);
-    }
-    gs[i].dacc = (agoq_coll_buf){.p = d, .cap = z.dacc};
-    gs[i].down = (agoq_coll_buf){.p = d + agoq_ggpu_align256(z.dacc), .cap = z.down};
-  }
+  agoq_coll_gpu_slot* gs = agoq_coll_gpu_slots_alloc(agoq_ggpu_items(g), (size_t)g->nranks);
+  if (gs == NULL) return ncclSystemError;
+  agoq_coll_slot_bufs pin;
+  size_t dev[3], pinned_bytes = 0, device_bytes = 0;
+  agoq_ggpu_need(g, &pin, dev);
+  AGOQ_CHECK_GOTO(agoq_coll_gpu_slots_carve(g, gs, &pin, dev, &pinned_bytes, &device_bytes), res, out);
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
             "CollNet rank %d: on a %dx%d grid quantized calls on device buffers run on GPU %d "
             "(AGOQ_COLLNET_GPU=1), one batch per stage: %zu bytes of pinned frames and %zu bytes of device memory for "
-            "%d chunks of pieces of up to %zu elements", g->rank, g->grid.a, g->grid.b, agoq_gpu_link_device(g->gpu), pinned_slot * AGOQ_COLL_SLOTS,
-            device_slot * AGOQ_COLL_SLOTS, AGOQ_COLL_SLOTS, agoq_ggpu_piece_max(g, 2));
+            "%d chunks of pieces of up to %zu elements", g->rank, g->grid.a, g->grid.b, agoq_gpu_link_device(g->gpu),
+            pinned_bytes, device_bytes, AGOQ_COLL_SLOTS, agoq_ggpu_piece_max(g, 2));
   g->gslots = gs;
   gs = NULL;
 out:
@@ -364,13 +325,8 @@ static agoq_codec_status agoq_ggpu_parse(void* arg, const uint8_t* f, size_t len
   const agoq_ggpu_parse_arg* a = arg;
   agoq_frame_info info;
   const void* body = NULL;
-  agoq_codec_status st = agoq_frame_parse(f, len, &info, &body);
-  const agoq_codec_params* got = &info.params;
+  agoq_codec_status st = agoq_coll_gpu_frame_check(f, len, m, &a->want, &info, &body);
   if (st != AGOQ_CODEC_OK) return st;
-  /* A batch decodes with one set of parameters: a frame made otherwise is refused. */
-  if (info.count != (uint64_t)m || got->format != a->want.format || got->dtype != a->want.dtype ||
-      got->block != a->want.block)
-    return AGOQ_CODEC_ECORRUPT;
   a->item->body = body;
   a->item->body_len = (size_t)info.payload_len;
   a->item->n = m;

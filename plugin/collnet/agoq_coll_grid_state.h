@@ -62,14 +62,6 @@ struct agoq_coll_gslot {
 
 static inline size_t agoq_grid_align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
-/* A frame the GPU makes for a grid chunk (agoq_coll_grid_gpu.c): whose message (peer; this
- * rank for its own pieces), where in it (off) with room for cap bytes, and its length once
- * made. */
-struct agoq_coll_gpu_frame {
-  int peer;
-  size_t off, cap, len;
-};
-
 /* A quantized call's raw fp32 partial sums (the column reduce-scatter, AGOQ_COLLNET_PARTIALS=
  * fp32) travel with a trailer, as frames travel with their payload CRC: CRC32C of the sums
  * (little-endian), then 4 zero bytes. Without it a bit flipped on the wire (TCP's checksum

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "agoq_codec.h"
+#include "agoq_frame.h"
 #include "collnet/agoq_coll_schedule.h"
 #include "collnet/agoq_collnet.h"
 #include "core/agoq_stats.h"
@@ -213,6 +214,14 @@ typedef struct {
   struct agoq_coll_gslot* gs;  /* a grid group's chunk state (agoq_coll_grid.c); NULL on the mesh */
   const struct agoq_coll_step_impl* step; /* the mesh: how the chunk's slice work runs (agoq_coll_step.h) */
 } agoq_coll_slot;
+
+/* A frame the GPU makes for a grid chunk (agoq_coll_grid_gpu.c): whose message (peer; this
+ * rank for its own pieces), where in it (off) with room for cap bytes, and its length once
+ * made. */
+struct agoq_coll_gpu_frame {
+  int peer;
+  size_t off, cap, len;
+};
 
 /* A pipeline slot's memory for GPU requests, carved when the group's link is created:
  * pinned frames (the kernels write and read them, the network sends and receives them)
@@ -515,8 +524,23 @@ ncclResult_t agoq_coll_gpu_poll(agoq_coll_comm* g, const agoq_coll_slot* s, bool
 uint32_t agoq_coll_gpu_status(agoq_coll_comm* g, const agoq_coll_slot* s, int part, uint64_t* body_len);
 ncclResult_t agoq_coll_gpu_check_parts(agoq_coll_comm* g, agoq_coll_slot* s, int from, int to, const char* what);
 void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0);
-/* Frees the slots' item arrays (the memory is the link's). */
+/* The pipeline slots' item arrays: enc, sum and res of `items` each and, on a grid
+ * (grid_peers ranks, 0 on the mesh), frames, own, groups and redo; NULL (with a WARN) when
+ * out of memory. Freed with agoq_coll_gpu_slots_free (the memory they point into is the
+ * link's). */
+agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t grid_peers);
 void agoq_coll_gpu_slots_free(agoq_coll_gpu_slot* gs);
+/* Setup, under gpu_mu: every slot's pinned buffers (pin's caps: sbuf, rbuf, gbuf, acc, res)
+ * and device buffers (dev: dacc, down, dres), 256-byte aligned, allocated through the link,
+ * the pinned part registered with the transport; a size of 0 takes no room. *pinned_bytes and
+ * *device_bytes: what that took for all slots. */
+ncclResult_t agoq_coll_gpu_slots_carve(agoq_coll_comm* g, agoq_coll_gpu_slot* gs, const agoq_coll_slot_bufs* pin,
+                                       const size_t dev[3], size_t* pinned_bytes, size_t* device_bytes);
+/* A frame received for a GPU decode, checked on the host as the CPU decoder checks it
+ * (agoq_frame_parse: header and payload CRC32C, lengths, bitmap, scales), its count against
+ * the piece's and its format, type and block against want (a batch decodes with one set). */
+agoq_codec_status agoq_coll_gpu_frame_check(const uint8_t* f, size_t len, size_t count, const agoq_codec_params* want,
+                                            agoq_frame_info* info, const void** body);
 
 /* ---- agoq_coll_grid_gpu.c: a grid's quantized calls on the GPU ---- */
 /* Before the link is made: whether a grid group's device reduction will run, and what its
