@@ -196,8 +196,9 @@ static void agoq_engine_take(agoq_coll_comm* g, agoq_coll_req* list) {
   }
 }
 
-/* The cap on spilled messages: more held than the slots' own receive staging, while some
- * chunk is in flight (the one that holds them retires; a lone chunk always runs). */
+/* The cap on spilled messages: more held than the slots' own receive staging (the host's, or
+ * the GPU path's pinned regions), while some chunk is in flight (the one that holds them
+ * retires; a lone chunk always runs). */
 static bool agoq_engine_spill_full(const agoq_coll_comm* g) {
   if (g->spill_held == 0) return false;
   size_t staging = 0;
@@ -205,6 +206,7 @@ static bool agoq_engine_spill_full(const agoq_coll_comm* g) {
   for (int i = 0; i < AGOQ_COLL_SLOTS; i++) {
     const agoq_coll_slot* s = &g->slots[i];
     staging += s->own.rbuf.cap + s->own.gbuf.cap;
+    if (g->gslots != NULL) staging += g->gslots[i].pinned.rbuf.cap + g->gslots[i].pinned.gbuf.cap;
     busy = busy || s->stage != AGOQ_SLOT_FREE;
   }
   return busy && g->spill_held > staging;

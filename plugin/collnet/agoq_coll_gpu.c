@@ -92,7 +92,7 @@ void agoq_coll_gpu_release(agoq_coll_comm* g) {
   g->gslots = NULL;
 }
 
-agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t grid_peers) {
+agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t peers, bool grid) {
   agoq_coll_gpu_slot* gs = calloc(AGOQ_COLL_SLOTS, sizeof *gs);
   bool ok = gs != NULL;
   for (int i = 0; ok && i < AGOQ_COLL_SLOTS; i++) {
@@ -101,13 +101,13 @@ agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t grid_peers) {
     x->enc = calloc(items, sizeof *x->enc);
     x->sum = calloc(items, sizeof *x->sum);
     x->res = calloc(items, sizeof *x->res);
-    ok = x->enc != NULL && x->sum != NULL && x->res != NULL;
-    if (!ok || grid_peers == 0) continue;
+    x->redo = calloc(peers, sizeof *x->redo);
+    ok = x->enc != NULL && x->sum != NULL && x->res != NULL && x->redo != NULL;
+    if (!ok || !grid) continue;
     x->frames = calloc(items, sizeof *x->frames);
     x->own = calloc(items, sizeof *x->own);
     x->groups = calloc(items, sizeof *x->groups);
-    x->redo = calloc(grid_peers, sizeof *x->redo);
-    ok = x->frames != NULL && x->own != NULL && x->groups != NULL && x->redo != NULL;
+    ok = x->frames != NULL && x->own != NULL && x->groups != NULL;
   }
   if (ok) return gs;
   AGOQ_WARN("out of memory setting up CollNet's GPU path");
@@ -116,7 +116,7 @@ agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t grid_peers) {
 }
 
 ncclResult_t agoq_coll_gpu_slots_carve(agoq_coll_comm* g, agoq_coll_gpu_slot* gs, const agoq_coll_slot_bufs* pin,
-                                       const size_t dev[3], size_t* pinned_bytes, size_t* device_bytes) {
+                                       const size_t dev[3], size_t spill, size_t* pinned_bytes, size_t* device_bytes) {
   size_t pc[] = {pin->sbuf.cap, pin->rbuf.cap, pin->gbuf.cap, pin->acc.cap, pin->res.cap};
   size_t pinned_slot = 0, device_slot = 0;
   for (int k = 0; k < 5; k++) pinned_slot += agoq_align256(pc[k]);
@@ -141,8 +141,79 @@ ncclResult_t agoq_coll_gpu_slots_carve(agoq_coll_comm* g, agoq_coll_gpu_slot* gs
       d += agoq_align256(dev[k]);
     }
   }
-  *pinned_bytes = pinned_slot * AGOQ_COLL_SLOTS;
+  g->gpin = (agoq_coll_buf){.p = pinned, .cap = pinned_slot * AGOQ_COLL_SLOTS};
+  g->gdev = (agoq_coll_buf){.p = device, .cap = device_slot * AGOQ_COLL_SLOTS};
+  /* Only the device and the host's copies touch the spill area: not registered. */
+  uint8_t* sp = NULL;
+  if (spill > 0) AGOQ_CHECK(agoq_gpu_link_alloc(g->gpu, false, spill, (void**)&sp));
+  g->gspill = (agoq_coll_buf){.p = sp, .cap = spill};
+  g->gspill_holder = 0;
+  *pinned_bytes = pinned_slot * AGOQ_COLL_SLOTS + spill;
   *device_bytes = device_slot * AGOQ_COLL_SLOTS;
+  return ncclSuccess;
+}
+
+/* ---- the spill area -------------------------------------------------------------------- */
+
+static bool agoq_gpu_in(const agoq_coll_buf* b, const void* p, size_t len) {
+  uintptr_t lo = (uintptr_t)b->p, a = (uintptr_t)p;
+  return b->p != NULL && a >= lo && a - lo <= b->cap && len <= b->cap - (a - lo);
+}
+
+bool agoq_coll_gpu_reachable(const agoq_coll_comm* g, const void* p, size_t len) {
+  return agoq_gpu_in(&g->gpin, p, len) || agoq_gpu_in(&g->gdev, p, len) || agoq_gpu_in(&g->gspill, p, len);
+}
+
+static int agoq_gpu_spill_who(const agoq_coll_comm* g, const agoq_coll_slot* s) { return (int)(s - g->slots) + 1; }
+
+bool agoq_coll_gpu_spill_ready(agoq_coll_comm* g, const agoq_coll_slot* s) {
+  bool ready = g->gspill_holder == 0 || g->gspill_holder == agoq_gpu_spill_who(g, s);
+  if (!ready) g->gspill_waits++;
+  return ready;
+}
+
+/* bytes more of the area for s (taken now if free); NULL with *res set when it does not hold
+ * them: an area sized for the largest batch always does, so that is an internal error. */
+static uint8_t* agoq_gpu_spill_room(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res) {
+  *res = ncclSuccess;
+  if (g->gspill_holder != agoq_gpu_spill_who(g, s)) {
+    g->gspill_holder = agoq_gpu_spill_who(g, s);
+    g->gspill_used = 0;
+    g->gspill_batches++;
+  }
+  size_t off = agoq_coll_align16(g->gspill_used);
+  if (off > g->gspill.cap || bytes > g->gspill.cap - off) {
+    AGOQ_WARN("CollNet rank %d: frames that outgrew their regions need %zu bytes of the GPU path's %zu-byte spill "
+              "area, %zu of it in use: internal error", g->rank, bytes, g->gspill.cap, off);
+    *res = ncclInternalError;
+    return NULL;
+  }
+  g->gspill_used = off + bytes;
+  return g->gspill.p + off;
+}
+
+uint8_t* agoq_coll_gpu_spill_take(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res) {
+  *res = ncclSuccess;
+  if (!agoq_coll_gpu_spill_ready(g, s)) return NULL;
+  return agoq_gpu_spill_room(g, s, bytes, res);
+}
+
+ncclResult_t agoq_coll_gpu_spill_stage(agoq_coll_comm* g, agoq_coll_slot* s, agoq_gpu_decode_item* items, size_t k,
+                                       bool* ready) {
+  *ready = true;
+  bool any = false;
+  for (size_t i = 0; i < k && !any; i++) any = !agoq_coll_gpu_reachable(g, items[i].body, items[i].body_len);
+  if (!any) return ncclSuccess;
+  *ready = agoq_coll_gpu_spill_ready(g, s);
+  if (!*ready) return ncclSuccess;
+  for (size_t i = 0; i < k; i++) {
+    if (agoq_coll_gpu_reachable(g, items[i].body, items[i].body_len)) continue;
+    ncclResult_t res;
+    uint8_t* at = agoq_gpu_spill_room(g, s, items[i].body_len, &res);
+    if (at == NULL) return res;
+    memcpy(at, items[i].body, items[i].body_len);
+    items[i].body = at;
+  }
   return ncclSuccess;
 }
 
@@ -151,24 +222,27 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
   ncclResult_t res = ncclSuccess;
   int n = g->nranks;
   size_t* sl = calloc((size_t)n, sizeof *sl);
-  agoq_coll_gpu_slot* gs = agoq_coll_gpu_slots_alloc((size_t)n, 0);
+  agoq_coll_gpu_slot* gs = agoq_coll_gpu_slots_alloc((size_t)n, (size_t)n, false);
   if (sl == NULL || gs == NULL) {
     if (sl == NULL) AGOQ_WARN("out of memory setting up CollNet's GPU path");
     res = ncclSystemError;
     goto out;
   }
   /* For each float type, every slice at its largest: no chunk needs more (sizes grow with
-   * the slices). */
+   * the slices). The frame regions are the host path's, sized for frames whose blocks
+   * compress; the spill area holds one batch's frames at their largest: the sends coded
+   * again, the contributions or the result frames (whichever is most). */
   agoq_coll_slot_bufs cap;
   memset(&cap, 0, sizeof cap);
-  size_t own = 0, sum_frame = 0, mmax = 0;
+  size_t own = 0, sum_frame = 0, mmax = 0, spill = 0;
   static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
   for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
     size_t m = agoq_gpu_slice_max(g, agoq_dtype_size(types[t]));
     for (int j = 0; j < n; j++) sl[j] = m;
-    agoq_coll_slot_bufs need;
+    agoq_coll_slot_bufs need, most;
     size_t stride;
-    agoq_coll_quant_sizes(g, types[t], true, false, sl, NULL, NULL, &stride, &need);
+    agoq_coll_quant_sizes(g, types[t], true, true, sl, NULL, NULL, &stride, &need);
+    agoq_coll_quant_sizes(g, types[t], true, false, sl, NULL, NULL, &stride, &most);
     agoq_codec_params pin = agoq_coll_params(g, types[t]);
     agoq_gpu_max(&mmax, m);
     agoq_gpu_max(&own, agoq_frame_size_max(&pin, m));
@@ -176,19 +250,23 @@ ncclResult_t agoq_coll_gpu_setup(agoq_coll_comm* g) {
     agoq_gpu_max(&cap.sbuf.cap, need.sbuf.cap);
     agoq_gpu_max(&cap.rbuf.cap, need.rbuf.cap);
     agoq_gpu_max(&cap.gbuf.cap, need.gbuf.cap);
-    agoq_gpu_max(&cap.res.cap, need.res.cap);
+    agoq_gpu_max(&cap.res.cap, most.res.cap); /* made on the device at its largest */
+    agoq_gpu_max(&spill, most.sbuf.cap);
+    agoq_gpu_max(&spill, most.rbuf.cap);
+    agoq_gpu_max(&spill, most.gbuf.cap);
   }
   /* The sum stays in device memory: no pinned accumulator. */
   const size_t dev[3] = {mmax * sizeof(float), own, sum_frame};
   size_t pinned_bytes = 0, device_bytes = 0;
-  AGOQ_CHECK_GOTO(agoq_coll_gpu_slots_carve(g, gs, &cap, dev, &pinned_bytes, &device_bytes), res, out);
+  AGOQ_CHECK_GOTO(agoq_coll_gpu_slots_carve(g, gs, &cap, dev, spill, &pinned_bytes, &device_bytes), res, out);
   /* Every codec kernel (the escaped-block decodes that a NaN or an overflow to Inf brings
    * included) was loaded in the link's CUDA context when it was made (agoq_gpu_link_create),
    * not at a first launch under NCCL's kernel. */
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
             "CollNet rank %d: quantized calls on device buffers reduced on GPU %d (AGOQ_COLLNET_GPU=1): %zu bytes of "
-            "pinned frames and %zu bytes of device memory for %d chunks of up to %zu elements per slice",
-            g->rank, agoq_gpu_link_device(g->gpu), pinned_bytes, device_bytes, AGOQ_COLL_SLOTS, mmax);
+            "pinned frames (%zu of them the spill area for frames whose blocks escape raw) and %zu bytes of device "
+            "memory for %d chunks of up to %zu elements per slice",
+            g->rank, agoq_gpu_link_device(g->gpu), pinned_bytes, spill, device_bytes, AGOQ_COLL_SLOTS, mmax);
   g->gslots = gs;
   gs = NULL;
 out:
@@ -214,9 +292,14 @@ ncclResult_t agoq_coll_gpu_reserve(agoq_coll_comm* g, agoq_coll_slot* s) {
   agoq_coll_req* r = s->req;
   agoq_coll_slot_bufs need_bufs;
   const agoq_coll_slot_bufs* need = &need_bufs;
-  /* The host path's frame layout (agoq_coll_quant_reserve's), in the pinned frames. */
-  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), false, s->sl, s->s_off, s->g_off, &s->r_stride,
+  /* The host path's frame layout (agoq_coll_quant_reserve's), in the pinned frames: sized for
+   * frames whose blocks compress, a larger received one spills (agoq_coll_gpu_spill_stage). */
+  agoq_coll_quant_sizes(g, r->codec_dtype, agoq_coll_has_p2(r), true, s->sl, s->s_off, s->g_off, &s->r_stride,
                         &need_bufs);
+  agoq_codec_params pin = agoq_coll_params(g, r->codec_dtype);
+  size_t m = s->sl[g->rank];
+  s->r_max = m > 0 ? agoq_frame_size_max(&pin, m) : 0;
+  s->nominal = true;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   if (need->sbuf.cap > gs->pinned.sbuf.cap || need->rbuf.cap > gs->pinned.rbuf.cap ||
       need->gbuf.cap > gs->pinned.gbuf.cap || need->res.cap > gs->pinned.res.cap || need->acc.cap > gs->dacc.cap) {
@@ -242,6 +325,9 @@ ncclResult_t agoq_coll_gpu_poll(agoq_coll_comm* g, const agoq_coll_slot* s, bool
   ncclResult_t res = agoq_gpu_poll(g->gpu, agoq_coll_gpu_link_slot(g, s), done);
   uint64_t gpu_ns = agoq_gpu_codec_ns_take(g->gpu); /* the codec's time of what completed */
   pthread_mutex_unlock(&g->gpu_mu);
+  /* The batch that used the spill area has completed: the area is free (its holder reads
+   * what the batch wrote there in this same pass, under step_mu). */
+  if (res == ncclSuccess && *done && g->gspill_holder == agoq_gpu_spill_who(g, s)) g->gspill_holder = 0;
   agoq_stats_add(&g->st->path[AGOQ_STATS_QUANT].gpu_ns, gpu_ns);
   return res;
 }
@@ -260,6 +346,14 @@ void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t
   agoq_stats_add(&agoq_coll_req_stats(g, r)->crc_ns, agoq_frame_crc_ns() - crc0);
 }
 
+void agoq_coll_gpu_sealed(agoq_coll_comm* g, const agoq_coll_req* r, uint64_t d2h, int64_t t0, uint64_t crc0) {
+  pthread_mutex_lock(&g->gpu_mu);
+  agoq_gpu_note_encoded(g->gpu, d2h);
+  pthread_mutex_unlock(&g->gpu_mu);
+  agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, d2h);
+  agoq_coll_gpu_cpu_time(g, r, t0, crc0);
+}
+
 /* Work queued on the group's link (agoq_gpu_queue), under gpu_mu. */
 typedef ncclResult_t (*agoq_gpu_queue_fn)(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg);
 
@@ -275,46 +369,71 @@ out:
   return res;
 }
 
-/* Every slice's frame from NCCL's buffer, one batch; this rank's own into device memory. Item
- * i (result i) is the i-th non-empty slice. */
+/* Every slice's frame from NCCL's buffer, one batch: the peers' into their pinned regions,
+ * with the room a frame whose blocks compress takes (the host path's layout), this rank's own
+ * into device memory at its largest. With redo, only the peers' frames that did not fit,
+ * again, at their largest, one after another in the spill area. Item i (result i) is the
+ * i-th slice coded. */
 static ncclResult_t agoq_gpu_encode_slices(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
-  (void)arg;
+  bool redo = *(const bool*)arg;
   agoq_coll_req* r = s->req;
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   agoq_codec_params p = agoq_coll_params(g, r->codec_dtype);
   size_t k = 0;
   for (int j = 0; j < g->nranks; j++) {
-    if (s->sl[j] == 0) continue;
-    const uint8_t* src = agoq_coll_src_at(r, s->sb[j]);
-    if (j == g->rank)
-      gs->enc[k++] = (agoq_gpu_encode_item){.src = src, .n = s->sl[j], .frame = gs->down.p, .cap = gs->down.cap};
-    else
-      gs->enc[k++] = (agoq_gpu_encode_item){
-          .src = src, .n = s->sl[j], .frame = s->sbuf.p + s->s_off[j], .cap = s->sbuf.cap - s->s_off[j]};
+    if (s->sl[j] == 0 || (redo && !gs->redo[j])) continue;
+    agoq_gpu_encode_item* e = &gs->enc[k++];
+    *e = (agoq_gpu_encode_item){.src = agoq_coll_src_at(r, s->sb[j]), .n = s->sl[j]};
+    if (redo) {
+      e->frame = s->s_at[j];
+      e->cap = agoq_frame_size_max(&p, s->sl[j]);
+    } else if (j == g->rank) {
+      e->frame = gs->down.p;
+      e->cap = gs->down.cap;
+    } else {
+      e->frame = s->sbuf.p + s->s_off[j];
+      e->cap = agoq_coll_align16(agoq_frame_size_nominal(&p, s->sl[j]));
+    }
   }
   if (k == 0) return ncclSuccess;
   return agoq_gpu_frame_encode_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &p, gs->enc, k);
 }
 
-ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
-  agoq_coll_req* r = s->req;
-  *ready = s->gpu_step >= AGOQ_GPU_STEP_ENCODED;
-  if (*ready) return ncclSuccess;
-  if (s->gpu_step == AGOQ_GPU_STEP_NONE) {
-    AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_gpu_encode_slices, NULL));
-    s->gpu_step = AGOQ_GPU_STEP_ENCODING;
-    return ncclSuccess;
+/* The frames coded again get their room in the spill area (s_at), one after another: false
+ * while another slot holds it. */
+static ncclResult_t agoq_gpu_redo_room(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
+  agoq_codec_params p = agoq_coll_params(g, s->req->codec_dtype);
+  *ready = agoq_coll_gpu_spill_ready(g, s);
+  for (int j = 0; *ready && j < g->nranks; j++) {
+    if (!gs->redo[j]) continue;
+    ncclResult_t res;
+    s->s_at[j] = agoq_coll_gpu_spill_take(g, s, agoq_frame_size_max(&p, s->sl[j]), &res);
+    if (s->s_at[j] == NULL) return res;
   }
-  bool done = false;
-  AGOQ_CHECK(agoq_coll_gpu_poll(g, s, &done));
-  if (!done) return ncclSuccess;
+  return ncclSuccess;
+}
+
+/* The verdicts of the batch that completed (first: every slice's; else the frames coded
+ * again): each peer's frame that fit is sealed for the wire, from its region or (coded
+ * again) copied out of the spill area into a buffer of its own, as the host path sends a
+ * frame that outgrew its region; one that did not fit is marked for the redo (*redo). */
+static ncclResult_t agoq_gpu_slices_done(agoq_coll_comm* g, agoq_coll_slot* s, bool first, bool* redo) {
+  agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   int64_t t0 = agoq_coll_now_ns();
   uint64_t crc0 = agoq_frame_crc_ns(), d2h = 0;
   int item = 0;
+  *redo = false;
   for (int j = 0; j < g->nranks; j++) {
-    if (s->sl[j] == 0) continue;
+    if (s->sl[j] == 0 || (!first && !gs->redo[j])) continue;
+    if (first) gs->redo[j] = 0;
     uint64_t body_len = 0;
     uint32_t status = agoq_coll_gpu_status(g, s, item++, &body_len);
+    if (first && j != g->rank && status == AGOQ_CODEC_ESPACE) {
+      gs->redo[j] = 1; /* blocks escaped raw: larger than its region */
+      *redo = true;
+      continue;
+    }
     if (status != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet rank %d: the GPU could not quantize elements [%zu, %zu) of the call: %s", g->rank, s->sb[j],
                 s->sb[j] + s->sl[j], agoq_codec_status_str((agoq_codec_status)status));
@@ -322,23 +441,66 @@ ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* re
     }
     s->s_len[j] = AGOQ_FRAME_HEADER_SIZE + (size_t)body_len;
     if (j == g->rank) continue; /* stays in device memory: decoded there, never sent */
+    d2h += s->s_len[j];
+    if (first) {
+      s->s_at[j] = s->sbuf.p + s->s_off[j];
+    } else {
+      uint8_t* own = agoq_coll_spill_alloc(g, s, s->s_len[j]);
+      if (own == NULL) return ncclSystemError;
+      memcpy(own, s->s_at[j], s->s_len[j]);
+      s->s_at[j] = own;
+    }
     /* As the host path's frames for peers: the same bytes on the wire. */
-    agoq_codec_status st = agoq_frame_seal_payload_crc(s->sbuf.p + s->s_off[j], s->s_len[j]);
+    agoq_codec_status st = agoq_frame_seal_payload_crc(s->s_at[j], s->s_len[j]);
     if (st != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet rank %d: the GPU's frame of elements [%zu, %zu) could not be sealed: %s", g->rank, s->sb[j],
                 s->sb[j] + s->sl[j], agoq_codec_status_str(st));
       return ncclInternalError;
     }
-    d2h += s->s_len[j];
   }
-  pthread_mutex_lock(&g->gpu_mu);
-  agoq_gpu_note_encoded(g->gpu, d2h);
-  pthread_mutex_unlock(&g->gpu_mu);
-  agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_d2h, d2h);
-  agoq_coll_gpu_cpu_time(g, r, t0, crc0);
-  s->gpu_step = AGOQ_GPU_STEP_ENCODED;
-  *ready = true;
+  agoq_coll_gpu_sealed(g, s->req, d2h, t0, crc0);
   return ncclSuccess;
+}
+
+ncclResult_t agoq_coll_gpu_encode_steps(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_gpu_start_fn start,
+                                        agoq_coll_gpu_done_fn done_fn, bool* ready) {
+  *ready = s->gpu_step >= AGOQ_GPU_STEP_ENCODED;
+  if (*ready) return ncclSuccess;
+  bool queued = false, redo = false;
+  if (s->gpu_step == AGOQ_GPU_STEP_NONE) {
+    AGOQ_CHECK(start(g, s, false, &queued));
+    s->gpu_step = AGOQ_GPU_STEP_ENCODING;
+    return ncclSuccess;
+  }
+  if (s->gpu_step != AGOQ_GPU_STEP_REDO_WAIT) {
+    bool done = false;
+    AGOQ_CHECK(agoq_coll_gpu_poll(g, s, &done));
+    if (!done) return ncclSuccess;
+    AGOQ_CHECK(done_fn(g, s, s->gpu_step == AGOQ_GPU_STEP_ENCODING, &redo));
+    if (!redo) {
+      s->gpu_step = AGOQ_GPU_STEP_ENCODED;
+      *ready = true;
+      return ncclSuccess;
+    }
+    s->gpu_step = AGOQ_GPU_STEP_REDO_WAIT;
+  }
+  /* Frames that outgrew their room (NaN, Inf): coded again, in the spill area once this slot
+   * has it. */
+  AGOQ_CHECK(start(g, s, true, &queued));
+  if (queued) s->gpu_step = AGOQ_GPU_STEP_REENCODING;
+  return ncclSuccess;
+}
+
+/* The mesh's encode batch queued (with redo: once the frames coded again have their room). */
+static ncclResult_t agoq_gpu_encode_start(agoq_coll_comm* g, agoq_coll_slot* s, bool redo, bool* queued) {
+  *queued = true;
+  if (redo) AGOQ_CHECK(agoq_gpu_redo_room(g, s, queued));
+  if (!*queued) return ncclSuccess;
+  return agoq_coll_gpu_queue(g, s, true, agoq_gpu_encode_slices, &redo);
+}
+
+ncclResult_t agoq_coll_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
+  return agoq_coll_gpu_encode_steps(g, s, agoq_gpu_encode_start, agoq_gpu_slices_done, ready);
 }
 
 /* A received frame parsed on the host for the GPU's decode: *info and *body, its count
@@ -413,11 +575,17 @@ static ncclResult_t agoq_gpu_finish_sum(agoq_coll_comm* g, agoq_coll_slot* s, co
   return ncclSuccess;
 }
 
-/* The contributions in rank order into the fp32 sum, then the owner's step. */
-static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t* h2d) {
+/* The contributions in rank order into the fp32 sum, then the owner's step (*queued: not
+ * while a contribution that spilled waits for the spill area). */
+static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uint64_t* h2d, bool* queued) {
   agoq_coll_gpu_slot* gs = &g->gslots[s - g->slots];
   int n = g->nranks, me = g->rank;
   *h2d = 0;
+  *queued = false;
+  for (int k = 0; k < n; k++)
+    if (k != me && !agoq_coll_gpu_reachable(g, s->p1r_at[k], (size_t)s->p1r_size[k]) &&
+        !agoq_coll_gpu_spill_ready(g, s))
+      return ncclSuccess;
   for (int k = 0; k < n; k++) {
     agoq_gpu_decode_item* c = &gs->sum[k];
     *c = (agoq_gpu_decode_item){.n = s->sl[me]};
@@ -431,8 +599,12 @@ static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uin
       *h2d += info.payload_len;
     }
   }
+  bool ready = false;
+  AGOQ_CHECK(agoq_coll_gpu_spill_stage(g, s, gs->sum, (size_t)n, &ready));
+  if (!ready) return ncclInternalError; /* it was free or this slot's a moment ago */
   /* acc = y_0, then acc += y_k in rank order: the host path's additions. */
   AGOQ_CHECK(agoq_coll_gpu_queue(g, s, false, agoq_gpu_add_contributions, NULL));
+  *queued = true;
   return agoq_coll_gpu_queue(g, s, true, agoq_gpu_finish_sum, NULL);
 }
 
@@ -483,9 +655,10 @@ ncclResult_t agoq_coll_gpu_reduce(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
   ncclResult_t res = ncclSuccess;
   if (s->gpu_step == AGOQ_GPU_STEP_ENCODED) {
     uint64_t h2d = 0;
-    res = agoq_gpu_sum_queue(g, s, &h2d);
+    bool queued = false;
+    res = agoq_gpu_sum_queue(g, s, &h2d, &queued);
     agoq_stats_add(&agoq_coll_req_stats(g, r)->pcie_h2d, h2d);
-    if (res == ncclSuccess) s->gpu_step = AGOQ_GPU_STEP_SUMMING;
+    if (res == ncclSuccess && queued) s->gpu_step = AGOQ_GPU_STEP_SUMMING;
     agoq_coll_gpu_cpu_time(g, r, t0, crc0);
     return res;
   }
@@ -563,6 +736,12 @@ ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
   /* Every receive is in: the result frames' one decode (the slot's earlier batches have
    * completed: their marks were seen done before this chunk's sends could finish). */
   if (!gs->res_queued) {
+    bool ready = false;
+    AGOQ_CHECK(agoq_coll_gpu_spill_stage(g, s, gs->res, (size_t)gs->nres, &ready));
+    if (!ready) {
+      *done = false;
+      return ncclSuccess;
+    }
     if (gs->nres > 0) AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_gpu_decode_results, NULL));
     gs->res_queued = true;
   }
@@ -577,8 +756,7 @@ ncclResult_t agoq_coll_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, bool* do
 /* Made by prepare (every slice at once, on the device). */
 static ncclResult_t agoq_gpu_p1_message(agoq_coll_comm* g, agoq_coll_slot* s, int j, const uint8_t** p,
                                         size_t* len) {
-  (void)g;
-  *p = s->sbuf.p + s->s_off[j];
+  *p = j == g->rank ? NULL : s->s_at[j]; /* its region, or (coded again) a buffer of its own */
   *len = s->s_len[j];
   return ncclSuccess;
 }

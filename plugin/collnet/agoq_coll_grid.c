@@ -27,7 +27,8 @@
  * payload CRC and are refused without one; this rank's own frames never travel unsealed.
  * A GPU request (every buffer on the device) runs the same stages with its frames, row sums
  * and final decodes on the device (agoq_coll_grid_gpu.c); its regions are the group's pinned
- * memory, sized so that nothing spills.
+ * memory, sized as the host's, and what spills past them reaches the device through the
+ * group's pinned spill area.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -288,7 +289,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   } else {
     agoq_coll_chunk_layout(r, c, n, s->sb, s->sl);
     for (int idx = 0; idx < P; idx++) {
-      int k = (idx % gr->b) * gr->a + idx / gr->b;
+      int k = agoq_grid_rs_rank(gr, idx);
       gs->pb[idx] = k < n ? s->sb[k] : 0;
       gs->pl[idx] = k < n ? s->sl[k] : 0;
     }
@@ -338,15 +339,16 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       if (st == AGOQ_COLL_ROW_RS || (st == AGOQ_COLL_COL_RS && what == AGOQ_GC_OUT_FRAMES)) {
         s->s_off[m->peer] = sb; /* row and column peers are distinct ranks */
         s->s_len[m->peer] = 0;
-        /* The row reduce-scatter's frames at their nominal size (agoq_grid_encode_send); a GPU
-         * request's at their largest (the device writes them where the network reads). */
-        sb += agoq_grid_align16(st == AGOQ_COLL_ROW_RS && !r->gpu ? gs->mnom[st][0][k] : cap);
+        /* The row reduce-scatter's frames at their nominal size (agoq_grid_encode_send; on the
+         * GPU agoq_coll_grid_gpu_encode), the column's (made on the CPU) at their largest. */
+        sb += agoq_grid_align16(st == AGOQ_COLL_ROW_RS ? gs->mnom[st][0][k] : cap);
       }
     }
     for (int k = 0; k < p->nmsg[st][1]; k++) {
       const agoq_gmsg* m = &p->msg[st][1][k];
-      /* A GPU request's receives never spill: the device reads them where they land. */
-      size_t elems = gs->melems[st][1][k], cap = r->gpu ? gs->mcap[st][1][k] : gs->mnom[st][1][k], first;
+      /* A larger message spills (on the GPU path into the group's spill area before the device
+       * reads it: agoq_coll_gpu_spill_stage). */
+      size_t elems = gs->melems[st][1][k], cap = gs->mnom[st][1][k], first;
       if (elems == 0) continue;
       switch (st) {
         case AGOQ_COLL_ROW_RS: s->pend_p1r++; gs->pend_rowr++; break;
@@ -501,7 +503,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     while (st < AGOQ_COLL_STEPS && k >= p->nmsg[st][1]) k -= p->nmsg[st][1], st++;
     if (st == AGOQ_COLL_STEPS) break;
     const agoq_gmsg* m = &p->msg[st][1][k];
-    size_t max = gs->mcap[st][1][k], nom = r->gpu ? max : gs->mnom[st][1][k];
+    size_t max = gs->mcap[st][1][k], nom = gs->mnom[st][1][k];
     if (gs->melems[st][1][k] == 0) continue; /* none this chunk, or a step this call has not */
     if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS)
       AGOQ_CHECK(agoq_coll_post_recv_max(g, s, AGOQ_CQ_P1R, m->peer, s->rbuf.p + gs->r_off[m->peer], nom, max,

@@ -47,88 +47,117 @@ bool agoq_coll_grid_gpu_wanted(const agoq_coll_comm* g) {
 }
 
 /* The largest piece of a chunk of a type of esz bytes: an all-reduce chunk's blocks cut into
- * a*b pieces (agoq_coll_slices), a reduce-scatter chunk's piece of one rank's range. */
-static size_t agoq_ggpu_piece_max(const agoq_coll_comm* g, size_t esz) {
+ * a*b pieces (agoq_coll_slices), or (rs) a reduce-scatter chunk's piece of one rank's range. */
+static size_t agoq_ggpu_piece_of(const agoq_coll_comm* g, size_t esz, bool rs) {
   size_t b = g->cfg.block, P = (size_t)agoq_coll_grid_pieces(&g->grid);
+  if (rs) return agoq_coll_chunk_elems(g->cfg.chunk_bytes / (size_t)g->nranks, esz, g->cfg.block);
   size_t blocks = (agoq_coll_chunk_elems(g->cfg.chunk_bytes, esz, g->cfg.block) + b - 1) / b;
-  size_t ar = (blocks + P - 1) / P * b;
-  size_t rs = agoq_coll_chunk_elems(g->cfg.chunk_bytes / (size_t)g->nranks, esz, g->cfg.block);
-  return ar > rs ? ar : rs;
+  return (blocks + P - 1) / P * b;
 }
 
-/* Pieces a step's messages (dir 0 sends, 1 receives) name, empty ones included. */
-static size_t agoq_ggpu_pieces(const struct agoq_coll_gplan* p, int st, int dir) {
+/* Pieces a step's messages (dir 0 sends, 1 receives) hold: every one they name (an
+ * all-reduce), or only those of a rank (rs: a reduce-scatter's pieces are its ranks' ranges,
+ * and a ragged grid's missing places have none). */
+static size_t agoq_ggpu_pieces(const agoq_coll_comm* g, int st, int dir, bool rs) {
+  const struct agoq_coll_gplan* p = g->plan;
   size_t k = 0;
   for (int i = 0; i < p->nmsg[st][dir]; i++) {
     const agoq_gmsg* m = &p->msg[st][dir][i];
-    for (int j = 0; j < m->nspans; j++) k += (size_t)p->spans[m->span0 + j].rows;
+    agoq_piece_it it = agoq_pieces(agoq_gspans(g, m), m->nspans);
+    int idx;
+    while (agoq_piece_next(&it, &g->grid, &idx)) k += !rs || agoq_grid_rs_rank(&g->grid, idx) < g->nranks;
   }
   return k;
 }
 
-/* This rank's pieces (its columns, every row). */
-static size_t agoq_ggpu_mine(const agoq_coll_comm* g) { return (size_t)g->plan->ncols * (size_t)g->grid.b; }
+/* This rank's pieces (its columns, every row); rs: those a reduce-scatter fills. */
+static size_t agoq_ggpu_mine(const agoq_coll_comm* g, bool rs) {
+  agoq_piece_it it = agoq_pieces(g->plan->mine, g->plan->ncols);
+  size_t k = 0;
+  int idx;
+  while (agoq_piece_next(&it, &g->grid, &idx)) k += !rs || agoq_grid_rs_rank(&g->grid, idx) < g->nranks;
+  return k;
+}
 
 /* Items of the largest batch: the chunk's pieces (frames, final decodes), or the row sums'
  * items (a row's contributions to each of this rank's pieces). */
 static size_t agoq_ggpu_items(const agoq_coll_comm* g) {
-  size_t P = (size_t)agoq_coll_grid_pieces(&g->grid), sums = agoq_ggpu_mine(g) * (size_t)g->plan->row_len;
+  size_t P = (size_t)agoq_coll_grid_pieces(&g->grid), sums = agoq_ggpu_mine(g, false) * (size_t)g->plan->row_len;
   return P > sums ? P : sums;
 }
 
 void agoq_coll_grid_gpu_needs(const agoq_coll_comm* g, uint32_t* items, size_t* max_n) {
   *items = (uint32_t)agoq_ggpu_items(g);
-  *max_n = agoq_ggpu_piece_max(g, 2); /* 2-byte types have the most elements per chunk */
+  size_t ar = agoq_ggpu_piece_of(g, 2, false), rs = agoq_ggpu_piece_of(g, 2, true);
+  *max_n = ar > rs ? ar : rs; /* 2-byte types have the most elements per chunk */
 }
 
-/* A slot's memory at the largest chunk of any float type: every piece at its largest
- * bounds every region the grid's layout gives (agoq_coll_grid_slot_setup), 16 bytes of
- * alignment per message on top. Pinned: the regions (pin); device: the row sums and this
- * rank's own frames (dev[0], dev[1]; no sum frame: the column quantizes on the CPU). */
-static void agoq_ggpu_need(const agoq_coll_comm* g, agoq_coll_slot_bufs* pin, size_t dev[3]) {
+/* A slot's memory for the largest chunks of type t, cut as an all-reduce or (rs) as a
+ * reduce-scatter, grown into pin, dev and *spill: every piece the messages hold at its
+ * largest bounds every region the grid's layout gives (agoq_coll_grid_slot_setup), 16 bytes
+ * of alignment per message on top. Pinned: the message regions, sized as the host sizes them
+ * (frames whose blocks compress; the column's frames of partial sums at their largest, made
+ * on the CPU), the row sums' host copy and this rank's final frames (res); device: the row
+ * sums and this rank's own frames (dev[0], dev[1]; no sum frame: the column quantizes on the
+ * CPU). The spill area: the largest batch that reads or writes frames at their largest, the
+ * row messages coded again (sends), the row's frames summed, or the final frames decoded. */
+static void agoq_ggpu_need_of(const agoq_coll_comm* g, agoq_dtype t, bool rs, agoq_coll_slot_bufs* pin,
+                              size_t dev[3], size_t* spill) {
   const struct agoq_coll_gplan* p = g->plan;
+  size_t pm = agoq_ggpu_piece_of(g, agoq_dtype_size(t), rs), mine = agoq_ggpu_mine(g, rs);
+  agoq_codec_params pin_t = agoq_coll_params(g, t), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
+  size_t fin = agoq_grid_align16(agoq_frame_size_nominal(&pin_t, pm));
+  size_t fin_max = agoq_grid_align16(agoq_frame_size_max(&pin_t, pm));
+  size_t f32 = agoq_grid_align16(agoq_frame_size_nominal(&p32, pm));
+  size_t f32_max = agoq_grid_align16(agoq_frame_size_max(&p32, pm));
+  size_t partial = g->cfg.quant_partials ? f32 : pm * sizeof(float) + AGOQ_GRID_TRAILER;
+  /* Every piece of this rank's columns has its trailer's room in acc, empty ones included. */
+  size_t sums = mine * pm * sizeof(float) + agoq_ggpu_mine(g, false) * AGOQ_GRID_TRAILER;
+  size_t row_s = agoq_ggpu_pieces(g, AGOQ_COLL_ROW_RS, 0, rs), row_r = agoq_ggpu_pieces(g, AGOQ_COLL_ROW_RS, 1, rs);
+  size_t ag_r = rs ? 0 : agoq_ggpu_pieces(g, AGOQ_COLL_COL_AG, 1, rs) + agoq_ggpu_pieces(g, AGOQ_COLL_ROW_AG, 1, rs);
+  size_t pad_s = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][0] + p->nmsg[AGOQ_COLL_COL_RS][0]);
+  size_t pad_r = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][1] + p->nmsg[AGOQ_COLL_COL_RS][1]);
+  size_t pad_g = 16 * (size_t)(p->nmsg[AGOQ_COLL_COL_AG][1] + p->nmsg[AGOQ_COLL_ROW_AG][1]);
+  agoq_ggpu_max(&pin->sbuf.cap, row_s * fin +
+                                    (g->cfg.quant_partials ? agoq_ggpu_pieces(g, AGOQ_COLL_COL_RS, 0, rs) * f32_max : 0) +
+                                    pad_s);
+  agoq_ggpu_max(&pin->rbuf.cap, row_r * fin + agoq_ggpu_pieces(g, AGOQ_COLL_COL_RS, 1, rs) * partial + pad_r);
+  agoq_ggpu_max(&pin->gbuf.cap, ag_r * f32 + pad_g);
+  agoq_ggpu_max(&pin->acc.cap, sums);
+  agoq_ggpu_max(&pin->res.cap, (size_t)p->ncols * f32_max);
+  agoq_ggpu_max(&dev[0], sums);
+  agoq_ggpu_max(&dev[1], mine * fin_max);
+  agoq_ggpu_max(spill, row_s * fin_max + pad_s);
+  agoq_ggpu_max(spill, row_r * fin_max + pad_r);
+  agoq_ggpu_max(spill, ag_r * f32_max + pad_g);
+}
+
+static void agoq_ggpu_need(const agoq_coll_comm* g, agoq_coll_slot_bufs* pin, size_t dev[3], size_t* spill) {
   memset(pin, 0, sizeof *pin);
   dev[0] = dev[1] = dev[2] = 0;
-  size_t mine = agoq_ggpu_mine(g);
+  *spill = 0;
   static const agoq_dtype types[] = {AGOQ_DTYPE_FP32, AGOQ_DTYPE_BF16, AGOQ_DTYPE_FP16};
-  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-    size_t pm = agoq_ggpu_piece_max(g, agoq_dtype_size(types[t]));
-    agoq_codec_params pin_t = agoq_coll_params(g, types[t]), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-    size_t fin = agoq_grid_align16(agoq_frame_size_max(&pin_t, pm));
-    size_t f32 = agoq_grid_align16(agoq_frame_size_max(&p32, pm));
-    size_t partial = g->cfg.quant_partials ? f32 : pm * sizeof(float) + AGOQ_GRID_TRAILER;
-    size_t sums = mine * (pm * sizeof(float) + AGOQ_GRID_TRAILER);
-    size_t pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][0] + p->nmsg[AGOQ_COLL_COL_RS][0]);
-    agoq_ggpu_max(&pin->sbuf.cap, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 0) * fin +
-                                      (g->cfg.quant_partials ? agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 0) * f32 : 0) +
-                                      pad);
-    pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_ROW_RS][1] + p->nmsg[AGOQ_COLL_COL_RS][1]);
-    agoq_ggpu_max(&pin->rbuf.cap, agoq_ggpu_pieces(p, AGOQ_COLL_ROW_RS, 1) * fin +
-                                      agoq_ggpu_pieces(p, AGOQ_COLL_COL_RS, 1) * partial + pad);
-    pad = 16 * (size_t)(p->nmsg[AGOQ_COLL_COL_AG][1] + p->nmsg[AGOQ_COLL_ROW_AG][1]);
-    agoq_ggpu_max(&pin->gbuf.cap,
-                  (agoq_ggpu_pieces(p, AGOQ_COLL_COL_AG, 1) + agoq_ggpu_pieces(p, AGOQ_COLL_ROW_AG, 1)) * f32 + pad);
-    agoq_ggpu_max(&pin->acc.cap, sums);
-    agoq_ggpu_max(&pin->res.cap, (size_t)p->ncols * f32);
-    agoq_ggpu_max(&dev[0], sums);
-    agoq_ggpu_max(&dev[1], mine * fin);
-  }
+  for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+    for (int rs = 0; rs < 2; rs++) agoq_ggpu_need_of(g, types[t], rs, pin, dev, spill);
 }
 
 ncclResult_t agoq_coll_grid_gpu_setup(agoq_coll_comm* g) {
   if (!agoq_coll_grid_gpu_wanted(g) || g->gslots != NULL) return ncclSuccess;
   ncclResult_t res = ncclSuccess;
-  agoq_coll_gpu_slot* gs = agoq_coll_gpu_slots_alloc(agoq_ggpu_items(g), (size_t)g->nranks);
+  agoq_coll_gpu_slot* gs = agoq_coll_gpu_slots_alloc(agoq_ggpu_items(g), (size_t)g->nranks, true);
   if (gs == NULL) return ncclSystemError;
   agoq_coll_slot_bufs pin;
-  size_t dev[3], pinned_bytes = 0, device_bytes = 0;
-  agoq_ggpu_need(g, &pin, dev);
-  AGOQ_CHECK_GOTO(agoq_coll_gpu_slots_carve(g, gs, &pin, dev, &pinned_bytes, &device_bytes), res, out);
+  size_t dev[3], spill = 0, pinned_bytes = 0, device_bytes = 0, max_n = 0;
+  uint32_t items = 0;
+  agoq_ggpu_need(g, &pin, dev, &spill);
+  agoq_coll_grid_gpu_needs(g, &items, &max_n);
+  AGOQ_CHECK_GOTO(agoq_coll_gpu_slots_carve(g, gs, &pin, dev, spill, &pinned_bytes, &device_bytes), res, out);
   AGOQ_INFO(NCCL_INIT | NCCL_NET,
             "CollNet rank %d: on a %dx%d grid quantized calls on device buffers run on GPU %d "
-            "(AGOQ_COLLNET_GPU=1), one batch per stage: %zu bytes of pinned frames and %zu bytes of device memory for "
-            "%d chunks of pieces of up to %zu elements", g->rank, g->grid.a, g->grid.b, agoq_gpu_link_device(g->gpu),
-            pinned_bytes, device_bytes, AGOQ_COLL_SLOTS, agoq_ggpu_piece_max(g, 2));
+            "(AGOQ_COLLNET_GPU=1), one batch per stage: %zu bytes of pinned frames (%zu of them the spill area for "
+            "frames whose blocks escape raw) and %zu bytes of device memory for %d chunks of pieces of up to %zu "
+            "elements", g->rank, g->grid.a, g->grid.b, agoq_gpu_link_device(g->gpu), pinned_bytes, spill,
+            device_bytes, AGOQ_COLL_SLOTS, max_n);
   g->gslots = gs;
   gs = NULL;
 out:
@@ -159,10 +188,11 @@ ncclResult_t agoq_coll_grid_gpu_bufs(agoq_coll_comm* g, agoq_coll_slot* s, size_
 /* ---- frames -------------------------------------------------------------------------------- */
 
 /* The encode items of the row messages (every one, or with redo those marked for it) and,
- * on the first pass, of this rank's own pieces. A message's frames are placed as the host
- * packs them when no block escapes raw, each with exactly that room (first pass), or spaced
- * at their largest (redo). */
-static void agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, bool redo) {
+ * on the first pass, of this rank's own pieces. A message's frames are placed in its region
+ * as the host packs them when no block escapes raw, each with exactly that room (first
+ * pass), or spaced at their largest in the spill area, one message after another (redo: the
+ * area is this slot's, agoq_ggpu_encode_start). */
+static ncclResult_t agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, bool redo) {
   agoq_coll_req* r = s->req;
   struct agoq_coll_gslot* gs = s->gs;
   const struct agoq_coll_gplan* p = g->plan;
@@ -173,6 +203,12 @@ static void agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, bool red
   for (int i = 0; i < p->nmsg[AGOQ_COLL_ROW_RS][0]; i++) {
     const agoq_gmsg* m = &p->msg[AGOQ_COLL_ROW_RS][0][i];
     if (gs->melems[AGOQ_COLL_ROW_RS][0][i] == 0 || (redo && !gg->redo[m->peer])) continue;
+    uint8_t* base = s->sbuf.p + s->s_off[m->peer];
+    if (redo) {
+      ncclResult_t res;
+      base = agoq_coll_gpu_spill_take(g, s, gs->mcap[AGOQ_COLL_ROW_RS][0][i], &res);
+      if (base == NULL) return res != ncclSuccess ? res : ncclInternalError;
+    }
     agoq_piece_it it = agoq_pieces(agoq_gspans(g, m), m->nspans);
     size_t end = 0;
     int idx;
@@ -181,12 +217,12 @@ static void agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, bool red
       if (n == 0) continue;
       size_t off = agoq_grid_align16(end), cap = redo ? agoq_frame_size_max(&pin, n) : agoq_frame_size_nominal(&pin, n);
       end = off + cap;
-      gg->frames[gg->nframes++] = (struct agoq_coll_gpu_frame){.peer = m->peer, .off = off, .cap = cap};
+      gg->frames[gg->nframes++] = (struct agoq_coll_gpu_frame){.peer = m->peer, .off = off, .cap = cap, .base = base};
       gg->enc[k++] = (agoq_gpu_encode_item){
-          .src = agoq_coll_src_at(r, gs->pb[idx]), .n = n, .frame = s->sbuf.p + s->s_off[m->peer] + off, .cap = cap};
+          .src = agoq_coll_src_at(r, gs->pb[idx]), .n = n, .frame = base + off, .cap = cap};
     }
   }
-  if (redo) return;
+  if (redo) return ncclSuccess;
   gg->nown = 0;
   agoq_piece_it it = agoq_pieces(p->mine, p->ncols);
   size_t end = 0;
@@ -200,6 +236,7 @@ static void agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, bool red
                                           .cap = cap};
     end += agoq_grid_align16(cap);
   }
+  return ncclSuccess;
 }
 
 static ncclResult_t agoq_ggpu_encode_queue(agoq_coll_comm* g, agoq_coll_slot* s, const void* arg) {
@@ -208,10 +245,13 @@ static ncclResult_t agoq_ggpu_encode_queue(agoq_coll_comm* g, agoq_coll_slot* s,
   return agoq_gpu_frame_encode_batch(g->gpu, agoq_coll_gpu_link_slot(g, s), 0, &pin, agoq_ggpu_slot(g, s)->enc, k);
 }
 
-/* Queues the slot's encode batch (items planned) and its mark. */
-static ncclResult_t agoq_ggpu_encode_start(agoq_coll_comm* g, agoq_coll_slot* s, bool redo) {
+/* Queues the slot's encode batch (items planned) and its mark; *queued false, with nothing
+ * done, when a redo finds the spill area held by another slot. */
+static ncclResult_t agoq_ggpu_encode_start(agoq_coll_comm* g, agoq_coll_slot* s, bool redo, bool* queued) {
   agoq_coll_gpu_slot* gg = agoq_ggpu_slot(g, s);
-  agoq_ggpu_frames_plan(g, s, redo);
+  *queued = !redo || agoq_coll_gpu_spill_ready(g, s);
+  if (!*queued) return ncclSuccess;
+  AGOQ_CHECK(agoq_ggpu_frames_plan(g, s, redo));
   size_t k = (size_t)gg->nframes + (redo ? 0 : (size_t)gg->nown);
   if (k == 0) return ncclSuccess;
   return agoq_coll_gpu_queue(g, s, true, agoq_ggpu_encode_queue, &k);
@@ -235,16 +275,25 @@ static ncclResult_t agoq_ggpu_frame_done(agoq_coll_comm* g, agoq_coll_slot* s, i
   return ncclInternalError;
 }
 
-/* Seals the frames [i, j) of peer's message, packed from the region's start (moved down where
- * they were spaced at their largest); its length and place for the send. */
+/* Seals the frames [i, j) of peer's message, packed as the host packs them: in its region
+ * (where the device placed them), or (coded again, spaced at their largest in the spill area)
+ * copied into a buffer of its own, as the host path sends a message that outgrew its region;
+ * its length and place for the send. */
 static ncclResult_t agoq_ggpu_seal_msg(agoq_coll_comm* g, agoq_coll_slot* s, int i, int j, uint64_t* d2h) {
   agoq_coll_gpu_slot* gg = agoq_ggpu_slot(g, s);
   int peer = gg->frames[i].peer;
   uint8_t* region = s->sbuf.p + s->s_off[peer];
   size_t end = 0;
+  if (gg->frames[i].base != region) {
+    for (int f = i; f < j; f++) end = agoq_grid_align16(end) + gg->frames[f].len;
+    region = agoq_coll_spill_alloc(g, s, end);
+    if (region == NULL) return ncclSystemError;
+    end = 0;
+  }
   for (int f = i; f < j; f++) {
     size_t off = agoq_grid_align16(end), len = gg->frames[f].len;
-    if (off != gg->frames[f].off) memmove(region + off, region + gg->frames[f].off, len);
+    if (region + off != gg->frames[f].base + gg->frames[f].off)
+      memmove(region + off, gg->frames[f].base + gg->frames[f].off, len);
     agoq_codec_status st = agoq_frame_seal_payload_crc(region + off, len);
     if (st != AGOQ_CODEC_OK) {
       AGOQ_WARN("CollNet rank %d: the GPU's frame for rank %d could not be sealed: %s", g->rank, peer,
@@ -280,36 +329,12 @@ static ncclResult_t agoq_ggpu_frames_done(agoq_coll_comm* g, agoq_coll_slot* s, 
     }
     AGOQ_CHECK(agoq_ggpu_seal_msg(g, s, i, j, &d2h));
   }
-  pthread_mutex_lock(&g->gpu_mu);
-  agoq_gpu_note_encoded(g->gpu, d2h);
-  pthread_mutex_unlock(&g->gpu_mu);
-  agoq_stats_add(&agoq_coll_req_stats(g, s->req)->pcie_d2h, d2h);
-  agoq_coll_gpu_cpu_time(g, s->req, t0, crc0);
+  agoq_coll_gpu_sealed(g, s->req, d2h, t0, crc0);
   return ncclSuccess;
 }
 
 ncclResult_t agoq_coll_grid_gpu_encode(agoq_coll_comm* g, agoq_coll_slot* s, bool* ready) {
-  *ready = s->gpu_step >= AGOQ_GPU_STEP_ENCODED;
-  if (*ready) return ncclSuccess;
-  if (s->gpu_step == AGOQ_GPU_STEP_NONE) {
-    AGOQ_CHECK(agoq_ggpu_encode_start(g, s, false));
-    s->gpu_step = AGOQ_GPU_STEP_ENCODING;
-    return ncclSuccess;
-  }
-  bool done = false, redo = false;
-  AGOQ_CHECK(agoq_coll_gpu_poll(g, s, &done));
-  if (!done) return ncclSuccess;
-  bool first = s->gpu_step == AGOQ_GPU_STEP_ENCODING;
-  AGOQ_CHECK(agoq_ggpu_frames_done(g, s, first, &redo));
-  if (redo) {
-    /* Frames that outgrew their nominal size (NaN, Inf): their messages coded again. */
-    AGOQ_CHECK(agoq_ggpu_encode_start(g, s, true));
-    s->gpu_step = AGOQ_GPU_STEP_REENCODING;
-    return ncclSuccess;
-  }
-  s->gpu_step = AGOQ_GPU_STEP_ENCODED;
-  *ready = true;
-  return ncclSuccess;
+  return agoq_coll_gpu_encode_steps(g, s, agoq_ggpu_encode_start, agoq_ggpu_frames_done, ready);
 }
 
 /* ---- row sums ------------------------------------------------------------------------------ */
@@ -398,10 +423,19 @@ ncclResult_t agoq_coll_grid_gpu_row(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
   *done = s->gpu_step == AGOQ_GPU_STEP_REDUCED || s->gs->mine_elems == 0;
   if (*done) return ncclSuccess;
   if (s->gpu_step == AGOQ_GPU_STEP_ENCODED) {
+    /* A row message that spilled waits for the spill area before anything is done. */
+    const struct agoq_coll_gplan* p = g->plan;
+    for (int q = p->row_first; q < p->row_first + p->row_len; q++)
+      if (q != g->rank && p->msg_of[AGOQ_COLL_ROW_RS][1][q] >= 0 &&
+          !agoq_coll_gpu_reachable(g, s->p1r_at[q], (size_t)s->p1r_size[q]) && !agoq_coll_gpu_spill_ready(g, s))
+        return ncclSuccess;
     int64_t t0 = agoq_coll_now_ns();
     uint64_t crc0 = agoq_frame_crc_ns(), h2d = 0;
     size_t kn[2] = {0, (size_t)gg->nown};
+    bool staged = false;
     ncclResult_t res = agoq_ggpu_sums_plan(g, s, &kn[0], &h2d);
+    if (res == ncclSuccess) res = agoq_coll_gpu_spill_stage(g, s, gg->sum, kn[0] * kn[1], &staged);
+    if (res == ncclSuccess && !staged) res = ncclInternalError; /* it was free or this slot's */
     agoq_coll_gpu_cpu_time(g, r, t0, crc0);
     AGOQ_CHECK(res);
     AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_ggpu_sums_queue, kn));
@@ -471,6 +505,12 @@ ncclResult_t agoq_coll_grid_gpu_retire(agoq_coll_comm* g, agoq_coll_slot* s, boo
   /* Every receive is in, and the slot's earlier batches were seen done. The mark goes behind
    * a reduce-scatter's copies too. */
   if (!gg->res_queued) {
+    bool staged = false;
+    AGOQ_CHECK(agoq_coll_gpu_spill_stage(g, s, gg->res, (size_t)gg->nres, &staged));
+    if (!staged) {
+      *done = false;
+      return ncclSuccess;
+    }
     AGOQ_CHECK(agoq_coll_gpu_queue(g, s, true, agoq_ggpu_decode_queue, NULL));
     gg->res_queued = true;
   }

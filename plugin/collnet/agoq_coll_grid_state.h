@@ -60,7 +60,7 @@ struct agoq_coll_gslot {
   agoq_coll_buf pack; /* the row all-gather message when it is not in NCCL's buffer as is */
 };
 
-static inline size_t agoq_grid_align16(size_t v) { return (v + 15) & ~(size_t)15; }
+static inline size_t agoq_grid_align16(size_t v) { return agoq_coll_align16(v); }
 
 /* A quantized call's raw fp32 partial sums (the column reduce-scatter, AGOQ_COLLNET_PARTIALS=
  * fp32) travel with a trailer, as frames travel with their payload CRC: CRC32C of the sums
@@ -95,6 +95,10 @@ static inline bool agoq_piece_next(agoq_piece_it* it, const agoq_coll_grid* gr, 
   }
   return false;
 }
+
+/* The rank whose range a reduce-scatter chunk's piece idx holds (none, >= n, on a ragged
+ * grid's missing places). */
+static inline int agoq_grid_rs_rank(const agoq_coll_grid* gr, int idx) { return (idx % gr->b) * gr->a + idx / gr->b; }
 
 static inline const agoq_coll_span* agoq_gspans(const agoq_coll_comm* g, const agoq_gmsg* m) {
   return g->plan->spans + m->span0;

@@ -143,11 +143,15 @@ typedef struct {
   agoq_coll_buf sbuf, rbuf, acc, res, gbuf;
 } agoq_coll_slot_bufs;
 
+/* Frames sit at 16-byte offsets in their messages and regions. */
+static inline size_t agoq_coll_align16(size_t v) { return (v + 15) & ~(size_t)15; }
+
 /* Where a GPU slot's device work stands (agoq_coll_gpu.c). */
 typedef enum {
   AGOQ_GPU_STEP_NONE = 0,
   AGOQ_GPU_STEP_ENCODING, /* every slice's frame queued */
-  AGOQ_GPU_STEP_REENCODING, /* a grid's messages whose frames outgrew nominal sizes, coded again */
+  AGOQ_GPU_STEP_REDO_WAIT, /* frames outgrew their nominal room: waiting for the spill area */
+  AGOQ_GPU_STEP_REENCODING, /* those frames coded again, at their largest, into the spill area */
   AGOQ_GPU_STEP_ENCODED,  /* frames checked and sealed: the sends may go */
   AGOQ_GPU_STEP_SUMMING,  /* contributions decoded and summed, the sum's frame encoded */
   AGOQ_GPU_STEP_SHARING,  /* the sum's frame copied to pinned memory and decoded into place */
@@ -221,6 +225,7 @@ typedef struct {
 struct agoq_coll_gpu_frame {
   int peer;
   size_t off, cap, len;
+  uint8_t* base; /* where off counts from: the message's region, or the spill area (a redo) */
 };
 
 /* A pipeline slot's memory for GPU requests, carved when the group's link is created:
@@ -244,7 +249,7 @@ typedef struct {
   struct agoq_coll_gpu_frame* own;
   int nframes, nown, nsum; /* nsum: the row sums' items */
   agoq_gpu_sum_group* groups;
-  uint8_t* redo;
+  uint8_t* redo; /* [rank]: its message (a grid) or frame (the mesh) is coded again */
   int cap_items; /* of enc, sum, res, frames, own and groups */
 } agoq_coll_gpu_slot;
 
@@ -332,6 +337,16 @@ typedef struct agoq_coll_comm {
   agoq_coll_gpu_slot* gslots;
   /* The link's staging ring and gslots' pinned frames, registered with the transport. */
   void* gpu_keys[2];
+  /* The GPU path's memory: every slot's pinned regions (gpin) and device scratch (gdev), and
+   * the spill area (gspill: pinned, never on the wire). The regions are sized for frames
+   * whose blocks compress; a batch that reads or writes larger ones (blocks escaped raw: NaN,
+   * Inf) uses the spill area, which one slot holds at a time (gspill_holder: its index + 1,
+   * 0 when free) from its batch's queuing until that batch's mark is seen done, so it is
+   * sized for one batch at its largest, not for every slot (agoq_coll_gpu_spill_*). */
+  agoq_coll_buf gpin, gdev, gspill;
+  int gspill_holder;
+  size_t gspill_used;
+  uint64_t gspill_batches, gspill_waits; /* batches that used it; times a slot found it held */
   uint32_t bounce_reqs; /* requests holding a bounce buffer (at most one at a time) */
   uint64_t bounce_regs; /* bounce buffers registered with the transport for their call */
   struct agoq_coll_comm* reg_next; /* registry of open groups */
@@ -524,18 +539,48 @@ ncclResult_t agoq_coll_gpu_poll(agoq_coll_comm* g, const agoq_coll_slot* s, bool
 uint32_t agoq_coll_gpu_status(agoq_coll_comm* g, const agoq_coll_slot* s, int part, uint64_t* body_len);
 ncclResult_t agoq_coll_gpu_check_parts(agoq_coll_comm* g, agoq_coll_slot* s, int from, int to, const char* what);
 void agoq_coll_gpu_cpu_time(agoq_coll_comm* g, const agoq_coll_req* r, int64_t t0, uint64_t crc0);
-/* The pipeline slots' item arrays: enc, sum and res of `items` each and, on a grid
- * (grid_peers ranks, 0 on the mesh), frames, own, groups and redo; NULL (with a WARN) when
- * out of memory. Freed with agoq_coll_gpu_slots_free (the memory they point into is the
- * link's). */
-agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t grid_peers);
+/* A GPU encode stage, the mesh's and the grid's: start queues the batch (redo: of the frames
+ * that outgrew their room, into the spill area; *queued false while another slot holds it),
+ * done takes the completed batch's verdicts (first: the first batch's; *redo: some frame did
+ * not fit). encode_steps runs them: NONE, ENCODING, then ENCODED or REDO_WAIT, REENCODING,
+ * ENCODED; *ready once the frames are sealed. */
+typedef ncclResult_t (*agoq_coll_gpu_start_fn)(agoq_coll_comm* g, agoq_coll_slot* s, bool redo, bool* queued);
+typedef ncclResult_t (*agoq_coll_gpu_done_fn)(agoq_coll_comm* g, agoq_coll_slot* s, bool first, bool* redo);
+ncclResult_t agoq_coll_gpu_encode_steps(agoq_coll_comm* g, agoq_coll_slot* s, agoq_coll_gpu_start_fn start,
+                                        agoq_coll_gpu_done_fn done, bool* ready);
+/* Frames the GPU wrote into pinned memory (d2h bytes), sealed by the CPU since t0/crc0:
+ * counted as PCIe traffic, and the CPU's time as codec time. */
+void agoq_coll_gpu_sealed(agoq_coll_comm* g, const agoq_coll_req* r, uint64_t d2h, int64_t t0, uint64_t crc0);
+/* The pipeline slots' item arrays: enc, sum and res of `items` each, redo of `peers` and, on
+ * a grid, frames, own and groups; NULL (with a WARN) when out of memory. Freed with
+ * agoq_coll_gpu_slots_free (the memory they point into is the link's). */
+agoq_coll_gpu_slot* agoq_coll_gpu_slots_alloc(size_t items, size_t peers, bool grid);
 void agoq_coll_gpu_slots_free(agoq_coll_gpu_slot* gs);
 /* Setup, under gpu_mu: every slot's pinned buffers (pin's caps: sbuf, rbuf, gbuf, acc, res)
  * and device buffers (dev: dacc, down, dres), 256-byte aligned, allocated through the link,
- * the pinned part registered with the transport; a size of 0 takes no room. *pinned_bytes and
- * *device_bytes: what that took for all slots. */
+ * the pinned part registered with the transport; a size of 0 takes no room; and the group's
+ * spill area of `spill` pinned bytes. *pinned_bytes (the spill area included) and
+ * *device_bytes: what that took. */
 ncclResult_t agoq_coll_gpu_slots_carve(agoq_coll_comm* g, agoq_coll_gpu_slot* gs, const agoq_coll_slot_bufs* pin,
-                                       const size_t dev[3], size_t* pinned_bytes, size_t* device_bytes);
+                                       const size_t dev[3], size_t spill, size_t* pinned_bytes, size_t* device_bytes);
+/* The spill area (agoq_coll_comm.gspill), under step_mu. Before a batch that reads the bodies
+ * of items[0, k): those in neither the slots' pinned regions nor device memory (messages the
+ * transport spilled into host memory of its own, which the device cannot read) are copied
+ * into the spill area and the items pointed there; *ready is false, with nothing done, when
+ * another slot holds it (a later pass tries again). Its batch must be queued, with the slot's
+ * mark behind it, in the same pass: the mark seen done (agoq_coll_gpu_poll) gives the area
+ * back. */
+ncclResult_t agoq_coll_gpu_spill_stage(agoq_coll_comm* g, agoq_coll_slot* s, agoq_gpu_decode_item* items, size_t k,
+                                       bool* ready);
+/* Whether slot s may take the spill area now (free, or already its own). */
+bool agoq_coll_gpu_spill_ready(agoq_coll_comm* g, const agoq_coll_slot* s);
+/* Whether the device can read [p, p + len) where it is: in the GPU path's pinned or device
+ * memory. */
+bool agoq_coll_gpu_reachable(const agoq_coll_comm* g, const void* p, size_t len);
+/* `bytes` of the spill area for s's batch to write into (frames coded again at their
+ * largest), NULL when another slot holds it; as agoq_coll_gpu_spill_stage, it is given back
+ * when the slot's next mark is seen done. */
+uint8_t* agoq_coll_gpu_spill_take(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res);
 /* A frame received for a GPU decode, checked on the host as the CPU decoder checks it
  * (agoq_frame_parse: header and payload CRC32C, lengths, bitmap, scales), its count against
  * the piece's and its format, type and block against want (a batch decodes with one set). */

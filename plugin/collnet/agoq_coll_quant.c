@@ -21,7 +21,6 @@ size_t agoq_coll_quant_result_cap(const agoq_coll_comm* g, size_t n) {
   return agoq_frame_size_max(&p32, n);
 }
 
-static size_t agoq_coll_align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
 size_t agoq_coll_frame_cap(const agoq_codec_params* p, size_t n, bool nominal) {
   return nominal ? agoq_frame_size_nominal(p, n) : agoq_frame_size_max(p, n);

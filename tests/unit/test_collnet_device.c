@@ -54,6 +54,7 @@ typedef struct {
   unsigned in, out;
   bool gpu; /* expected reduced on the GPU in the device run (quantized, every buffer there) */
   size_t nan_at; /* nonzero: rank 0's input element nan_at - 1 is a NaN (its block travels raw) */
+  size_t nan_every; /* nonzero: every rank's input elements 0, nan_every, 2 nan_every, ... are NaNs */
 } ccase;
 
 static const char* kind_name(ckind k) { return k == CK_AR ? "allreduce" : k == CK_RS ? "reducescatter" : "allgather"; }
@@ -160,6 +161,10 @@ static void call_prepare(call* k, group* g, const ccase* c, uint64_t seed, bool 
       size_t e = agoq_coll_type_size(c->type);
       assert_true(c->nan_at * e <= rc->in_n);
       memset(rc->in_h + (c->nan_at - 1) * e, 0xff, e); /* all ones: a NaN in fp32, bf16 and fp16 */
+    }
+    if (c->nan_every != 0) {
+      size_t e = agoq_coll_type_size(c->type);
+      for (size_t i = 0; i * e < rc->in_n; i += c->nan_every) memset(rc->in_h + i * e, 0xff, e);
     }
     memset(rc->out_h, 0xa5, rc->out_n + CANARY);
     reg(g, r, rc->in_h, rc->in_n, NCCL_PTR_HOST, &rc->mh[0]);
@@ -352,6 +357,10 @@ static double pcie_extra_per_elem = 0.0;
 /* On a grid, a GPU-reduced reduce-scatter's result is rounded on the CPU and copied into
  * NCCL's buffer (its output crosses once, as a staged call's does). */
 static bool grid_run = false;
+/* The bound on a GPU-reduced call's frames across PCIe, per byte of payload (in and out):
+ * 0.7 where blocks compress; where every block escapes raw, a frame is its elements' bytes
+ * and a bf16 call's result frames (fp32 sums) twice its output: 2. */
+static double pcie_per_payload = 0.7;
 
 static void calls_run_device(call** ks, int nk) {
   agoq_emu_counters c0, c1;
@@ -386,7 +395,8 @@ static void calls_run_device(call** ks, int nk) {
   assert_int_equal(b1.copy_h2d - b0.copy_h2d, want_h2d);
   uint64_t gpu_pcie = (b1.d2h - b0.d2h) + (b1.h2d - b0.h2d) - want_d2h - want_h2d;
   /* A frame's 48-byte header outweighs a payload of a few elements: large calls only. */
-  if (gpu_payload >= 65536 && (double)gpu_pcie > 0.7 * (double)gpu_payload + pcie_extra_per_elem * (double)gpu_elems)
+  if (gpu_payload >= 65536 &&
+      (double)gpu_pcie > pcie_per_payload * (double)gpu_payload + pcie_extra_per_elem * (double)gpu_elems)
     fail_msg("GPU-reduced calls moved %llu bytes across PCIe for %llu bytes of payload",
              (unsigned long long)gpu_pcie, (unsigned long long)gpu_payload);
   assert_int_equal(c1.legacy_stream_ops, c0.legacy_stream_ops);
@@ -793,6 +803,68 @@ static void test_grid_on_gpu(void** state) {
   agoq_params_reset();
 }
 
+/* The GPU path's frame regions are sized as the host's, for frames whose blocks compress;
+ * frames that outgrow them (blocks that escape raw: NaN, Inf, as in fp16 training's overflow
+ * steps) go through the group's one pinned spill area, which one pipeline slot holds at a time
+ * (agoq_coll_gpu_spill_*): a peer's frame coded again into it and sent from a buffer of its
+ * own, a received one that spilled into host memory the device cannot read copied into it
+ * before its batch. Every rank's every block NaN (every frame at its largest: the area's
+ * worst case, one slot's batch filling it) and one block in 20, on the mesh and on grids, for
+ * all-reduces and reduce-scatters of both float types, several calls in flight: the host
+ * path's bits, and the area used by every rank. */
+static void test_spill_area_on_gpu(void** state) {
+  (void)state;
+  static const struct {
+    const char* grid; /* NULL: the mesh */
+    int n;
+  } shapes[] = {{NULL, 2}, {NULL, 4}, {"2x2", 4}, {"3x2", 4}, {"2x2", 3}};
+  uint64_t seed = 2100;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    int n = shapes[si].n, a = 1;
+    if (shapes[si].grid != NULL) {
+      setenv("AGOQ_COLLNET_GRID", shapes[si].grid, 1);
+      a = shapes[si].grid[0] - '0';
+    }
+    env_set("int8", "0", "64K");
+    pcie_extra_per_elem = shapes[si].grid != NULL ? 4.0 / a : 0.0;
+    grid_run = shapes[si].grid != NULL;
+    group g;
+    group_open(&g, n);
+    bool on = gpu_reduce_on();
+    uint64_t used0[MAXR];
+    for (int r = 0; r < n; r++) used0[r] = on ? ((agoq_coll_comm*)g.comm[r])->gspill_batches : 0;
+    for (size_t every = 1; every <= 5120; every += 5119) {
+      pcie_per_payload = every == 1 ? 2.0 : 0.7;
+      ccase cs[] = {{.kind = CK_AR, .type = ncclBfloat16, .op = ncclSum, .count = 100003, .nparts = 1, .in = 1,
+                     .out = 1, .gpu = true, .nan_every = every},
+                    {.kind = CK_AR, .type = ncclFloat32, .op = ncclSum, .count = 50001, .nparts = 1, .in = 1,
+                     .out = 1, .gpu = true, .nan_every = every},
+                    {.kind = CK_RS, .type = ncclBfloat16, .op = ncclSum, .bpr = 2 * 20011, .wo = 0,
+                     .wb = (size_t)n * 2 * 20011, .nparts = 1, .in = 1, .out = 1, .gpu = true, .nan_every = every},
+                    {.kind = CK_RS, .type = ncclFloat32, .op = ncclSum, .bpr = 4 * 20011, .wo = 4 * 3001,
+                     .wb = (size_t)n * 4 * 20011 - 4 * 7001, .nparts = 1, .in = 1, .out = 1, .gpu = true,
+                     .nan_every = every}};
+      run_compare_many(&g, cs, (int)(sizeof cs / sizeof cs[0]), seed++);
+    }
+    for (int r = 0; r < n && on; r++) {
+      const agoq_coll_comm* c = g.comm[r];
+      if (c->gspill_batches == used0[r])
+        fail_msg("%s, %d ranks: rank %d never used the spill area", shapes[si].grid ? shapes[si].grid : "mesh", n, r);
+      if (r == 0)
+        print_message("%s, %d ranks: rank 0 used the spill area for %llu batches (%zu bytes; %zu bytes of pinned "
+                      "regions for %d slots), found it held %llu times\n", shapes[si].grid ? shapes[si].grid : "mesh",
+                      n, (unsigned long long)(c->gspill_batches - used0[r]), c->gspill.cap, c->gpin.cap,
+                      AGOQ_COLL_SLOTS, (unsigned long long)c->gspill_waits);
+    }
+    group_close(&g);
+    unsetenv("AGOQ_COLLNET_GRID");
+  }
+  pcie_extra_per_elem = 0.0;
+  pcie_per_payload = 0.7;
+  grid_run = false;
+  agoq_params_reset();
+}
+
 static void staging_env(const char* bytes) {
   if (bytes != NULL) setenv("AGOQ_GPU_STAGING", bytes, 1);
   else unsetenv("AGOQ_GPU_STAGING");
@@ -1005,6 +1077,7 @@ static const struct CMUnitTest tests_gpu[] = {
     cmocka_unit_test(test_gpu_time_is_counted),
     cmocka_unit_test(test_gpu_calls_per_chunk_do_not_grow_with_ranks),
     cmocka_unit_test(test_grid_on_gpu),
+    cmocka_unit_test(test_spill_area_on_gpu),
     cmocka_unit_test(test_beyond_the_staging),
     cmocka_unit_test(test_beyond_the_staging_one_at_a_time),
     cmocka_unit_test(test_staging_full_is_busy),
