@@ -172,9 +172,11 @@ bool agoq_coll_gpu_spill_ready(agoq_coll_comm* g, const agoq_coll_slot* s) {
   return ready;
 }
 
-/* bytes more of the area for s (taken now if free); NULL with *res set when it does not hold
- * them: an area sized for the largest batch always does, so that is an internal error. */
-static uint8_t* agoq_gpu_spill_room(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res) {
+bool agoq_coll_gpu_spill_blocked(agoq_coll_comm* g, const agoq_coll_slot* s, const void* p, size_t len) {
+  return !agoq_coll_gpu_reachable(g, p, len) && !agoq_coll_gpu_spill_ready(g, s);
+}
+
+uint8_t* agoq_coll_gpu_spill_room(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res) {
   *res = ncclSuccess;
   if (g->gspill_holder != agoq_gpu_spill_who(g, s)) {
     g->gspill_holder = agoq_gpu_spill_who(g, s);
@@ -192,24 +194,18 @@ static uint8_t* agoq_gpu_spill_room(agoq_coll_comm* g, agoq_coll_slot* s, size_t
   return g->gspill.p + off;
 }
 
-uint8_t* agoq_coll_gpu_spill_take(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res) {
-  *res = ncclSuccess;
-  if (!agoq_coll_gpu_spill_ready(g, s)) return NULL;
-  return agoq_gpu_spill_room(g, s, bytes, res);
-}
-
 ncclResult_t agoq_coll_gpu_spill_stage(agoq_coll_comm* g, agoq_coll_slot* s, agoq_gpu_decode_item* items, size_t k,
                                        bool* ready) {
   *ready = true;
-  bool any = false;
-  for (size_t i = 0; i < k && !any; i++) any = !agoq_coll_gpu_reachable(g, items[i].body, items[i].body_len);
-  if (!any) return ncclSuccess;
-  *ready = agoq_coll_gpu_spill_ready(g, s);
-  if (!*ready) return ncclSuccess;
   for (size_t i = 0; i < k; i++) {
     if (agoq_coll_gpu_reachable(g, items[i].body, items[i].body_len)) continue;
+    /* The first that spilled: nothing was copied before it. */
+    if (!agoq_coll_gpu_spill_ready(g, s)) {
+      *ready = false;
+      return ncclSuccess;
+    }
     ncclResult_t res;
-    uint8_t* at = agoq_gpu_spill_room(g, s, items[i].body_len, &res);
+    uint8_t* at = agoq_coll_gpu_spill_room(g, s, items[i].body_len, &res);
     if (at == NULL) return res;
     memcpy(at, items[i].body, items[i].body_len);
     items[i].body = at;
@@ -408,7 +404,7 @@ static ncclResult_t agoq_gpu_redo_room(agoq_coll_comm* g, agoq_coll_slot* s, boo
   for (int j = 0; *ready && j < g->nranks; j++) {
     if (!gs->redo[j]) continue;
     ncclResult_t res;
-    s->s_at[j] = agoq_coll_gpu_spill_take(g, s, agoq_frame_size_max(&p, s->sl[j]), &res);
+    s->s_at[j] = agoq_coll_gpu_spill_room(g, s, agoq_frame_size_max(&p, s->sl[j]), &res);
     if (s->s_at[j] == NULL) return res;
   }
   return ncclSuccess;
@@ -583,9 +579,7 @@ static ncclResult_t agoq_gpu_sum_queue(agoq_coll_comm* g, agoq_coll_slot* s, uin
   *h2d = 0;
   *queued = false;
   for (int k = 0; k < n; k++)
-    if (k != me && !agoq_coll_gpu_reachable(g, s->p1r_at[k], (size_t)s->p1r_size[k]) &&
-        !agoq_coll_gpu_spill_ready(g, s))
-      return ncclSuccess;
+    if (k != me && agoq_coll_gpu_spill_blocked(g, s, s->p1r_at[k], (size_t)s->p1r_size[k])) return ncclSuccess;
   for (int k = 0; k < n; k++) {
     agoq_gpu_decode_item* c = &gs->sum[k];
     *c = (agoq_gpu_decode_item){.n = s->sl[me]};

@@ -179,8 +179,8 @@ static size_t agoq_gmsg_size(const agoq_coll_comm* g, const agoq_coll_slot* s, c
     if (m == 0) continue;
     e += m;
     switch (what) {
-      case AGOQ_GC_IN_FRAMES: bytes += agoq_grid_align16(agoq_coll_frame_cap(&pin, m, nominal)); break;
-      case AGOQ_GC_OUT_FRAMES: bytes += agoq_grid_align16(agoq_coll_frame_cap(&p32, m, nominal)); break;
+      case AGOQ_GC_IN_FRAMES: bytes += agoq_coll_align16(agoq_coll_frame_cap(&pin, m, nominal)); break;
+      case AGOQ_GC_OUT_FRAMES: bytes += agoq_coll_align16(agoq_coll_frame_cap(&p32, m, nominal)); break;
       case AGOQ_GC_RAW: bytes += m * r->esz; break;
       case AGOQ_GC_PARTIAL: bytes += m * gs->isz; break;
     }
@@ -238,7 +238,7 @@ static ncclResult_t agoq_grid_decode_msg(agoq_coll_comm* g, agoq_coll_slot* s, i
   int idx;
   while (agoq_piece_next(&it, &g->grid, &idx)) {
     if (gs->pl[idx] == 0) continue;
-    off = agoq_grid_align16(end);
+    off = agoq_coll_align16(end);
     agoq_gdecode_arg a = {.g = g, .s = s, .dst = agoq_coll_dst_at(r, gs->pb[idx])};
     AGOQ_CHECK(agoq_gframe_next(g, from, msg, size, &off, true, gs->pl[idx], agoq_gdecode_step, &a));
     end = off;
@@ -313,7 +313,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
     gs->foff[i] = res_cap;
     gs->flen[i] = 0;
     fin_elems += m;
-    if (r->quantized && m > 0) res_cap += agoq_grid_align16(agoq_frame_size_max(&p32, m));
+    if (r->quantized && m > 0) res_cap += agoq_coll_align16(agoq_frame_size_max(&p32, m));
   }
   /* Message regions: sends of the row reduce-scatter in sbuf (s_off by peer; this rank's own
    * frames at s_off[me]), phase-1 receives in rbuf (r_off), phase-2 receives in gbuf (g_off). */
@@ -341,7 +341,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
         s->s_len[m->peer] = 0;
         /* The row reduce-scatter's frames at their nominal size (agoq_grid_encode_send; on the
          * GPU agoq_coll_grid_gpu_encode), the column's (made on the CPU) at their largest. */
-        sb += agoq_grid_align16(st == AGOQ_COLL_ROW_RS ? gs->mnom[st][0][k] : cap);
+        sb += agoq_coll_align16(st == AGOQ_COLL_ROW_RS ? gs->mnom[st][0][k] : cap);
       }
     }
     for (int k = 0; k < p->nmsg[st][1]; k++) {
@@ -358,12 +358,12 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
       }
       if (st == AGOQ_COLL_ROW_RS || st == AGOQ_COLL_COL_RS) {
         gs->r_off[m->peer] = rb;
-        rb += agoq_grid_align16(cap); /* typed and fp32 reads, frames: aligned */
+        rb += agoq_coll_align16(cap); /* typed and fp32 reads, frames: aligned */
       } else if (r->quantized || (st == AGOQ_COLL_ROW_AG && !agoq_gmsg_contig(s, gr, agoq_gspans(g, m), m->nspans,
                                                                                 &first))) {
         /* Exact column pieces and whole column slices land in NCCL's buffer directly. */
         s->g_off[m->peer] = gb;
-        gb += agoq_grid_align16(cap);
+        gb += agoq_coll_align16(cap);
       }
     }
   }
@@ -409,7 +409,7 @@ static agoq_codec_status agoq_grid_encode_st(agoq_coll_comm* g, agoq_coll_slot* 
   agoq_codec_status st = AGOQ_CODEC_OK;
   while (st == AGOQ_CODEC_OK && agoq_piece_next(&it, &g->grid, &idx)) {
     if (gs->pl[idx] == 0) continue;
-    size_t off = agoq_grid_align16(end), flen = 0;
+    size_t off = agoq_coll_align16(end), flen = 0;
     st = agoq_frame_encode_mt(&pin, agoq_coll_src_at(r, gs->pb[idx]), gs->pl[idx], sealed, out + off, cap - off,
                               &flen, g->codec_threads);
     end = off + flen;
@@ -608,7 +608,7 @@ static ncclResult_t agoq_grid_row_reduce(agoq_coll_comm* g, agoq_coll_slot* s) {
       int idx;
       while (agoq_piece_next(&it, gr, &idx)) {
         if (gs->pl[idx] == 0) continue;
-        off = agoq_grid_align16(end);
+        off = agoq_coll_align16(end);
         agoq_gsum_arg a = {.acc = (float*)s->acc.p + gs->aoff[idx], .first = q == p->row_first,
                            .threads = g->codec_threads};
         AGOQ_CHECK(agoq_gframe_next(g, q, msg, size, &off, !own, gs->pl[idx], agoq_gsum_step, &a));
@@ -805,7 +805,7 @@ static ncclResult_t agoq_grid_ag_pack(agoq_coll_comm* g, agoq_coll_slot* s) {
           f = s->p2r_at[from];
           len = (size_t)gs->p2r_size[from];
         }
-        size_t off = agoq_grid_align16(end);
+        size_t off = agoq_coll_align16(end);
         if (pass == 1) memcpy(gs->pack_at + off, f, len);
         end = off + len;
       }

@@ -106,10 +106,10 @@ static void agoq_ggpu_need_of(const agoq_coll_comm* g, agoq_dtype t, bool rs, ag
   const struct agoq_coll_gplan* p = g->plan;
   size_t pm = agoq_ggpu_piece_of(g, agoq_dtype_size(t), rs), mine = agoq_ggpu_mine(g, rs);
   agoq_codec_params pin_t = agoq_coll_params(g, t), p32 = agoq_coll_params(g, AGOQ_DTYPE_FP32);
-  size_t fin = agoq_grid_align16(agoq_frame_size_nominal(&pin_t, pm));
-  size_t fin_max = agoq_grid_align16(agoq_frame_size_max(&pin_t, pm));
-  size_t f32 = agoq_grid_align16(agoq_frame_size_nominal(&p32, pm));
-  size_t f32_max = agoq_grid_align16(agoq_frame_size_max(&p32, pm));
+  size_t fin = agoq_coll_align16(agoq_frame_size_nominal(&pin_t, pm));
+  size_t fin_max = agoq_coll_align16(agoq_frame_size_max(&pin_t, pm));
+  size_t f32 = agoq_coll_align16(agoq_frame_size_nominal(&p32, pm));
+  size_t f32_max = agoq_coll_align16(agoq_frame_size_max(&p32, pm));
   size_t partial = g->cfg.quant_partials ? f32 : pm * sizeof(float) + AGOQ_GRID_TRAILER;
   /* Every piece of this rank's columns has its trailer's room in acc, empty ones included. */
   size_t sums = mine * pm * sizeof(float) + agoq_ggpu_mine(g, false) * AGOQ_GRID_TRAILER;
@@ -206,8 +206,8 @@ static ncclResult_t agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, 
     uint8_t* base = s->sbuf.p + s->s_off[m->peer];
     if (redo) {
       ncclResult_t res;
-      base = agoq_coll_gpu_spill_take(g, s, gs->mcap[AGOQ_COLL_ROW_RS][0][i], &res);
-      if (base == NULL) return res != ncclSuccess ? res : ncclInternalError;
+      base = agoq_coll_gpu_spill_room(g, s, gs->mcap[AGOQ_COLL_ROW_RS][0][i], &res);
+      if (base == NULL) return res;
     }
     agoq_piece_it it = agoq_pieces(agoq_gspans(g, m), m->nspans);
     size_t end = 0;
@@ -215,7 +215,7 @@ static ncclResult_t agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, 
     while (agoq_piece_next(&it, &g->grid, &idx)) {
       size_t n = gs->pl[idx];
       if (n == 0) continue;
-      size_t off = agoq_grid_align16(end), cap = redo ? agoq_frame_size_max(&pin, n) : agoq_frame_size_nominal(&pin, n);
+      size_t off = agoq_coll_align16(end), cap = redo ? agoq_frame_size_max(&pin, n) : agoq_frame_size_nominal(&pin, n);
       end = off + cap;
       gg->frames[gg->nframes++] = (struct agoq_coll_gpu_frame){.peer = m->peer, .off = off, .cap = cap, .base = base};
       gg->enc[k++] = (agoq_gpu_encode_item){
@@ -234,7 +234,7 @@ static ncclResult_t agoq_ggpu_frames_plan(agoq_coll_comm* g, agoq_coll_slot* s, 
     gg->own[gg->nown++] = (struct agoq_coll_gpu_frame){.peer = g->rank, .off = end, .cap = cap};
     gg->enc[k++] = (agoq_gpu_encode_item){.src = agoq_coll_src_at(r, gs->pb[idx]), .n = n, .frame = gg->down.p + end,
                                           .cap = cap};
-    end += agoq_grid_align16(cap);
+    end += agoq_coll_align16(cap);
   }
   return ncclSuccess;
 }
@@ -285,13 +285,13 @@ static ncclResult_t agoq_ggpu_seal_msg(agoq_coll_comm* g, agoq_coll_slot* s, int
   uint8_t* region = s->sbuf.p + s->s_off[peer];
   size_t end = 0;
   if (gg->frames[i].base != region) {
-    for (int f = i; f < j; f++) end = agoq_grid_align16(end) + gg->frames[f].len;
+    for (int f = i; f < j; f++) end = agoq_coll_align16(end) + gg->frames[f].len;
     region = agoq_coll_spill_alloc(g, s, end);
     if (region == NULL) return ncclSystemError;
     end = 0;
   }
   for (int f = i; f < j; f++) {
-    size_t off = agoq_grid_align16(end), len = gg->frames[f].len;
+    size_t off = agoq_coll_align16(end), len = gg->frames[f].len;
     if (region + off != gg->frames[f].base + gg->frames[f].off)
       memmove(region + off, gg->frames[f].base + gg->frames[f].off, len);
     agoq_codec_status st = agoq_frame_seal_payload_crc(region + off, len);
@@ -399,7 +399,7 @@ static ncclResult_t agoq_ggpu_sums_plan(agoq_coll_comm* g, agoq_coll_slot* s, si
                                        .body_len = f->len - AGOQ_FRAME_HEADER_SIZE, .n = m};
         gg->groups[i] = (agoq_gpu_sum_group){.n = m, .acc = (float*)gg->dacc.p + gs->aoff[idx]};
       } else {
-        off = agoq_grid_align16(end);
+        off = agoq_coll_align16(end);
         agoq_ggpu_parse_arg a = {.want = agoq_coll_params(g, r->codec_dtype), .item = item};
         AGOQ_CHECK(agoq_gframe_next(g, q, msg, size, &off, true, m, agoq_ggpu_parse, &a));
         end = off;
@@ -427,7 +427,7 @@ ncclResult_t agoq_coll_grid_gpu_row(agoq_coll_comm* g, agoq_coll_slot* s, bool* 
     const struct agoq_coll_gplan* p = g->plan;
     for (int q = p->row_first; q < p->row_first + p->row_len; q++)
       if (q != g->rank && p->msg_of[AGOQ_COLL_ROW_RS][1][q] >= 0 &&
-          !agoq_coll_gpu_reachable(g, s->p1r_at[q], (size_t)s->p1r_size[q]) && !agoq_coll_gpu_spill_ready(g, s))
+          agoq_coll_gpu_spill_blocked(g, s, s->p1r_at[q], (size_t)s->p1r_size[q]))
         return ncclSuccess;
     int64_t t0 = agoq_coll_now_ns();
     uint64_t crc0 = agoq_frame_crc_ns(), h2d = 0;

@@ -60,8 +60,6 @@ struct agoq_coll_gslot {
   agoq_coll_buf pack; /* the row all-gather message when it is not in NCCL's buffer as is */
 };
 
-static inline size_t agoq_grid_align16(size_t v) { return agoq_coll_align16(v); }
-
 /* A quantized call's raw fp32 partial sums (the column reduce-scatter, AGOQ_COLLNET_PARTIALS=
  * fp32) travel with a trailer, as frames travel with their payload CRC: CRC32C of the sums
  * (little-endian), then 4 zero bytes. Without it a bit flipped on the wire (TCP's checksum

@@ -577,10 +577,14 @@ bool agoq_coll_gpu_spill_ready(agoq_coll_comm* g, const agoq_coll_slot* s);
 /* Whether the device can read [p, p + len) where it is: in the GPU path's pinned or device
  * memory. */
 bool agoq_coll_gpu_reachable(const agoq_coll_comm* g, const void* p, size_t len);
-/* `bytes` of the spill area for s's batch to write into (frames coded again at their
- * largest), NULL when another slot holds it; as agoq_coll_gpu_spill_stage, it is given back
- * when the slot's next mark is seen done. */
-uint8_t* agoq_coll_gpu_spill_take(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res);
+/* A received message at [p, p + len) the device cannot read where it is, while another slot
+ * holds the spill area: its batch must wait (checked before any work for the batch). */
+bool agoq_coll_gpu_spill_blocked(agoq_coll_comm* g, const agoq_coll_slot* s, const void* p, size_t len);
+/* `bytes` more of the spill area for s's batch (the area taken for s if it was free: only
+ * after agoq_coll_gpu_spill_ready said so); NULL with *res set when it does not hold them,
+ * which an area sized for the largest batch never does (an internal error). As with
+ * agoq_coll_gpu_spill_stage, the area comes back when the slot's next mark is seen done. */
+uint8_t* agoq_coll_gpu_spill_room(agoq_coll_comm* g, agoq_coll_slot* s, size_t bytes, ncclResult_t* res);
 /* A frame received for a GPU decode, checked on the host as the CPU decoder checks it
  * (agoq_frame_parse: header and payload CRC32C, lengths, bitmap, scales), its count against
  * the piece's and its format, type and block against want (a batch decodes with one set). */
