@@ -4,7 +4,8 @@
  * admits, polls and retires chunks as on the mesh; this file gives a grid chunk its stages:
  *   POSTING  every receive of the chunk, then the row reduce-scatter: each column slice of
  *            this rank's input (quantized once, or raw) to the row peer that plays it; this
- *            rank's own columns' frames are kept.
+ *            rank's own columns' frames are kept. The sends wait until the chunk
+ *            AGOQ_COLL_ROW_LEAD before this one has summed its row.
  *   G_ROW    once the row's contributions are in: the fp32 (exact: typed, fp32 for the narrow
  *            floats) sum of each of its pieces in rank order; then the column reduce-scatter:
  *            piece (c, r) of that row sum to the player of (r, c).
@@ -297,7 +298,7 @@ ncclResult_t agoq_coll_grid_slot_setup(agoq_coll_comm* g, agoq_coll_slot* s, ago
   gs->isz = r->quantized ? sizeof(float) : agoq_coll_partial_size(r->dtype, r->op);
   s->pend_p1s = s->pend_p1r = s->pend_p2s = s->pend_p2r = 0;
   gs->pend_rowr = gs->pend_colr = gs->pend_colg = 0;
-  gs->row_done = gs->col_done = gs->ag_done = false;
+  gs->row_done = gs->col_done = gs->ag_done = gs->lead_held = false;
   gs->own_len = gs->pack_len = 0;
   gs->pack_at = NULL;
   /* This rank's pieces: offsets in acc, and its final pieces' places in res and csum. */
@@ -518,6 +519,13 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     bool ready = true;
     if (r->gpu) AGOQ_CHECK(agoq_coll_grid_gpu_encode(g, s, &ready));
     if (!ready) return ncclSuccess;
+    /* The row lead (AGOQ_COLL_ROW_LEAD): grid_seq[0] is the oldest chunk whose row is not
+     * yet summed; it is older than this one, so its progress never waits on this one's. */
+    if (s->post_sends == 0 && s->seq >= g->grid_seq[0] + AGOQ_COLL_ROW_LEAD) {
+      if (!gs->lead_held) g->lead_waits++;
+      gs->lead_held = true;
+      return ncclSuccess;
+    }
     for (; s->post_sends < p->nmsg[AGOQ_COLL_ROW_RS][0]; s->post_sends++) {
       const agoq_gmsg* m = &p->msg[AGOQ_COLL_ROW_RS][0][s->post_sends];
       const agoq_coll_span* sp = agoq_gspans(g, m);

@@ -56,6 +56,7 @@ struct agoq_coll_gslot {
   size_t isz;        /* bytes of one partial sum: fp32, or the type itself */
   int pend_rowr, pend_colr, pend_colg; /* receives still to come, by step */
   bool row_done, col_done, ag_done;    /* the stage's computation ran; its sends are being posted */
+  bool lead_held;                      /* its row sends waited for the row lead (counted once) */
   agoq_coll_buf csum; /* fp32 column sums of this rank's final pieces */
   agoq_coll_buf pack; /* the row all-gather message when it is not in NCCL's buffer as is */
 };

@@ -31,6 +31,15 @@
 #define AGOQ_COLL_MAX_REQUESTS 128
 /* Pipeline chunks in flight per group. */
 #define AGOQ_COLL_SLOTS 8
+/* On a grid, a chunk's row reduce-scatter sends wait until the chunk this many before it has
+ * summed its row and posted its column sends (agoq_coll_grid_post). A NIC that serves
+ * messages in the order they reach it (a verbs send queue; the simulation's NIC) queued
+ * every chunk's column steps behind all the row messages posted at admission, then idled
+ * while the last chunks' columns ran: 512 simulated ranks at 400 Gbit/s reached 0.833 of
+ * the floor, 0.936 with this lead (docs/design-collnet.md, "The row lead"). The oldest
+ * unreduced chunk and two more keep the NIC busy while that chunk's columns run; a lead of
+ * 1 leaves it idle while a row is summed, and 4 brings part of the queueing back. */
+#define AGOQ_COLL_ROW_LEAD 3
 
 /* The settings a group runs with, read once per context; everything in the handle's
  * fingerprint must agree on every rank, because it decides slicing and blocks. */
@@ -317,6 +326,7 @@ typedef struct agoq_coll_comm {
    * column reduce, row all-gather) works on next, each in chunk order (agoq_coll_grid.c). */
   struct agoq_coll_gplan* plan;
   uint64_t grid_seq[3];
+  uint64_t lead_waits; /* chunks whose row sends waited for the row lead */
   agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind]; unused with I/O threads */
   /* AGOQ_COLLNET_IO_THREADS > 0: the threads that post and test every net operation of the
    * group (agoq_coll_io.h); NULL: the engine does (cq). io_cpus: where they run (io_pinned). */

@@ -49,6 +49,7 @@ typedef struct {
   int escape;       /* > 0: in 1 of this many blocks of each rank's input an Inf (blocks escape raw) */
   double spill_min; /* with check: at least this many messages spilled (< 0: not asked) */
   double staging_max; /* with check: every rank's slot staging at most this many bytes (< 0: not asked) */
+  double timeline_us; /* > 0: print how busy the NICs and message CPUs were, per bin of this many us */
 } sim_opts;
 
 static void sim_count_msg(void* arg, const agoq_coll_msg* m) {
@@ -223,7 +224,9 @@ static void sim_usage(const char* prog) {
           "          [--model-tol fraction] [--staging-max bytes] [--escape K] [--spill-min messages]\n"
           "          [--link-gbps rate the NICs report (the automatic schedule weighs it; default: not known)]\n"
           "          [--io-threads K (AGOQ_COLLNET_IO_THREADS: K threads per rank do the messages, each on a CPU "
-          "of its own in the clock model; default 0, the engine)]\n",
+          "of its own in the clock model; default 0, the engine)]\n"
+          "          [--timeline us (after each rate: every rank's NIC sides and message CPUs busy, per bin of "
+          "virtual time)]\n",
           prog);
   exit(2);
 }
@@ -258,6 +261,8 @@ int main(int argc, char** argv) {
       if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--staging-max")) {
       if (agoq_args_parse_double(v, 0, 1e15, &o.staging_max) != 0) sim_usage(prog);
+    } else if (!strcmp(a, "--timeline")) {
+      if (agoq_args_parse_double(v, 0.1, 1e6, &o.timeline_us) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--spill-min")) {
       if (agoq_args_parse_double(v, 0, 1e15, &o.spill_min) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--escape")) o.escape = agoq_args_int_or_exit(prog, a, v, 1, 1 << 20); else if (!strcmp(a, "--alpha-us")) o.alpha = agoq_args_ll_or_exit(prog, a, v, 0, 1000000) * 1e-6;
@@ -420,6 +425,7 @@ int main(int argc, char** argv) {
     double bps = o.gbps[gi] * 1e9 / 8;
     uint64_t seq0 = ((agoq_coll_comm*)ranks[0].comm)->next_seq;
     agoq_sim_model(true, o.alpha, o.o, bps);
+    agoq_sim_timeline(o.timeline_us * 1e-6);
     for (int r = 0; r < n && o.inplace && gi > 0; r++) /* the last run's result is in the input */
       sim_fill(&o, ranks[r].send, r, g0->cfg.block);
     double w0 = sim_wall(), vt = 0;
@@ -445,10 +451,18 @@ int main(int argc, char** argv) {
     printf("%9.0f %10.1f %12.3f %12.3f %9.3f %16.1f %17.0f %8.2f %10.1f %12.3f\n", o.gbps[gi], vt * 1e6,
            busbw / 1e9, floor_bw / 1e9, busbw / floor_bw, msgs / n / chunks, bytes / n / chunks, sim_wall() - w0,
            model * 1e6, vt / model);
+    agoq_sim_timeline_print(stdout, o.io_threads > 0 ? o.io_threads : 1);
     if (o.model_tol >= 0 && fabs(vt / model - 1.0) > o.model_tol) {
       printf("# MODEL: the cost model is off by more than %.0f%% at %.0f Gbit/s\n", o.model_tol * 100, o.gbps[gi]);
       bad++;
     }
+  }
+  /* The row lead (AGOQ_COLL_ROW_LEAD): chunks whose row sends waited for an older chunk's row. */
+  if (g0->grid.b > 1) {
+    uint64_t held = 0;
+    for (int r = 0; r < n; r++) held += ((const agoq_coll_comm*)ranks[r].comm)->lead_waits;
+    printf("# row lead: %.1f chunks per rank waited to send their row messages (lead %d chunks)\n",
+           (double)held / n, AGOQ_COLL_ROW_LEAD);
   }
   /* Staging the slots grew to (every buffer, measured from the groups), and the spills. */
   size_t stage_max = 0, spill_peak = 0;

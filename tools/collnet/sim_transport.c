@@ -98,7 +98,40 @@ static struct {
    * one thread's messages may be ready before another's posted earlier. */
   struct sim_rx* txq;
   int ntx, captx;
+  /* The timeline (agoq_sim_timeline): busy seconds per bin of every rank together, of the
+   * NICs' two sides and of the CPUs that handle messages. */
+  double tl_bin;
+  double *tl_tx, *tl_rx, *tl_cpu;
+  int tl_n, tl_cap;
 } sim = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Adds the interval [t0, t1) to timeline row `which` (0 tx, 1 rx, 2 CPU), split across its
+ * bins. */
+static void sim_tl_add(int which, double t0, double t1) {
+  if (sim.tl_bin <= 0 || !(t1 > t0) || !isfinite(t1)) return;
+  double** rows[3] = {&sim.tl_tx, &sim.tl_rx, &sim.tl_cpu};
+  int last = (int)(t1 / sim.tl_bin);
+  if (last >= sim.tl_cap) {
+    int cap = sim.tl_cap * 2 + 64;
+    while (cap <= last) cap *= 2;
+    for (int i = 0; i < 3; i++) {
+      double* q = realloc(*rows[i], (size_t)cap * sizeof *q);
+      if (q == NULL) {
+        sim.tl_bin = 0; /* a diagnostic: out of memory, it stops */
+        return;
+      }
+      memset(q + sim.tl_cap, 0, (size_t)(cap - sim.tl_cap) * sizeof *q);
+      *rows[i] = q;
+    }
+    sim.tl_cap = cap;
+  }
+  if (last + 1 > sim.tl_n) sim.tl_n = last + 1;
+  double* row = *rows[which];
+  for (int b = (int)(t0 / sim.tl_bin); b <= last; b++) {
+    double lo = fmax(t0, b * sim.tl_bin), hi = fmin(t1, (b + 1) * sim.tl_bin);
+    if (hi > lo) row[b] += hi - lo;
+  }
+}
 
 /* The CPU of `rank` the calling thread's work runs on (agoq_tp_cpu_lane). */
 static double* sim_cpu(int rank) {
@@ -192,6 +225,7 @@ static void sim_tx_take(void) {
   m->tx = fmax(m->start, sim.tx_free[m->from]);
   m->sent = m->tx + m->wire;
   sim.tx_free[m->from] = m->sent;
+  sim_tl_add(0, m->tx, m->sent);
   sim_due(m->sent, m->from);
   if (m->sconn != NULL)
     for (int k = 0; k < m->sconn->nrecs; k++)
@@ -211,6 +245,7 @@ static void sim_rx_take_until(double t) {
     if (m == NULL) continue;
     m->ready = fmax(m->sent + sim.alpha, sim.rx_free[m->dst] + m->wire);
     sim.rx_free[m->dst] = m->ready;
+    sim_tl_add(1, m->ready - m->wire, m->ready);
     sim_due(m->ready, m->dst);
   }
 }
@@ -242,6 +277,11 @@ void agoq_sim_fini(void) {
   free(sim.rx_free);
   free(sim.st);
   free(sim.marked);
+  free(sim.tl_tx);
+  free(sim.tl_rx);
+  free(sim.tl_cpu);
+  sim.tl_tx = sim.tl_rx = sim.tl_cpu = NULL;
+  sim.tl_n = sim.tl_cap = 0;
   sim.listens = NULL;
   sim.conns = NULL;
   sim.heap = NULL;
@@ -262,6 +302,8 @@ void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s) {
   sim.now = 0;
   sim.nheap = 0;
   sim.nrx = sim.ntx = 0; /* a new run starts with every message delivered */
+  sim.tl_n = 0;
+  for (int b = 0; b < sim.tl_cap; b++) sim.tl_tx[b] = sim.tl_rx[b] = sim.tl_cpu[b] = 0;
   for (int r = 0; r < sim.nranks; r++) {
     sim.tx_free[r] = sim.rx_free[r] = 0;
     for (int c = 0; c < SIM_CPUS; c++) sim.cpu_free[(size_t)r * SIM_CPUS + (size_t)c] = 0;
@@ -271,6 +313,25 @@ void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s) {
 }
 
 double agoq_sim_now(void) { return sim.now; }
+
+void agoq_sim_timeline(double bin_s) {
+  pthread_mutex_lock(&sim.mu);
+  sim.tl_bin = bin_s > 0 ? bin_s : 0;
+  pthread_mutex_unlock(&sim.mu);
+}
+
+void agoq_sim_timeline_print(FILE* f, int threads) {
+  pthread_mutex_lock(&sim.mu);
+  if (sim.tl_bin > 0 && sim.tl_n > 0) {
+    double cap = sim.tl_bin * sim.nranks;
+    fprintf(f, "# timeline: every rank's NIC sides and message CPUs busy, per %.1f us of virtual time\n"
+               "#   from(us)  tx_busy  rx_busy  msg_cpu (of %d per rank)\n", sim.tl_bin * 1e6, threads);
+    for (int b = 0; b < sim.tl_n; b++)
+      fprintf(f, "# %10.1f %8.3f %8.3f %8.3f\n", b * sim.tl_bin * 1e6, sim.tl_tx[b] / cap, sim.tl_rx[b] / cap,
+              sim.tl_cpu[b] / cap);
+  }
+  pthread_mutex_unlock(&sim.mu);
+}
 
 uint64_t agoq_sim_events(void) {
   pthread_mutex_lock(&sim.mu);
@@ -482,6 +543,7 @@ static ncclResult_t sim_post_send(agoq_tp_conn* c, agoq_xfer* x) {
     double* cpu = sim_cpu(src);
     double start = fmax(sim.now, *cpu) + sim.o;
     *cpu = start;
+    sim_tl_add(2, start - sim.o, start);
     m->from = src;
     m->dst = dst;
     m->start = start;
@@ -553,6 +615,7 @@ static ncclResult_t sim_deliver(agoq_tp_conn* c) {
       double* cpu = sim_cpu(c->owner);
       rec->done_at = fmax(m->ready, *cpu) + sim.o;
       *cpu = rec->done_at;
+      sim_tl_add(2, rec->done_at - sim.o, rec->done_at);
       sim_due(rec->done_at, c->owner);
     }
     c->qhead = m->next;

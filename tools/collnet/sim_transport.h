@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "transport/agoq_transport.h"
 
@@ -37,6 +38,12 @@ void agoq_sim_fini(void);
  * the clock, the NICs and the message counters. */
 void agoq_sim_model(bool on, double alpha, double o, double bytes_per_s);
 double agoq_sim_now(void);
+/* A diagnostic: with bin_s > 0, every run of the model records how busy the NICs' transmit
+ * and receive sides and the CPUs that handle messages are, summed over every rank, per bin of
+ * bin_s seconds of virtual time; agoq_sim_timeline_print prints the last run's, as fractions
+ * of the ranks (a CPU fraction above 1 is more than one thread busy). */
+void agoq_sim_timeline(double bin_s);
+void agoq_sim_timeline_print(FILE* f, int threads);
 /* Counts everything that happened on any connection (posts, deliveries, completions seen):
  * a driver sweeps again at the same time while it changes. */
 uint64_t agoq_sim_events(void);
