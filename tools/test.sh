@@ -95,8 +95,9 @@ run_ctest() {
 # typed.p2p.pieces: typed.p2p and the pieces runs of abi and collnet; abi.sizes.device.ib,
 # every version with a 256 MiB GPUDirect message: abi.gpudirect.ib, the newest one), and
 # perf_256M is a performance run, and scale.64 starts 64 processes of the engine the CollNet
-# runs drive.
-asan_once='^(codec_cuda_emulated|collnet\.(perf_256M|scale\.64)|typed\.p2p\.(device|pieces)|collnet\.(quant\.3|exact\.8|overflow\.3|kill\.4)\.device|collnet\.quant\.8\.ib|abi\.sizes\.(ib\.qps4|device\.ib)|collnet\.quant\.4\.ib\.qps2)$'
+# runs drive; tools.collnet.sim_lead simulates 64 ranks with 4 MiB chunks in flight (3.2 GB
+# without a sanitizer's shadow memory; the other sim runs stay).
+asan_once='^(codec_cuda_emulated|tools\.collnet\.sim_lead|collnet\.(perf_256M|scale\.64)|typed\.p2p\.(device|pieces)|collnet\.(quant\.3|exact\.8|overflow\.3|kill\.4)\.device|collnet\.quant\.8\.ib|abi\.sizes\.(ib\.qps4|device\.ib)|collnet\.quant\.4\.ib\.qps2)$'
 
 run_asan_tests() {
   # detect_leaks: the plugin must not leak across init/finalize cycles.
@@ -164,7 +165,8 @@ if [[ "${AGOQ_SKIP_TSAN:-0}" != 1 ]]; then
   # are those of the TCP device runs and the verbs runs TSan does see), the pieces and
   # 2-queue-pair variants of abi.sizes and collnet.quant.4 (the same threads as the other
   # pieces and verbs runs), the single-threaded codec tests test_codec_simd/roundtrip,
-  # collnet.perf_sweep and collnet.scale.64 (agoq-perf over the engine the collnet.* runs drive) and the
+  # collnet.perf_sweep and collnet.scale.64 (agoq-perf over the engine the collnet.* runs drive),
+  # tools.collnet.sim_lead (3.2 GB before TSan's shadow; the engine's threads are the other runs') and the
   # gpu_check_script tests (the device check's bash and Python over fakes: no plugin thread).
   # The sanitizer builds are -O1 (CMakeLists.txt), and the 1 GiB message of abi.sizes is
   # left out here (tests/abi/CMakeLists.txt): TSan went from 1273 s to about 650 s.
@@ -172,7 +174,7 @@ if [[ "${AGOQ_SKIP_TSAN:-0}" != 1 ]]; then
     -DCMAKE_BUILD_TYPE=Debug -DAGOQ_WERROR=ON -DAGOQ_TSAN=ON -DAGOQ_CUDA=OFF
   phase build-tsan cmake --build build-tsan -j "$jobs"
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-    phase test-tsan run_ctest build-tsan -L '^(unit|abi|collnet|ib)$' -E '^(collnet\.(perf_256M|scale\.64|(exact|quant)\.8\.ib|inflight\.20\.ib|quant\.4\.(pieces|ib\.qps2))|abi\.sizes\.(ib\.qps4|pieces)|abi\..*\.device\.ib|test_codec_(simd|roundtrip)|test_collnet|typed\.p2p\.ib|collnet\.perf_sweep|gpu_check_script.*)$'
+    phase test-tsan run_ctest build-tsan -L '^(unit|abi|collnet|ib)$' -E '^(tools\.collnet\.sim_lead|collnet\.(perf_256M|scale\.64|(exact|quant)\.8\.ib|inflight\.20\.ib|quant\.4\.(pieces|ib\.qps2))|abi\.sizes\.(ib\.qps4|pieces)|abi\..*\.device\.ib|test_codec_(simd|roundtrip)|test_collnet|typed\.p2p\.ib|collnet\.perf_sweep|gpu_check_script.*)$'
 fi
 
 if [[ "${AGOQ_SKIP_VALGRIND:-0}" != 1 ]]; then

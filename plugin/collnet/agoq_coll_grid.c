@@ -521,7 +521,7 @@ ncclResult_t agoq_coll_grid_post(agoq_coll_comm* g, agoq_coll_slot* s) {
     if (!ready) return ncclSuccess;
     /* The row lead (AGOQ_COLL_ROW_LEAD): grid_seq[0] is the oldest chunk whose row is not
      * yet summed; it is older than this one, so its progress never waits on this one's. */
-    if (s->post_sends == 0 && s->seq >= g->grid_seq[0] + AGOQ_COLL_ROW_LEAD) {
+    if (s->post_sends == 0 && s->seq >= g->grid_seq[0] + g->row_lead) {
       if (!gs->lead_held) g->lead_waits++;
       gs->lead_held = true;
       return ncclSuccess;
@@ -1005,7 +1005,10 @@ size_t agoq_coll_grid_staging(const agoq_coll_slot* s) {
   return s->gs == NULL ? 0 : s->gs->csum.cap + s->gs->pack.cap;
 }
 
-ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g) { return agoq_gplan_make(g, &g->plan); }
+ncclResult_t agoq_coll_grid_start(agoq_coll_comm* g) {
+  g->row_lead = AGOQ_COLL_ROW_LEAD;
+  return agoq_gplan_make(g, &g->plan);
+}
 
 /* A slot's grid state, made the first time a chunk uses the slot: O(n) per slot, and a
  * group of small calls never fills the pipeline. */

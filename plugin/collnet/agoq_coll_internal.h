@@ -326,6 +326,7 @@ typedef struct agoq_coll_comm {
    * column reduce, row all-gather) works on next, each in chunk order (agoq_coll_grid.c). */
   struct agoq_coll_gplan* plan;
   uint64_t grid_seq[3];
+  uint64_t row_lead;   /* AGOQ_COLL_ROW_LEAD (set at the engine's start; the simulation varies it) */
   uint64_t lead_waits; /* chunks whose row sends waited for the row lead */
   agoq_coll_connq* cq; /* [peer * AGOQ_CQ_COUNT + kind]; unused with I/O threads */
   /* AGOQ_COLLNET_IO_THREADS > 0: the threads that post and test every net operation of the

@@ -50,6 +50,7 @@ typedef struct {
   double spill_min; /* with check: at least this many messages spilled (< 0: not asked) */
   double staging_max; /* with check: every rank's slot staging at most this many bytes (< 0: not asked) */
   double timeline_us; /* > 0: print how busy the NICs and message CPUs were, per bin of this many us */
+  int row_lead;       /* > 0: the groups' row lead instead of AGOQ_COLL_ROW_LEAD; 0: none */
 } sim_opts;
 
 static void sim_count_msg(void* arg, const agoq_coll_msg* m) {
@@ -226,7 +227,8 @@ static void sim_usage(const char* prog) {
           "          [--io-threads K (AGOQ_COLLNET_IO_THREADS: K threads per rank do the messages, each on a CPU "
           "of its own in the clock model; default 0, the engine)]\n"
           "          [--timeline us (after each rate: every rank's NIC sides and message CPUs busy, per bin of "
-          "virtual time)]\n",
+          "virtual time)]\n"
+          "          [--row-lead K (a grid's row sends wait for the chunk K before: AGOQ_COLL_ROW_LEAD; 0: never)]\n",
           prog);
   exit(2);
 }
@@ -236,7 +238,7 @@ int main(int argc, char** argv) {
   sim_opts o = {.n = 64, .grid = "auto", .dtype = ncclBfloat16, .format = "int8", .bytes = 4u << 20,
                 .call = 2u << 20, .chunk = 0, .inflight = 8, .alpha = AGOQ_COLL_COST_ALPHA_S,
                 .o = AGOQ_COLL_COST_O_S, .gbps = {25, 100, 400}, .ngbps = 3, .model_tol = -1,
-                .staging_max = -1, .spill_min = -1};
+                .staging_max = -1, .spill_min = -1, .row_lead = -1};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "--check") || !strcmp(a, "--inplace")) { /* the options without a value */
@@ -261,6 +263,8 @@ int main(int argc, char** argv) {
       if (agoq_args_parse_double(v, 0, 10, &o.model_tol) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--staging-max")) {
       if (agoq_args_parse_double(v, 0, 1e15, &o.staging_max) != 0) sim_usage(prog);
+    } else if (!strcmp(a, "--row-lead")) {
+      o.row_lead = agoq_args_int_or_exit(prog, a, v, 0, AGOQ_COLL_SLOTS);
     } else if (!strcmp(a, "--timeline")) {
       if (agoq_args_parse_double(v, 0.1, 1e6, &o.timeline_us) != 0) sim_usage(prog);
     } else if (!strcmp(a, "--spill-min")) {
@@ -344,6 +348,8 @@ int main(int argc, char** argv) {
   uint64_t conns_max = 0;
   for (int r = 0; r < n; r++) {
     agoq_coll_engine_hold(sa[r].comm, true); /* this thread steps every engine */
+    if (o.row_lead >= 0) /* an experiment on the engine's constant; 0: sends at admission, as before it */
+      ((agoq_coll_comm*)sa[r].comm)->row_lead = o.row_lead > 0 ? (uint64_t)o.row_lead : UINT64_MAX / 2;
     uint64_t c = agoq_sim_stats(r)->conns;
     if (c > conns_max) conns_max = c;
   }
@@ -461,8 +467,11 @@ int main(int argc, char** argv) {
   if (g0->grid.b > 1) {
     uint64_t held = 0;
     for (int r = 0; r < n; r++) held += ((const agoq_coll_comm*)ranks[r].comm)->lead_waits;
-    printf("# row lead: %.1f chunks per rank waited to send their row messages (lead %d chunks)\n",
-           (double)held / n, AGOQ_COLL_ROW_LEAD);
+    if (g0->row_lead > AGOQ_COLL_SLOTS)
+      printf("# row lead: none (row messages sent at admission)\n");
+    else
+      printf("# row lead: %.1f chunks per rank waited to send their row messages (lead %llu chunks)\n",
+             (double)held / n, (unsigned long long)g0->row_lead);
   }
   /* Staging the slots grew to (every buffer, measured from the groups), and the spills. */
   size_t stage_max = 0, spill_peak = 0;
